@@ -1,0 +1,394 @@
+//! GGUF reader: the header, metadata and tensor table parsed with every size and offset
+//! checked against the bytes actually present; tensor data is borrowed from the mmap.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::value::{id, Array, Value};
+use crate::error::{KilnError, Result};
+use crate::quant::GgmlType;
+
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// ggml's GGML_MAX_DIMS.
+pub const MAX_DIMS: usize = 4;
+
+/// Where the file's bytes live.
+enum Storage {
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Storage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+/// One entry of the tensor table.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    /// ggml order: `dims[0]` is the contiguous (row) dimension.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    /// Offset of the data relative to the start of the data section.
+    pub offset: u64,
+    /// Bytes of data.
+    pub size: u64,
+}
+
+impl TensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+    /// Elements per row (`dims[0]`) and the number of rows (product of the rest).
+    pub fn rows_cols(&self) -> (usize, usize) {
+        let cols = self.dims.first().copied().unwrap_or(1) as usize;
+        let rows = self.dims.iter().skip(1).product::<u64>() as usize;
+        (rows, cols)
+    }
+}
+
+/// A parsed GGUF file. Cheap to query; tensor bytes are zero-copy slices of the mmap.
+pub struct GgufFile {
+    path: Option<PathBuf>,
+    data: Storage,
+    pub version: u32,
+    /// Metadata in file order.
+    pub metadata: Vec<(String, Value)>,
+    index: HashMap<String, usize>,
+    pub tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    pub alignment: u64,
+    /// Absolute offset of the data section.
+    pub data_offset: u64,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("n_kv", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Memory-maps and parses `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).map_err(|e| KilnError::io(path, e))?;
+        // SAFETY: the map is read-only; like every mmap-based loader we rely on the file
+        // not being truncated while it is open.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| KilnError::io(path, e))?;
+        Self::parse(Storage::Mmap(map), Some(path.to_path_buf()))
+    }
+
+    /// Parses a GGUF image held in memory (tests, fuzzing).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
+        Self::parse(Storage::Owned(bytes), None)
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Total bytes of the file.
+    pub fn file_size(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The bytes of a tensor (bounds were checked when the file was parsed).
+    pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        let start = (self.data_offset + t.offset) as usize;
+        &self.data[start..start + t.size as usize]
+    }
+
+    /// `general.architecture`.
+    pub fn architecture(&self) -> Option<&str> {
+        self.get("general.architecture").and_then(Value::as_str)
+    }
+
+    fn parse(data: Storage, path: Option<PathBuf>) -> Result<Self> {
+        let mut r = Cursor { buf: &data, pos: 0, path: path.as_deref() };
+        let magic = r.take(4, "magic")?;
+        if magic != GGUF_MAGIC {
+            return Err(r.err_at(0, format!("bad magic {magic:02x?}, expected \"GGUF\"")));
+        }
+        let version = r.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(r.err_at(4, format!("unsupported GGUF version {version} (need 2 or 3)")));
+        }
+        let n_tensors = r.u64("tensor count")?;
+        let n_kv = r.u64("metadata count")?;
+        // Each kv needs at least 12 bytes and each tensor info at least 28: reject absurd
+        // counts before allocating anything for them.
+        r.check_count(n_kv, 12, "metadata count")?;
+        r.check_count(n_tensors, 28, "tensor count")?;
+
+        let mut metadata = Vec::with_capacity(n_kv as usize);
+        let mut index = HashMap::with_capacity(n_kv as usize);
+        for _ in 0..n_kv {
+            let at = r.pos;
+            let key = r.string("metadata key")?;
+            let ty = r.u32(&format!("type of {key}"))?;
+            let value = r.value(ty, &key, 0)?;
+            if index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(r.err_at(at, format!("duplicate metadata key {key}")));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match index.get("general.alignment").map(|&i| &metadata[i].1) {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => match v.as_u64() {
+                Some(a) if a.is_power_of_two() && a <= 1 << 20 => a,
+                _ => return Err(r.err_at(0, format!("general.alignment {v:?} is not a power of two"))),
+            },
+        };
+
+        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        for _ in 0..n_tensors {
+            let at = r.pos;
+            let t = r.tensor_info(alignment)?;
+            if tensor_index.insert(t.name.clone(), tensors.len()).is_some() {
+                return Err(r.err_at(at, format!("duplicate tensor {}", t.name)));
+            }
+            tensors.push(t);
+        }
+
+        let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
+        let file_len = data.len() as u64;
+        for t in &tensors {
+            let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.size));
+            if end.is_none_or(|e| e > file_len) {
+                return Err(KilnError::Gguf {
+                    path: path.clone(),
+                    offset: data_offset.saturating_add(t.offset),
+                    msg: format!(
+                        "tensor {} data ({} bytes at data offset {}) lies outside the file ({file_len} bytes)",
+                        t.name, t.size, t.offset
+                    ),
+                });
+            }
+        }
+
+        Ok(GgufFile { path, data, version, metadata, index, tensors, tensor_index, alignment, data_offset })
+    }
+}
+
+/// A bounds-checked reader over the file bytes.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: Option<&'a Path>,
+}
+
+impl<'a> Cursor<'a> {
+    fn err_at(&self, offset: usize, msg: String) -> KilnError {
+        KilnError::Gguf { path: self.path.map(Path::to_path_buf), offset: offset as u64, msg }
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        match end {
+            Some(end) => {
+                let s = &self.buf[self.pos..end];
+                self.pos = end;
+                Ok(s)
+            }
+            None => Err(self.err_at(
+                self.pos,
+                format!("truncated: {what} needs {n} bytes, {} left", self.buf.len() - self.pos),
+            )),
+        }
+    }
+
+    fn remaining(&self) -> u64 {
+        (self.buf.len() - self.pos) as u64
+    }
+
+    /// Rejects a count whose elements (each at least `min_size` bytes) cannot fit in the
+    /// rest of the file.
+    fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<()> {
+        if count.saturating_mul(min_size) > self.remaining() {
+            return Err(self.err_at(
+                self.pos,
+                format!("{what} {count} is impossible: only {} bytes remain", self.remaining()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        Ok(self.take(N, what)?.try_into().expect("take returns N bytes"))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        self.array(what).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        self.array(what).map(u64::from_le_bytes)
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let at = self.pos;
+        let len = self.u64(what)?;
+        if len > self.remaining() {
+            return Err(self
+                .err_at(at, format!("truncated: {what} of length {len}, {} bytes left", self.remaining())));
+        }
+        let bytes = self.take(len as usize, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|e| {
+            self.err_at(at + 8 + e.utf8_error().valid_up_to(), format!("{what} is not valid UTF-8"))
+        })
+    }
+
+    fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<Value> {
+        Ok(match ty {
+            id::U8 => Value::U8(self.array::<1>(key)?[0]),
+            id::I8 => Value::I8(self.array::<1>(key)?[0] as i8),
+            id::U16 => Value::U16(u16::from_le_bytes(self.array(key)?)),
+            id::I16 => Value::I16(i16::from_le_bytes(self.array(key)?)),
+            id::U32 => Value::U32(u32::from_le_bytes(self.array(key)?)),
+            id::I32 => Value::I32(i32::from_le_bytes(self.array(key)?)),
+            id::F32 => Value::F32(f32::from_le_bytes(self.array(key)?)),
+            id::BOOL => match self.array::<1>(key)?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return Err(self.err_at(self.pos - 1, format!("{key}: bool byte {b} is not 0 or 1"))),
+            },
+            id::STRING => Value::String(self.string(key)?),
+            id::ARRAY => Value::Array(self.array_value(key, depth)?),
+            id::U64 => Value::U64(u64::from_le_bytes(self.array(key)?)),
+            id::I64 => Value::I64(i64::from_le_bytes(self.array(key)?)),
+            id::F64 => Value::F64(f64::from_le_bytes(self.array(key)?)),
+            _ => return Err(self.err_at(self.pos - 4, format!("{key}: unknown metadata value type {ty}"))),
+        })
+    }
+
+    fn array_value(&mut self, key: &str, depth: u32) -> Result<Array> {
+        if depth > 4 {
+            return Err(self.err_at(self.pos, format!("{key}: arrays nested too deeply")));
+        }
+        let elem = self.u32(key)?;
+        let n = self.u64(key)?;
+        let min_size = match elem {
+            id::U8 | id::I8 | id::BOOL => 1,
+            id::U16 | id::I16 => 2,
+            id::U32 | id::I32 | id::F32 => 4,
+            id::U64 | id::I64 | id::F64 | id::STRING => 8,
+            id::ARRAY => 12,
+            _ => return Err(self.err_at(self.pos - 12, format!("{key}: unknown array element type {elem}"))),
+        };
+        self.check_count(n, min_size, &format!("{key}: array length"))?;
+        let n = n as usize;
+        macro_rules! fixed {
+            ($variant:ident, $t:ty, $w:literal) => {{
+                let bytes = self.take(n * $w, key)?;
+                Array::$variant(
+                    bytes.chunks_exact($w).map(|c| <$t>::from_le_bytes(c.try_into().unwrap())).collect(),
+                )
+            }};
+        }
+        Ok(match elem {
+            id::U8 => Array::U8(self.take(n, key)?.to_vec()),
+            id::I8 => Array::I8(self.take(n, key)?.iter().map(|&b| b as i8).collect()),
+            id::U16 => fixed!(U16, u16, 2),
+            id::I16 => fixed!(I16, i16, 2),
+            id::U32 => fixed!(U32, u32, 4),
+            id::I32 => fixed!(I32, i32, 4),
+            id::F32 => fixed!(F32, f32, 4),
+            id::U64 => fixed!(U64, u64, 8),
+            id::I64 => fixed!(I64, i64, 8),
+            id::F64 => fixed!(F64, f64, 8),
+            id::BOOL => {
+                let at = self.pos;
+                let bytes = self.take(n, key)?;
+                if let Some(i) = bytes.iter().position(|&b| b > 1) {
+                    return Err(self.err_at(at + i, format!("{key}: bool byte {} is not 0 or 1", bytes[i])));
+                }
+                Array::Bool(bytes.iter().map(|&b| b == 1).collect())
+            }
+            id::STRING => {
+                let mut v = Vec::with_capacity(n);
+                for i in 0..n {
+                    v.push(self.string(&format!("{key}[{i}]"))?);
+                }
+                Array::String(v)
+            }
+            _ => {
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(self.array_value(key, depth + 1)?);
+                }
+                Array::Array(v)
+            }
+        })
+    }
+
+    fn tensor_info(&mut self, alignment: u64) -> Result<TensorInfo> {
+        let at = self.pos;
+        let name = self.string("tensor name")?;
+        let n_dims = self.u32(&format!("tensor {name}: n_dims"))? as usize;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(
+                self.err_at(at, format!("tensor {name}: {n_dims} dimensions (1..={MAX_DIMS} allowed)"))
+            );
+        }
+        let mut dims = Vec::with_capacity(n_dims);
+        for _ in 0..n_dims {
+            dims.push(self.u64(&format!("tensor {name}: dims"))?);
+        }
+        let ty_at = self.pos;
+        let ty_id = self.u32(&format!("tensor {name}: type"))?;
+        let ty = GgmlType::from_id(ty_id)
+            .ok_or_else(|| self.err_at(ty_at, format!("tensor {name}: unknown tensor type id {ty_id}")))?;
+        let offset = self.u64(&format!("tensor {name}: offset"))?;
+        if offset % alignment != 0 {
+            return Err(self.err_at(
+                at,
+                format!("tensor {name}: offset {offset} is not a multiple of the alignment {alignment}"),
+            ));
+        }
+        let n_elem = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n <= 1 << 50)
+            .ok_or_else(|| self.err_at(at, format!("tensor {name}: dims {dims:?} overflow")))?;
+        if dims[0] % ty.block_size() as u64 != 0 {
+            return Err(self.err_at(
+                at,
+                format!(
+                    "tensor {name}: row of {} elements is not a whole number of {ty} blocks ({})",
+                    dims[0],
+                    ty.block_size()
+                ),
+            ));
+        }
+        let size = n_elem / ty.block_size() as u64 * ty.type_size() as u64;
+        Ok(TensorInfo { name, dims, ty, offset, size })
+    }
+}
