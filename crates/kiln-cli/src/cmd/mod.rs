@@ -1,11 +1,25 @@
 //! One module per subcommand.
 
+mod bench;
+mod common;
 mod inspect;
+mod logits;
+mod perplexity;
+mod prompt;
+mod run;
 
 use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Generate a reply to a prompt.
+    Run(run::Args),
+    /// Print the next-token logits after a prompt.
+    Logits(logits::Args),
+    /// Measure perplexity of a text file.
+    Perplexity(perplexity::Args),
+    /// Measure prompt processing and generation speed.
+    Bench(bench::Args),
     /// Show a model's metadata and tensors.
     Inspect(inspect::Args),
 }
@@ -13,6 +27,10 @@ pub enum Command {
 impl Command {
     pub fn run(self) -> kiln::Result<()> {
         match self {
+            Command::Run(a) => run::run(a),
+            Command::Logits(a) => logits::run(a),
+            Command::Perplexity(a) => perplexity::run(a),
+            Command::Bench(a) => bench::run(a),
             Command::Inspect(a) => inspect::run(a),
         }
     }

@@ -38,3 +38,31 @@ fn check_len(ty: GgmlType, bytes: usize, n: usize) -> Result<()> {
     }
     Ok(())
 }
+
+// Temporary until the quant module lands (F32/F16 only).
+pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    match ty {
+        GgmlType::F16 => {
+            for (d, &s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&half::f16::from_f32(s).to_le_bytes());
+            }
+            Ok(())
+        }
+        _ => Err(KilnError::unsupported("activation type", ty.name())),
+    }
+}
+
+pub type VecDotFn = fn(&[u8], &[u8], usize) -> f32;
+
+pub fn vec_dot_fn(ty: GgmlType) -> VecDotFn {
+    match ty {
+        GgmlType::F16 => |w, a, n| {
+            let mut wf = vec![0.0; n];
+            let mut af = vec![0.0; n];
+            dequantize_row(GgmlType::F16, w, &mut wf).unwrap();
+            dequantize_row(GgmlType::F16, a, &mut af).unwrap();
+            wf.iter().zip(&af).map(|(a, b)| a * b).sum()
+        },
+        _ => |_, _, _| f32::NAN,
+    }
+}

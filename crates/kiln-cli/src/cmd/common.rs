@@ -1,0 +1,101 @@
+//! Flags and helpers shared by the commands that load a model.
+
+use std::io::Read;
+
+use kiln::engine::{Device, Engine, EngineOptions};
+use kiln::KilnError;
+
+/// `-m/-t/-c/-b/--device`, as every computing command takes them (CLI.md).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// A .gguf path or a catalog name.
+    #[arg(short = 'm', long, default_value = kiln::hub::DEFAULT_MODEL)]
+    pub model: String,
+    /// Threads (default: the number of cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context size (default: min(trained context, 4096)).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Most tokens per forward pass.
+    #[arg(short = 'b', long = "batch-size")]
+    pub batch_size: Option<usize>,
+    /// auto, cpu or gpu (env KILN_DEVICE; the flag wins).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+impl ModelArgs {
+    pub fn device(&self) -> kiln::Result<Device> {
+        match (&self.device, std::env::var("KILN_DEVICE")) {
+            (Some(d), _) => d.parse(),
+            (None, Ok(d)) if !d.is_empty() => d.parse(),
+            _ => Ok(Device::Auto),
+        }
+    }
+
+    pub fn engine_options(&self) -> kiln::Result<EngineOptions> {
+        let mut o = EngineOptions::default().with_device(self.device()?);
+        if let Some(n) = self.threads {
+            if n == 0 {
+                return Err(KilnError::invalid("--threads must be at least 1"));
+            }
+            o = o.with_threads(n);
+        }
+        if let Some(c) = self.ctx_size {
+            o = o.with_n_ctx(c);
+        }
+        if let Some(b) = self.batch_size {
+            o = o.with_batch(b);
+        }
+        Ok(o)
+    }
+
+    pub fn load(&self) -> kiln::Result<Engine> {
+        Engine::load(&self.model, self.engine_options()?)
+    }
+}
+
+/// Text from `-p TEXT`, a positional TEXT or `-f FILE` (`-f -` = stdin), verbatim.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TextArgs {
+    #[arg(short = 'p', long = "prompt", conflicts_with_all = ["file", "text"])]
+    pub prompt: Option<String>,
+    /// Read the text from a file (`-` for stdin).
+    #[arg(short = 'f', long, conflicts_with = "text")]
+    pub file: Option<String>,
+    #[arg(value_name = "TEXT")]
+    pub text: Option<String>,
+}
+
+impl TextArgs {
+    pub fn read(&self) -> kiln::Result<Option<String>> {
+        if let Some(p) = self.prompt.clone().or_else(|| self.text.clone()) {
+            return Ok(Some(p));
+        }
+        let Some(f) = &self.file else { return Ok(None) };
+        let bytes = if f == "-" {
+            let mut b = Vec::new();
+            std::io::stdin().read_to_end(&mut b).map_err(|e| KilnError::io("<stdin>", e))?;
+            b
+        } else {
+            std::fs::read(f).map_err(|e| KilnError::io(f, e))?
+        };
+        String::from_utf8(bytes).map(Some).map_err(|e| {
+            KilnError::invalid(format!("{f}: invalid UTF-8 at byte {}", e.utf8_error().valid_up_to()))
+        })
+    }
+
+    pub fn require(&self) -> kiln::Result<String> {
+        self.read()?.ok_or_else(|| KilnError::invalid("no text given (use -p TEXT, TEXT or -f FILE)"))
+    }
+}
+
+/// Writes to stdout, treating a closed pipe as the reader's choice to stop.
+pub fn print_out(s: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if out.write_all(s.as_bytes()).and_then(|_| out.flush()).is_err() {
+        std::process::exit(0);
+    }
+}

@@ -1,0 +1,204 @@
+//! The CPU backend: weights read in place from the mmap, kernels from `quant`, work spread
+//! over a persistent thread pool.
+
+mod attention;
+mod ops;
+pub mod pool;
+
+use std::sync::Arc;
+
+use half::f16;
+
+use super::{Activation, AttnPlan, Backend, RopeParams};
+use crate::error::{KilnError, Result};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{self, GgmlType};
+use pool::ThreadPool;
+
+/// A weight matrix (or vector) borrowed from the mapped GGUF file.
+pub struct CpuWeight {
+    file: Arc<GgufFile>,
+    start: usize,
+    len: usize,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Bytes per row.
+    pub row_size: usize,
+}
+
+impl CpuWeight {
+    pub fn bytes(&self) -> &[u8] {
+        &self.file.bytes()[self.start..self.start + self.len]
+    }
+
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.bytes()[r * self.row_size..(r + 1) * self.row_size]
+    }
+
+    /// The weight as f32 values (small vectors: norms, biases).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        quant::dequantize_row(self.ty, self.bytes(), &mut out).expect("type checked at load");
+        out
+    }
+}
+
+pub struct CpuBackend {
+    pool: ThreadPool,
+    /// Small f32 vectors (norm weights, biases) dequantized once at load, keyed by offset.
+    vectors: std::sync::Mutex<std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>>,
+}
+
+impl CpuBackend {
+    pub fn new(n_threads: usize) -> Self {
+        CpuBackend { pool: ThreadPool::new(n_threads), vectors: Default::default() }
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    fn vector(&self, w: &CpuWeight) -> Arc<Vec<f32>> {
+        let mut cache = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        cache.entry((Arc::as_ptr(&w.file) as usize, w.start)).or_insert_with(|| Arc::new(w.to_f32())).clone()
+    }
+}
+
+/// Physical cores, the default thread count (hyperthreads add little to memory-bound work).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+impl Backend for CpuBackend {
+    type Weight = CpuWeight;
+    type Buf = Vec<f32>;
+    type Kv = Vec<f16>;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.n_threads())
+    }
+
+    fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<CpuWeight> {
+        if !t.ty.is_supported() {
+            return Err(KilnError::Tensor {
+                name: t.name.clone(),
+                msg: format!("unsupported tensor type {}", t.ty.name()),
+            });
+        }
+        let (rows, cols) = t.rows_cols();
+        let row_size = t.ty.row_size(cols)?;
+        Ok(CpuWeight {
+            file: gguf.clone(),
+            start: (gguf.data_offset + t.offset) as usize,
+            len: t.size as usize,
+            ty: t.ty,
+            rows,
+            cols,
+            row_size,
+        })
+    }
+
+    fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn alloc_kv(&self, len: usize) -> Result<Vec<f16>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(len)
+            .map_err(|_| KilnError::Backend(format!("cannot allocate a KV cache of {len} values")))?;
+        v.resize(len, f16::ZERO);
+        Ok(v)
+    }
+
+    fn read(&self, buf: &Vec<f32>, out: &mut [f32]) {
+        out.copy_from_slice(&buf[..out.len()]);
+    }
+
+    fn embed(&self, table: &CpuWeight, ids: &[u32], scale: f32, out: &mut Vec<f32>) -> Result<()> {
+        let d = table.cols;
+        for (i, &id) in ids.iter().enumerate() {
+            if id as usize >= table.rows {
+                return Err(KilnError::invalid(format!(
+                    "token id {id} is outside the vocabulary ({})",
+                    table.rows
+                )));
+            }
+            let dst = &mut out[i * d..(i + 1) * d];
+            quant::dequantize_row(table.ty, table.row(id as usize), dst)?;
+            if scale != 1.0 {
+                dst.iter_mut().for_each(|x| *x *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, rows: usize, dim: usize, out: &mut Vec<f32>) {
+        let w = self.vector(w);
+        ops::rms_norm(&x[..rows * dim], &w, eps, dim, &mut out[..rows * dim]);
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, rows: usize, out: &mut Vec<f32>) {
+        ops::matmul(&self.pool, w, &x[..rows * w.cols], rows, &mut out[..rows * w.rows]);
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, b: &CpuWeight, rows: usize) {
+        let b = self.vector(b);
+        for row in x[..rows * b.len()].chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b.iter()).for_each(|(x, b)| *x += b);
+        }
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, pos: &[u32], n_head: usize, head_dim: usize, rope: &RopeParams) {
+        ops::rope(&mut x[..pos.len() * n_head * head_dim], pos, n_head, head_dim, rope);
+    }
+
+    fn kv_store(
+        &self,
+        kc: &mut Vec<f16>,
+        vc: &mut Vec<f16>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        slots: &[u32],
+        dim: usize,
+    ) {
+        for (i, &s) in slots.iter().enumerate() {
+            let s = s as usize;
+            for (dst, src) in [(&mut *kc, k), (&mut *vc, v)] {
+                let d = &mut dst[s * dim..(s + 1) * dim];
+                d.iter_mut().zip(&src[i * dim..(i + 1) * dim]).for_each(|(d, &x)| *d = f16::from_f32(x));
+            }
+        }
+    }
+
+    fn attention(&self, q: &Vec<f32>, kc: &Vec<f16>, vc: &Vec<f16>, plan: &AttnPlan, out: &mut Vec<f32>) {
+        attention::attention(&self.pool, q, kc, vc, plan, out);
+    }
+
+    fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, act: Activation, len: usize) {
+        ops::glu(&mut gate[..len], &up[..len], act);
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, scale: f32, len: usize) {
+        if scale == 1.0 {
+            x[..len].iter_mut().zip(&y[..len]).for_each(|(x, y)| *x += y);
+        } else {
+            x[..len].iter_mut().zip(&y[..len]).for_each(|(x, y)| *x += y * scale);
+        }
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32, len: usize) {
+        x[..len].iter_mut().for_each(|x| *x *= s);
+    }
+
+    fn gather_rows(&self, x: &Vec<f32>, rows: &[u32], dim: usize, out: &mut Vec<f32>) {
+        for (j, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            out[j * dim..(j + 1) * dim].copy_from_slice(&x[r * dim..(r + 1) * dim]);
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Element-wise and matrix kernels of the CPU backend, with ggml's numerics where they
+//! matter for near-ties (f64 sum in RMSNorm, activations quantized before matmuls).
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+use super::pool::ThreadPool;
+use super::CpuWeight;
+use crate::backend::{Activation, RopeParams};
+use crate::quant::{self, GgmlType};
+
+/// A pointer that may be shared between pool tasks writing disjoint elements.
+#[derive(Clone, Copy)]
+pub(super) struct SyncPtr<T>(pub *mut T);
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// A method, not a field access, so closures capture the whole (Sync) wrapper.
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / dim as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        // `w` has `dim` values, or one per head for per-head norms of the same width.
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w.iter().cycle()) {
+            *o = (v * scale) * g;
+        }
+    }
+}
+
+/// Weight rows handled by one pool task.
+const ROWS_PER_TASK: usize = 16;
+
+/// `out[t, r] = dot(w[r], x[t])` with `x` quantized to the weight's dot type first.
+pub fn matmul(pool: &ThreadPool, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) {
+    let k = w.cols;
+    let vdt = w.ty.vec_dot_type();
+    let act_row = vdt.row_size(k).expect("weight rows are whole blocks");
+    let quantized: Vec<u8>;
+    let act: &[u8] = if vdt == GgmlType::F32 {
+        bytemuck::cast_slice(x)
+    } else {
+        let mut q = vec![0u8; act_row * n_tok];
+        let qp = SyncPtr(q.as_mut_ptr());
+        pool.run(n_tok, &|t| {
+            // SAFETY: each task writes its own row of `q`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(qp.get().add(t * act_row), act_row) };
+            quant::quantize_activation(vdt, &x[t * k..(t + 1) * k], dst).expect("sizes match");
+        });
+        quantized = q;
+        &quantized
+    };
+    let n = w.rows;
+    let dot = quant::vec_dot_fn(w.ty);
+    let op = SyncPtr(out.as_mut_ptr());
+    let n_tasks = n.div_ceil(ROWS_PER_TASK);
+    pool.run(n_tasks, &|task| {
+        let r0 = task * ROWS_PER_TASK;
+        for r in r0..(r0 + ROWS_PER_TASK).min(n) {
+            let wr = w.row(r);
+            for t in 0..n_tok {
+                let v = dot(wr, &act[t * act_row..(t + 1) * act_row], k);
+                // SAFETY: element (t, r) is written by the task owning row r only.
+                unsafe { *op.get().add(t * n + r) = v };
+            }
+        }
+    });
+}
+
+/// ggml's `rope_yarn_corr_dims`: the dimension range over which YaRN ramps.
+fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+    let corr = |n_rot: f32| {
+        n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let start = corr(beta_fast).floor();
+    let end = corr(beta_slow).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}
+
+/// cos/sin pairs for one position, as ggml's `rope_cache_init`.
+pub fn rope_cache(p: f32, r: &RopeParams, cache: &mut [f32]) {
+    let theta_scale = r.freq_base.powf(-2.0 / r.n_rot as f32);
+    let corr = yarn_corr_dims(r.n_rot, r.n_ctx_orig, r.freq_base, r.beta_fast, r.beta_slow);
+    let mut theta = p;
+    for i0 in (0..r.n_rot).step_by(2) {
+        let ff = r.freq_factors.as_ref().map_or(1.0, |f| f[i0 / 2]);
+        let theta_extrap = theta / ff;
+        let theta_interp = r.freq_scale * theta_extrap;
+        let mut th = theta_interp;
+        let mut mscale = r.attn_factor;
+        if r.ext_factor != 0.0 {
+            let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * r.ext_factor;
+            th = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
+            mscale *= 1.0 + 0.1 * (1.0 / r.freq_scale).ln();
+        }
+        cache[i0] = th.cos() * mscale;
+        cache[i0 + 1] = th.sin() * mscale;
+        theta *= theta_scale;
+    }
+}
+
+pub fn rope(x: &mut [f32], pos: &[u32], n_head: usize, head_dim: usize, r: &RopeParams) {
+    let mut cache = vec![0.0f32; r.n_rot];
+    let row = n_head * head_dim;
+    let offset = if r.neox { r.n_rot / 2 } else { 1 };
+    for (t, &p) in pos.iter().enumerate() {
+        rope_cache(p as f32, r, &mut cache);
+        for h in 0..n_head {
+            let head = &mut x[t * row + h * head_dim..t * row + (h + 1) * head_dim];
+            for i0 in (0..r.n_rot).step_by(2) {
+                // NORM pairs (i0, i0+1); NEOX pairs (i0/2, i0/2 + n_rot/2).
+                let ic = if r.neox { i0 / 2 } else { i0 };
+                let (c, s) = (cache[i0], cache[i0 + 1]);
+                let (x0, x1) = (head[ic], head[ic + offset]);
+                head[ic] = x0 * c - x1 * s;
+                head[ic + offset] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+/// GELU-tanh of every f16 value, as ggml's table (it evaluates GELU on f16-rounded inputs).
+fn gelu_table() -> &'static [f16] {
+    static TABLE: OnceLock<Vec<f16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = f16::from_bits(bits).to_f32();
+                let g = 0.5 * x * (1.0 + (0.797_884_6 * x * (1.0 + 0.044715 * x * x)).tanh());
+                f16::from_f32(g)
+            })
+            .collect()
+    })
+}
+
+pub fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
+    match act {
+        Activation::Silu => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+        }
+        Activation::GeluTanh => {
+            let table = gelu_table();
+            for (o, &u) in gate.iter_mut().zip(up) {
+                let g = *o;
+                *o = if g <= -10.0 {
+                    0.0
+                } else if g >= 10.0 {
+                    g * u
+                } else {
+                    table[f16::from_f32(g).to_bits() as usize].to_f32() * u
+                };
+            }
+        }
+    }
+}

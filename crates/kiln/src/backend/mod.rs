@@ -1,0 +1,137 @@
+//! The `Backend` trait: device buffers and the ops a forward needs. A backend never
+//! contains a model; the model code (`model::forward`) is written once against this trait.
+
+pub mod cpu;
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::gguf::{GgufFile, TensorInfo};
+
+/// The gated activation of the feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU(gate) * up (llama, qwen, granite).
+    Silu,
+    /// GELU-tanh(gate) * up (gemma).
+    GeluTanh,
+}
+
+/// Rotary embedding parameters of one layer (ggml's `rope_ext` arguments).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Rotated dimensions (the first `n_rot` of each head).
+    pub n_rot: usize,
+    /// NEOX rotates the two halves of the rotated dims; NORM rotates adjacent pairs.
+    pub neox: bool,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    /// YaRN: 0 disables the ramp.
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: usize,
+    /// Per-dimension-pair divisors of theta (llama-3 `rope_freqs`), `n_rot / 2` values.
+    pub freq_factors: Option<Arc<Vec<f32>>>,
+}
+
+/// Which keys each query token of a batch attends to. Sequences are stored in the KV
+/// pool as block tables; token `i` sits at position `pos[i]` of sequence `seq[i]` and sees
+/// positions `pos[i] - window + 1 ..= pos[i]` of its own sequence (all earlier ones when
+/// `window` is `None`).
+#[derive(Clone, Debug)]
+pub struct AttnPlan<'a> {
+    pub pos: &'a [u32],
+    pub seq: &'a [u32],
+    /// Block table of each sequence named in `seq`.
+    pub tables: &'a [&'a [u32]],
+    pub block_size: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub window: Option<u32>,
+}
+
+impl AttnPlan<'_> {
+    /// The KV slot holding position `p` of sequence `s`.
+    pub fn slot(&self, s: u32, p: u32) -> usize {
+        let table = self.tables[s as usize];
+        table[p as usize / self.block_size] as usize * self.block_size + p as usize % self.block_size
+    }
+
+    /// First position token `i` attends to.
+    pub fn first_pos(&self, i: usize) -> u32 {
+        match self.window {
+            Some(w) => (self.pos[i] + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+}
+
+/// Device memory and compute. Buffers hold f32 activations laid out as row-major
+/// `[rows, dim]`; KV buffers hold f16 `[slots, n_head_kv * head_dim]`.
+pub trait Backend: Send + Sync + 'static {
+    type Weight: Send + Sync;
+    type Buf: Send + Sync;
+    type Kv: Send + Sync;
+
+    /// A short description of the device.
+    fn name(&self) -> String;
+
+    /// Makes a weight usable by the kernels (zero-copy on CPU, an upload on GPU).
+    fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Self::Weight>;
+    /// `rows`, `cols` of a loaded weight (`cols` = `dims[0]`).
+    fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    fn alloc_kv(&self, len: usize) -> Result<Self::Kv>;
+    /// Copies `out.len()` values from the start of `buf` to the host.
+    fn read(&self, buf: &Self::Buf, out: &mut [f32]);
+
+    /// `out[i] = table[ids[i]] * scale`.
+    fn embed(&self, table: &Self::Weight, ids: &[u32], scale: f32, out: &mut Self::Buf) -> Result<()>;
+    /// RMS-normalizes each of `rows` rows of `dim` values and multiplies by `w`.
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut Self::Buf,
+    );
+    /// `out[rows, w.rows] = x[rows, w.cols] · wᵀ`.
+    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, rows: usize, out: &mut Self::Buf);
+    /// Adds the bias vector `b` to each of `rows` rows.
+    fn add_bias(&self, x: &mut Self::Buf, b: &Self::Weight, rows: usize);
+    /// Rotates `n_head` heads of `head_dim` in each row; row `i` is at position `pos[i]`.
+    fn rope(&self, x: &mut Self::Buf, pos: &[u32], n_head: usize, head_dim: usize, rope: &RopeParams);
+    /// Writes row `i` of `k`/`v` (f32, `dim` wide) to slot `slots[i]` of the caches (f16).
+    fn kv_store(
+        &self,
+        k_cache: &mut Self::Kv,
+        v_cache: &mut Self::Kv,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        slots: &[u32],
+        dim: usize,
+    );
+    /// Causal attention of each query row over its sequence's cached keys and values.
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        k_cache: &Self::Kv,
+        v_cache: &Self::Kv,
+        plan: &AttnPlan,
+        out: &mut Self::Buf,
+    );
+    /// `gate = act(gate) * up` over `len` values.
+    fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: Activation, len: usize);
+    /// `x += y * scale` over `len` values.
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, scale: f32, len: usize);
+    /// `x *= s` over `len` values.
+    fn scale(&self, x: &mut Self::Buf, s: f32, len: usize);
+    /// `out[j] = x[rows[j]]` for rows of `dim` values.
+    fn gather_rows(&self, x: &Self::Buf, rows: &[u32], dim: usize, out: &mut Self::Buf);
+}

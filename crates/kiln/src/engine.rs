@@ -1,0 +1,174 @@
+//! `Engine`: a loaded model (weights on a backend, tokenizer, chat template, KV pool),
+//! shared by the sessions that talk to it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::cpu::{default_threads, CpuBackend};
+use crate::chat::ChatTemplate;
+use crate::error::{KilnError, Result};
+use crate::gguf::GgufFile;
+use crate::model::{Model, ModelConfig, ModelRunner, Runner};
+use crate::session::{Session, SessionOptions};
+use crate::tokenizer::Tokenizer;
+
+/// Where the model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// A GPU when one is usable, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+impl std::str::FromStr for Device {
+    type Err = KilnError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "gpu" => Ok(Device::Gpu),
+            _ => Err(KilnError::invalid(format!("unknown device {s:?} (expected auto, cpu or gpu)"))),
+        }
+    }
+}
+
+/// How to load a model. `Default` gives the CLI's defaults.
+#[non_exhaustive]
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Context per sequence; default min(trained context, 4096).
+    pub n_ctx: Option<usize>,
+    /// CPU threads; default the number of cores.
+    pub n_threads: Option<usize>,
+    /// Most tokens one forward pass takes (llama.cpp's n_ubatch).
+    pub n_batch: usize,
+    /// Sequences that can hold a full context at once (KV pool = n_ctx × n_seq slots).
+    pub n_seq: usize,
+    pub device: Device,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { n_ctx: None, n_threads: None, n_batch: 512, n_seq: 1, device: Device::Auto }
+    }
+}
+
+impl EngineOptions {
+    pub fn with_n_ctx(mut self, n: usize) -> Self {
+        self.n_ctx = Some(n);
+        self
+    }
+    pub fn with_threads(mut self, n: usize) -> Self {
+        self.n_threads = Some(n);
+        self
+    }
+    pub fn with_batch(mut self, n: usize) -> Self {
+        self.n_batch = n;
+        self
+    }
+    pub fn with_n_seq(mut self, n: usize) -> Self {
+        self.n_seq = n;
+        self
+    }
+    pub fn with_device(mut self, d: Device) -> Self {
+        self.device = d;
+        self
+    }
+}
+
+pub(crate) struct EngineInner {
+    pub path: PathBuf,
+    pub gguf: Arc<GgufFile>,
+    pub runner: Box<dyn Runner>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub n_ctx: usize,
+    pub load_ms: f64,
+}
+
+/// A loaded model. Cloning is cheap (an `Arc`); sessions hold one.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<EngineInner>,
+}
+
+impl Engine {
+    /// Loads a `.gguf` path or a catalog name (fetched on first use).
+    pub fn load(model: impl AsRef<str>, opts: EngineOptions) -> Result<Engine> {
+        let t0 = Instant::now();
+        let path = crate::hub::resolve_model(model.as_ref())?;
+        let gguf = Arc::new(GgufFile::open(&path)?);
+        let cfg = ModelConfig::from_gguf(&gguf)?;
+        let n_ctx = opts.n_ctx.unwrap_or(cfg.n_ctx_train.min(4096));
+        if n_ctx == 0 || n_ctx > cfg.n_ctx_train {
+            return Err(KilnError::invalid(format!(
+                "context size {n_ctx} is beyond the model's trained context ({})",
+                cfg.n_ctx_train
+            )));
+        }
+        if opts.n_batch == 0 || opts.n_seq == 0 {
+            return Err(KilnError::invalid("batch size and sequence count must be at least 1"));
+        }
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
+        if tokenizer.n_vocab() != cfg.n_vocab {
+            return Err(KilnError::Metadata(format!(
+                "the tokenizer has {} tokens but the model {}",
+                tokenizer.n_vocab(),
+                cfg.n_vocab
+            )));
+        }
+        let template = ChatTemplate::from_gguf(&gguf)?;
+        let n_threads = opts.n_threads.unwrap_or_else(default_threads).max(1);
+        let runner: Box<dyn Runner> = match opts.device {
+            Device::Auto | Device::Cpu => {
+                let model = Model::load(&gguf, CpuBackend::new(n_threads))?;
+                Box::new(ModelRunner::new(model, n_ctx * opts.n_seq, opts.n_batch.min(n_ctx))?)
+            }
+            Device::Gpu => {
+                return Err(KilnError::Backend("no GPU backend is built into this kiln yet".into()))
+            }
+        };
+        let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok(Engine {
+            inner: Arc::new(EngineInner { path, gguf, runner, tokenizer, template, n_ctx, load_ms }),
+        })
+    }
+
+    /// A new conversation on this engine.
+    pub fn session(&self, opts: SessionOptions) -> Result<Session> {
+        Session::new(self.clone(), opts)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+    pub fn gguf(&self) -> &GgufFile {
+        &self.inner.gguf
+    }
+    pub fn config(&self) -> &ModelConfig {
+        self.inner.runner.config()
+    }
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.inner.tokenizer
+    }
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.inner.template.as_ref()
+    }
+    pub fn runner(&self) -> &dyn Runner {
+        &*self.inner.runner
+    }
+    /// Context size of each sequence.
+    pub fn n_ctx(&self) -> usize {
+        self.inner.n_ctx
+    }
+    /// Milliseconds spent in `load`.
+    pub fn load_ms(&self) -> f64 {
+        self.inner.load_ms
+    }
+    pub fn backend_name(&self) -> String {
+        self.inner.runner.backend_name()
+    }
+}

@@ -1,0 +1,113 @@
+//! The KV block pool the engine owns: fixed-size blocks of KV slots for every layer, a
+//! free list, and reference counts so that sequences can share prefix blocks.
+
+use crate::backend::Backend;
+use crate::error::{KilnError, Result};
+
+/// Token slots per block.
+pub const BLOCK_SIZE: usize = 32;
+
+/// One sequence's view of the pool: the blocks holding its positions, in order.
+#[derive(Clone, Debug, Default)]
+pub struct BlockTable {
+    pub blocks: Vec<u32>,
+    /// Positions 0..n_tokens hold valid keys and values.
+    pub n_tokens: usize,
+}
+
+impl BlockTable {
+    pub fn capacity(&self) -> usize {
+        self.blocks.len() * BLOCK_SIZE
+    }
+
+    /// The slot of position `p`.
+    pub fn slot(&self, p: usize) -> u32 {
+        self.blocks[p / BLOCK_SIZE] * BLOCK_SIZE as u32 + (p % BLOCK_SIZE) as u32
+    }
+}
+
+/// K and V caches of every layer, carved into blocks.
+pub struct KvPool<B: Backend> {
+    /// `(k, v)` per layer, each `[n_blocks * BLOCK_SIZE, kv_dim]` f16.
+    pub layers: Vec<(B::Kv, B::Kv)>,
+    pub kv_dim: usize,
+    pub n_blocks: usize,
+    free: Vec<u32>,
+    refs: Vec<u32>,
+}
+
+impl<B: Backend> KvPool<B> {
+    /// A pool of `n_slots` token slots (rounded up to whole blocks) per layer.
+    pub fn new(backend: &B, n_layer: usize, kv_dim: usize, n_slots: usize) -> Result<Self> {
+        let n_blocks = n_slots.div_ceil(BLOCK_SIZE);
+        let len = n_blocks * BLOCK_SIZE * kv_dim;
+        let layers = (0..n_layer)
+            .map(|_| Ok((backend.alloc_kv(len)?, backend.alloc_kv(len)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvPool {
+            layers,
+            kv_dim,
+            n_blocks,
+            free: (0..n_blocks as u32).rev().collect(),
+            refs: vec![0; n_blocks],
+        })
+    }
+
+    pub fn n_free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Fraction of blocks in use.
+    pub fn usage(&self) -> f32 {
+        1.0 - self.free.len() as f32 / self.n_blocks.max(1) as f32
+    }
+
+    /// Grows `table` so it can hold `n_tokens` positions; on failure nothing changes.
+    pub fn reserve(&mut self, table: &mut BlockTable, n_tokens: usize) -> Result<()> {
+        let need = n_tokens.div_ceil(BLOCK_SIZE).saturating_sub(table.blocks.len());
+        if need > self.free.len() {
+            return Err(KilnError::invalid(format!(
+                "KV cache full: {n_tokens} positions need {need} more blocks of {BLOCK_SIZE}, {} free",
+                self.free.len()
+            )));
+        }
+        for _ in 0..need {
+            let b = self.free.pop().expect("checked above");
+            self.refs[b as usize] = 1;
+            table.blocks.push(b);
+        }
+        Ok(())
+    }
+
+    /// Adds a reference to every block of `table` (a sharer of its prefix).
+    pub fn retain(&mut self, table: &BlockTable) {
+        for &b in &table.blocks {
+            self.refs[b as usize] += 1;
+        }
+    }
+
+    /// Drops the table's references; blocks no one holds return to the free list.
+    pub fn release(&mut self, table: &mut BlockTable) {
+        for b in table.blocks.drain(..) {
+            let r = &mut self.refs[b as usize];
+            *r -= 1;
+            if *r == 0 {
+                self.free.push(b);
+            }
+        }
+        table.n_tokens = 0;
+    }
+
+    /// Keeps the first `n_tokens` positions, returning blocks past them.
+    pub fn truncate(&mut self, table: &mut BlockTable, n_tokens: usize) {
+        let keep = n_tokens.div_ceil(BLOCK_SIZE);
+        for b in table.blocks.drain(keep.min(table.blocks.len())..) {
+            let r = &mut self.refs[b as usize];
+            *r -= 1;
+            if *r == 0 {
+                self.free.push(b);
+            }
+        }
+        table.n_tokens = table.n_tokens.min(n_tokens);
+    }
+}

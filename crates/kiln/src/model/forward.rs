@@ -1,0 +1,207 @@
+//! The one forward of the transformer families kiln supports, written once against the
+//! `Backend` trait. It takes a batch of `(token, pos, seq)` entries: prompt prefill,
+//! single-token decode and many sequences decoding together are the same path.
+
+use std::sync::Arc;
+
+use super::config::ModelConfig;
+use super::weights::Weights;
+use crate::backend::{AttnPlan, Backend, RopeParams};
+use crate::error::Result;
+use crate::gguf::GgufFile;
+use crate::kv::{KvPool, BLOCK_SIZE};
+
+/// A model's config and weights on one backend.
+pub struct Model<B: Backend> {
+    pub cfg: ModelConfig,
+    pub weights: Weights<B::Weight>,
+    pub backend: B,
+    /// RoPE parameters of each layer (the base differs on sliding-window layers).
+    rope: Vec<RopeParams>,
+}
+
+/// One micro-batch: entry `i` is token `tokens[i]` at position `pos[i]` of sequence
+/// `seq[i]` (an index into the block tables passed alongside).
+pub struct UBatch<'a> {
+    pub tokens: &'a [u32],
+    pub pos: &'a [u32],
+    pub seq: &'a [u32],
+    /// Entries whose output (logits or hidden state) is wanted, ascending.
+    pub outputs: &'a [u32],
+}
+
+/// What the forward returns for the output rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    Logits,
+    /// Hidden states after the final norm (embeddings).
+    Hidden,
+}
+
+/// Activation buffers for up to `n_ubatch` tokens, made once per runner.
+pub struct Scratch<B: Backend> {
+    n_ubatch: usize,
+    x: B::Buf,
+    h: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    att: B::Buf,
+    o: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+    out_rows: B::Buf,
+    /// Grown on demand: most calls want one row of logits, perplexity wants hundreds.
+    logits: B::Buf,
+    logits_rows: usize,
+}
+
+impl<B: Backend> Scratch<B> {
+    pub fn new(b: &B, cfg: &ModelConfig, n_ubatch: usize) -> Result<Self> {
+        let n = n_ubatch;
+        Ok(Scratch {
+            n_ubatch,
+            x: b.alloc(n * cfg.n_embd)?,
+            h: b.alloc(n * cfg.n_embd)?,
+            q: b.alloc(n * cfg.q_dim())?,
+            k: b.alloc(n * cfg.kv_dim())?,
+            v: b.alloc(n * cfg.kv_dim())?,
+            att: b.alloc(n * cfg.q_dim())?,
+            o: b.alloc(n * cfg.n_embd.max(cfg.q_dim()))?,
+            gate: b.alloc(n * cfg.n_ff)?,
+            up: b.alloc(n * cfg.n_ff)?,
+            out_rows: b.alloc(n * cfg.n_embd)?,
+            logits: b.alloc(cfg.n_vocab)?,
+            logits_rows: 1,
+        })
+    }
+
+    pub fn n_ubatch(&self) -> usize {
+        self.n_ubatch
+    }
+}
+
+impl<B: Backend> Model<B> {
+    pub fn load(gguf: &Arc<GgufFile>, backend: B) -> Result<Self> {
+        let cfg = ModelConfig::from_gguf(gguf)?;
+        let weights = Weights::load(gguf, &cfg, &backend)?;
+        let freq_factors = weights.rope_freqs.clone().map(Arc::new);
+        let rope = (0..cfg.n_layer)
+            .map(|il| RopeParams {
+                n_rot: cfg.n_rot,
+                neox: cfg.rope_neox,
+                freq_base: if cfg.swa_layers[il] { cfg.rope_freq_base_swa } else { cfg.rope_freq_base },
+                freq_scale: cfg.rope_freq_scale,
+                ext_factor: cfg.yarn_ext_factor,
+                attn_factor: cfg.yarn_attn_factor,
+                beta_fast: cfg.yarn_beta_fast,
+                beta_slow: cfg.yarn_beta_slow,
+                n_ctx_orig: cfg.rope_n_ctx_orig,
+                freq_factors: freq_factors.clone(),
+            })
+            .collect();
+        Ok(Model { cfg, weights, backend, rope })
+    }
+
+    /// Runs one micro-batch (at most `scratch.n_ubatch()` entries) and writes the outputs
+    /// of the rows in `ub.outputs` to `out` (`[outputs.len(), n_vocab or n_embd]`). The
+    /// caller has reserved KV blocks for every entry's position.
+    pub fn forward(
+        &self,
+        ub: &UBatch,
+        kv: &mut KvPool<B>,
+        tables: &[&[u32]],
+        s: &mut Scratch<B>,
+        kind: OutputKind,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (cfg, w, b) = (&self.cfg, &self.weights, &self.backend);
+        let n = ub.tokens.len();
+        debug_assert!(n <= s.n_ubatch && n == ub.pos.len() && n == ub.seq.len());
+        let (d, kv_dim) = (cfg.n_embd, cfg.kv_dim());
+        let slots: Vec<u32> = (0..n)
+            .map(|i| {
+                let t = tables[ub.seq[i] as usize];
+                let p = ub.pos[i] as usize;
+                t[p / BLOCK_SIZE] * BLOCK_SIZE as u32 + (p % BLOCK_SIZE) as u32
+            })
+            .collect();
+
+        b.embed(&w.token_embd, ub.tokens, cfg.embd_scale, &mut s.x)?;
+        for (il, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            b.rms_norm(&s.x, &lw.attn_norm, cfg.norm_eps, n, d, &mut s.h);
+            b.matmul(&lw.wq, &s.h, n, &mut s.q);
+            b.matmul(&lw.wk, &s.h, n, &mut s.k);
+            b.matmul(&lw.wv, &s.h, n, &mut s.v);
+            for (bias, x) in [(&lw.bq, &mut s.q), (&lw.bk, &mut s.k), (&lw.bv, &mut s.v)] {
+                if let Some(bias) = bias {
+                    b.add_bias(x, bias, n);
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                b.rms_norm(&s.q, qn, cfg.norm_eps, n * cfg.n_head, cfg.head_dim, &mut s.att);
+                std::mem::swap(&mut s.q, &mut s.att);
+                b.rms_norm(&s.k, kn, cfg.norm_eps, n * cfg.n_head_kv, cfg.head_dim, &mut s.att);
+                std::mem::swap(&mut s.k, &mut s.att);
+            }
+            b.rope(&mut s.q, ub.pos, cfg.n_head, cfg.head_dim, &self.rope[il]);
+            b.rope(&mut s.k, ub.pos, cfg.n_head_kv, cfg.head_dim, &self.rope[il]);
+            let (kc, vc) = &mut kv.layers[il];
+            b.kv_store(kc, vc, &s.k, &s.v, &slots, kv_dim);
+            let plan = AttnPlan {
+                pos: ub.pos,
+                seq: ub.seq,
+                tables,
+                block_size: BLOCK_SIZE,
+                n_head: cfg.n_head,
+                n_head_kv: cfg.n_head_kv,
+                head_dim: cfg.head_dim,
+                scale: cfg.attn_scale,
+                window: if cfg.swa_layers[il] { cfg.sliding_window } else { None },
+            };
+            b.attention(&s.q, kc, vc, &plan, &mut s.att);
+            b.matmul(&lw.wo, &s.att, n, &mut s.o);
+            if let Some(pn) = &lw.attn_post_norm {
+                b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
+                std::mem::swap(&mut s.o, &mut s.h);
+            }
+            b.add(&mut s.x, &s.o, cfg.residual_scale, n * d);
+
+            // Feed-forward block.
+            b.rms_norm(&s.x, &lw.ffn_norm, cfg.norm_eps, n, d, &mut s.h);
+            b.matmul(&lw.ffn_gate, &s.h, n, &mut s.gate);
+            b.matmul(&lw.ffn_up, &s.h, n, &mut s.up);
+            b.glu(&mut s.gate, &s.up, cfg.activation, n * cfg.n_ff);
+            b.matmul(&lw.ffn_down, &s.gate, n, &mut s.o);
+            if let Some(pn) = &lw.ffn_post_norm {
+                b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
+                std::mem::swap(&mut s.o, &mut s.h);
+            }
+            b.add(&mut s.x, &s.o, cfg.residual_scale, n * d);
+        }
+
+        let n_out = ub.outputs.len();
+        if n_out == 0 {
+            return Ok(());
+        }
+        b.gather_rows(&s.x, ub.outputs, d, &mut s.h);
+        b.rms_norm(&s.h, &w.output_norm, cfg.norm_eps, n_out, d, &mut s.out_rows);
+        match kind {
+            OutputKind::Hidden => b.read(&s.out_rows, &mut out[..n_out * d]),
+            OutputKind::Logits => {
+                if s.logits_rows < n_out {
+                    s.logits = b.alloc(n_out * cfg.n_vocab)?;
+                    s.logits_rows = n_out;
+                }
+                b.matmul(w.output.as_ref().unwrap_or(&w.token_embd), &s.out_rows, n_out, &mut s.logits);
+                let out = &mut out[..n_out * cfg.n_vocab];
+                b.read(&s.logits, out);
+                if cfg.logit_scale != 1.0 {
+                    out.iter_mut().for_each(|x| *x /= cfg.logit_scale);
+                }
+            }
+        }
+        Ok(())
+    }
+}
