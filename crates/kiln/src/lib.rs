@@ -4,6 +4,7 @@ pub mod backend;
 pub mod chat;
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod gguf;
 pub mod hub;
 pub mod kv;

@@ -30,24 +30,11 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let mut session = engine.session(SessionOptions::default())?;
     session.append_tokens(&ids)?;
     let logits = session.logits().expect("a non-empty prompt leaves logits");
-    let top = top_k(logits, a.top);
+    let top = kiln::eval::top_k(logits, a.top);
     let out = json!({
         "prompt_ids": ids, "n_vocab": logits.len(),
         "top": top.iter().map(|&(i, l)| json!([i, l])).collect::<Vec<_>>(),
     });
     print_out(&format!("{out}\n"));
     Ok(())
-}
-
-/// The `k` largest logits, descending, ties by ascending id.
-pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
-    let k = k.min(idx.len());
-    if k > 0 && k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, cmp);
-    }
-    idx.truncate(k);
-    idx.sort_by(cmp);
-    idx.into_iter().map(|i| (i, logits[i as usize])).collect()
 }

@@ -3,6 +3,7 @@
 mod config;
 mod forward;
 mod runner;
+pub mod synth;
 mod weights;
 
 pub use config::{Arch, ModelConfig, RopeScaling};

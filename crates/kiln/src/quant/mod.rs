@@ -66,3 +66,14 @@ pub fn vec_dot_fn(ty: GgmlType) -> VecDotFn {
         _ => |_, _, _| f32::NAN,
     }
 }
+
+// Temporary until the quant module lands.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    match ty {
+        GgmlType::F32 => {
+            dst.copy_from_slice(bytemuck::cast_slice(src));
+            Ok(())
+        }
+        _ => quantize_activation(ty, src, dst),
+    }
+}

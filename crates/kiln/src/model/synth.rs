@@ -1,0 +1,354 @@
+//! Synthetic models: GGUF files of a real architecture and shape with deterministic
+//! pseudo-random weights and a byte-level vocabulary. Tests compare kiln with llama.cpp on
+//! them where no real file is at hand (qwen3, granite, rope scaling), and speed work uses
+//! them at the shapes of large models (decode speed does not depend on the values).
+
+use crate::error::Result;
+use crate::gguf::{Array, GgufWriter, Value};
+use crate::quant::{self, GgmlType};
+
+/// What to write. `Default` is a small llama.
+#[derive(Clone, Debug)]
+pub struct SynthSpec {
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// Explicit `attention.key_length` (else n_embd / n_head).
+    pub head_dim: Option<usize>,
+    pub n_ff: usize,
+    pub n_ctx_train: usize,
+    /// Type of the 2-D weight matrices (norms and biases stay F32).
+    pub matrix_type: GgmlType,
+    /// Type of `token_embd` and `output`.
+    pub embd_type: GgmlType,
+    /// Per-tensor overrides of the matrix type: (name suffix, type), e.g. ("ffn_down", Q6_K).
+    pub type_overrides: Vec<(String, GgmlType)>,
+    pub tied_output: bool,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    pub post_norms: bool,
+    pub rope_freqs: bool,
+    /// Extra metadata, keys without the `{arch}.` prefix.
+    pub metadata: Vec<(String, Value)>,
+    pub seed: u64,
+}
+
+impl Default for SynthSpec {
+    fn default() -> Self {
+        SynthSpec {
+            arch: "llama".into(),
+            n_vocab: 384,
+            n_embd: 64,
+            n_layer: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: None,
+            n_ff: 128,
+            n_ctx_train: 4096,
+            matrix_type: GgmlType::F16,
+            embd_type: GgmlType::F16,
+            type_overrides: Vec::new(),
+            tied_output: false,
+            qkv_bias: false,
+            qk_norm: false,
+            post_norms: false,
+            rope_freqs: false,
+            metadata: Vec::new(),
+            seed: 1,
+        }
+    }
+}
+
+/// splitmix64: a reproducible stream of values, the same on every machine.
+struct Rng(u64);
+impl Rng {
+    fn next_f32(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// GPT-2's byte-to-printable-character map (the vocabulary text of each byte token).
+fn byte_token(b: u8) -> char {
+    let printable =
+        |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    if printable(b) {
+        return b as char;
+    }
+    let n = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + n).expect("valid code point")
+}
+
+impl SynthSpec {
+    pub fn build(&self) -> Result<GgufWriter> {
+        let mut w = GgufWriter::new();
+        let a = |k: &str| format!("{}.{k}", self.arch);
+        let head_dim = self.head_dim.unwrap_or(self.n_embd / self.n_head);
+        w.set("general.architecture", Value::String(self.arch.clone()));
+        w.set("general.name", Value::String(format!("synthetic {}", self.arch)));
+        w.set(a("context_length"), Value::U32(self.n_ctx_train as u32));
+        w.set(a("embedding_length"), Value::U32(self.n_embd as u32));
+        w.set(a("block_count"), Value::U32(self.n_layer as u32));
+        w.set(a("feed_forward_length"), Value::U32(self.n_ff as u32));
+        w.set(a("attention.head_count"), Value::U32(self.n_head as u32));
+        w.set(a("attention.head_count_kv"), Value::U32(self.n_head_kv as u32));
+        w.set(a("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+        if self.head_dim.is_some() {
+            w.set(a("attention.key_length"), Value::U32(head_dim as u32));
+            w.set(a("attention.value_length"), Value::U32(head_dim as u32));
+        }
+        for (k, v) in &self.metadata {
+            w.set(a(k), v.clone());
+        }
+        self.vocab(&mut w);
+
+        let mut rng = Rng(self.seed);
+        let (d, q, kv, ff) = (self.n_embd, self.n_head * head_dim, self.n_head_kv * head_dim, self.n_ff);
+        self.matrix(&mut w, &mut rng, "token_embd.weight", d, self.n_vocab, self.embd_type, 1.0)?;
+        self.vector(&mut w, &mut rng, "output_norm.weight", d, 1.0, 0.1)?;
+        if !self.tied_output {
+            self.matrix(&mut w, &mut rng, "output.weight", d, self.n_vocab, self.embd_type, 1.0)?;
+        }
+        if self.rope_freqs {
+            let n_rot = head_dim / 2;
+            let f: Vec<f32> = (0..n_rot).map(|i| 1.0 + 3.0 * i as f32 / n_rot as f32).collect();
+            w.add_f32("rope_freqs.weight", &[n_rot as u64], &f)?;
+        }
+        for il in 0..self.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            self.vector(&mut w, &mut rng, &n("attn_norm.weight"), d, 1.0, 0.1)?;
+            self.matrix(&mut w, &mut rng, &n("attn_q.weight"), d, q, self.matrix_type, 1.0)?;
+            self.matrix(&mut w, &mut rng, &n("attn_k.weight"), d, kv, self.matrix_type, 1.0)?;
+            self.matrix(&mut w, &mut rng, &n("attn_v.weight"), d, kv, self.matrix_type, 1.0)?;
+            if self.qkv_bias {
+                self.vector(&mut w, &mut rng, &n("attn_q.bias"), q, 0.0, 0.2)?;
+                self.vector(&mut w, &mut rng, &n("attn_k.bias"), kv, 0.0, 0.2)?;
+                self.vector(&mut w, &mut rng, &n("attn_v.bias"), kv, 0.0, 0.2)?;
+            }
+            if self.qk_norm {
+                self.vector(&mut w, &mut rng, &n("attn_q_norm.weight"), head_dim, 1.0, 0.1)?;
+                self.vector(&mut w, &mut rng, &n("attn_k_norm.weight"), head_dim, 1.0, 0.1)?;
+            }
+            self.matrix(&mut w, &mut rng, &n("attn_output.weight"), q, d, self.matrix_type, 1.0)?;
+            if self.post_norms {
+                self.vector(&mut w, &mut rng, &n("post_attention_norm.weight"), d, 1.0, 0.1)?;
+                self.vector(&mut w, &mut rng, &n("post_ffw_norm.weight"), d, 1.0, 0.1)?;
+            }
+            self.vector(&mut w, &mut rng, &n("ffn_norm.weight"), d, 1.0, 0.1)?;
+            self.matrix(&mut w, &mut rng, &n("ffn_gate.weight"), d, ff, self.matrix_type, 1.0)?;
+            self.matrix(&mut w, &mut rng, &n("ffn_up.weight"), d, ff, self.matrix_type, 1.0)?;
+            self.matrix(&mut w, &mut rng, &n("ffn_down.weight"), ff, d, self.matrix_type, 1.0)?;
+        }
+        Ok(w)
+    }
+
+    /// A byte-level BPE vocabulary with no merges: 256 byte tokens, BOS, EOS, then filler
+    /// tokens up to `n_vocab` (which the tokenizer never produces).
+    fn vocab(&self, w: &mut GgufWriter) {
+        let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_token(b).to_string()).collect();
+        tokens.push("<|bos|>".into());
+        tokens.push("<|eos|>".into());
+        let mut types = vec![1i32; 256];
+        types.extend([3, 3]);
+        while tokens.len() < self.n_vocab {
+            tokens.push(format!("<|filler_{}|>", tokens.len()));
+            types.push(1);
+        }
+        w.set("tokenizer.ggml.model", Value::String("gpt2".into()));
+        w.set("tokenizer.ggml.pre", Value::String("default".into()));
+        w.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
+        w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+        w.set("tokenizer.ggml.merges", Value::Array(Array::String(Vec::new())));
+        w.set("tokenizer.ggml.bos_token_id", Value::U32(256));
+        w.set("tokenizer.ggml.eos_token_id", Value::U32(257));
+        w.set("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    }
+
+    fn matrix_type_of(&self, name: &str, default: GgmlType) -> GgmlType {
+        let stem = name.trim_end_matches(".weight");
+        self.type_overrides.iter().find(|(s, _)| stem.ends_with(s.as_str())).map_or(default, |&(_, t)| t)
+    }
+
+    /// A `[cols, rows]` matrix with values uniform in ±gain·sqrt(3/cols) (unit-variance outputs).
+    #[allow(clippy::too_many_arguments)]
+    fn matrix(
+        &self,
+        w: &mut GgufWriter,
+        rng: &mut Rng,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        ty: GgmlType,
+        gain: f32,
+    ) -> Result<()> {
+        let ty = self.matrix_type_of(name, ty);
+        let amp = gain * (3.0 / cols as f32).sqrt();
+        let row_size = ty.row_size(cols)?;
+        let mut data = vec![0u8; row_size * rows];
+        let mut vals = vec![0.0f32; cols];
+        for r in 0..rows {
+            vals.iter_mut().for_each(|v| *v = rng.next_f32() * amp);
+            quant::quantize_row(ty, &vals, &mut data[r * row_size..(r + 1) * row_size])?;
+        }
+        w.add_tensor(name, ty, &[cols as u64, rows as u64], data)?;
+        Ok(())
+    }
+
+    fn vector(
+        &self,
+        w: &mut GgufWriter,
+        rng: &mut Rng,
+        name: &str,
+        n: usize,
+        center: f32,
+        spread: f32,
+    ) -> Result<()> {
+        let v: Vec<f32> = (0..n).map(|_| center + spread * rng.next_f32()).collect();
+        w.add_f32(name, &[n as u64], &v)?;
+        Ok(())
+    }
+}
+
+/// Named specs: small models that exercise one architecture feature each (tests), and
+/// random-weight models of real shapes and type mixes (speed work).
+pub fn preset(name: &str) -> Option<SynthSpec> {
+    use GgmlType::*;
+    let base = SynthSpec::default();
+    let f = |k: &str, v: f32| (k.to_string(), Value::F32(v));
+    let s = |k: &str, v: &str| (k.to_string(), Value::String(v.to_string()));
+    let u = |k: &str, v: u32| (k.to_string(), Value::U32(v));
+    // llama-quantize's Q4_K_M mix: Q6_K for attn_v and ffn_down (about half the layers)
+    // and the output; Q4_K elsewhere. Here: every layer's attn_v and ffn_down.
+    let q4_k_m =
+        vec![("attn_v".to_string(), Q6_K), ("ffn_down".to_string(), Q6_K), ("output".to_string(), Q6_K)];
+    Some(match name {
+        "qwen3-tiny" => SynthSpec {
+            arch: "qwen3".into(),
+            head_dim: Some(32),
+            qk_norm: true,
+            metadata: vec![f("rope.freq_base", 1e6)],
+            ..base
+        },
+        "qwen2-tiny" => SynthSpec {
+            arch: "qwen2".into(),
+            qkv_bias: true,
+            metadata: vec![f("rope.freq_base", 1e6)],
+            ..base
+        },
+        "granite-tiny" => SynthSpec {
+            arch: "granite".into(),
+            metadata: vec![
+                f("embedding_scale", 12.0),
+                f("residual_scale", 0.22),
+                f("attention.scale", 0.015625),
+                f("logit_scale", 8.0),
+                f("rope.freq_base", 1e4),
+            ],
+            ..base
+        },
+        "llama3-rope-freqs-tiny" => {
+            SynthSpec { rope_freqs: true, metadata: vec![f("rope.freq_base", 5e5)], ..base }
+        }
+        "llama-yarn-tiny" => SynthSpec {
+            n_ctx_train: 8192,
+            metadata: vec![
+                s("rope.scaling.type", "yarn"),
+                f("rope.scaling.factor", 4.0),
+                u("rope.scaling.original_context_length", 64),
+            ],
+            ..base
+        },
+        "gemma3-tiny" => SynthSpec {
+            arch: "gemma3".into(),
+            n_layer: 3,
+            head_dim: Some(32),
+            qk_norm: true,
+            post_norms: true,
+            tied_output: true,
+            metadata: vec![
+                u("attention.sliding_window", 8),
+                u("attention.sliding_window_pattern", 3),
+                f("rope.freq_base", 1e6),
+            ],
+            ..base
+        },
+        "llama2-7b-q4_0" => SynthSpec {
+            n_vocab: 32000,
+            n_embd: 4096,
+            n_layer: 32,
+            n_head: 32,
+            n_head_kv: 32,
+            n_ff: 11008,
+            matrix_type: Q4_0,
+            embd_type: Q4_0,
+            type_overrides: vec![("output".into(), Q6_K)],
+            ..base
+        },
+        "qwen2.5-7b-q4_k_m" => SynthSpec {
+            arch: "qwen2".into(),
+            n_vocab: 152064,
+            n_embd: 3584,
+            n_layer: 28,
+            n_head: 28,
+            n_head_kv: 4,
+            n_ff: 18944,
+            qkv_bias: true,
+            matrix_type: Q4_K,
+            embd_type: Q4_K,
+            type_overrides: q4_k_m,
+            metadata: vec![f("rope.freq_base", 1e6)],
+            ..base
+        },
+        "llama3-8b-q4_k_m" => SynthSpec {
+            n_vocab: 128256,
+            n_embd: 4096,
+            n_layer: 32,
+            n_head: 32,
+            n_head_kv: 8,
+            n_ff: 14336,
+            matrix_type: Q4_K,
+            embd_type: Q4_K,
+            type_overrides: q4_k_m,
+            metadata: vec![f("rope.freq_base", 5e5)],
+            ..base
+        },
+        "qwen2.5-1.5b-q4_k_m" => SynthSpec {
+            arch: "qwen2".into(),
+            n_vocab: 151936,
+            n_embd: 1536,
+            n_layer: 28,
+            n_head: 12,
+            n_head_kv: 2,
+            n_ff: 8960,
+            qkv_bias: true,
+            tied_output: true,
+            matrix_type: Q4_K,
+            embd_type: Q6_K,
+            type_overrides: q4_k_m,
+            metadata: vec![f("rope.freq_base", 1e6)],
+            ..base
+        },
+        _ => return None,
+    })
+}
+
+/// The preset names, small ones first.
+pub const PRESETS: &[&str] = &[
+    "qwen3-tiny",
+    "qwen2-tiny",
+    "granite-tiny",
+    "llama3-rope-freqs-tiny",
+    "llama-yarn-tiny",
+    "gemma3-tiny",
+    "llama2-7b-q4_0",
+    "qwen2.5-7b-q4_k_m",
+    "llama3-8b-q4_k_m",
+    "qwen2.5-1.5b-q4_k_m",
+];

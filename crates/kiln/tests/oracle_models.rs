@@ -1,0 +1,193 @@
+//! kiln against llama.cpp's outputs on the real models (tests/fixtures/oracle, copied from
+//! the shared oracle; its README gives the tolerances used here).
+
+mod support;
+
+use kiln::engine::{Engine, EngineOptions};
+use kiln::eval::log_softmax_at;
+use kiln::model::{Entry, OutputKind};
+use support::*;
+
+fn engine(m: &RealModel, n_ctx: usize) -> Engine {
+    let opts = EngineOptions::default().with_n_ctx(n_ctx).with_batch(n_ctx.min(512)).with_threads(2);
+    Engine::load(model(m.name).to_str().unwrap(), opts).unwrap()
+}
+
+/// Logits after each of `tokens[from..]` (one forward over the whole sequence).
+fn logits_after(e: &Engine, tokens: &[u32], from: usize) -> Vec<Vec<f32>> {
+    let r = e.runner();
+    let seq = r.new_seq();
+    let entries: Vec<Entry> =
+        tokens.iter().enumerate().map(|(i, &t)| Entry { seq, token: t, output: i >= from }).collect();
+    let out = r.decode(&entries, OutputKind::Logits).unwrap();
+    r.free_seq(seq);
+    out.chunks(e.config().n_vocab).map(|c| c.to_vec()).collect()
+}
+
+/// Teacher forcing: the argmax after `prompt + ids[..k]` must be `ids[k]` wherever
+/// llama.cpp's own margin is at least tau (else `ids[k]` or its runner-up).
+fn greedy(m: &RealModel) {
+    if !m.enabled() {
+        return;
+    }
+    let oracle = fixture_json(&format!("oracle/{}/greedy.json", m.stem));
+    let e = engine(m, 512);
+    for case in oracle["cases"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["ids"]);
+        let runner_up = ids(&case["runner_up_ids"]);
+        let margins: Vec<f32> =
+            case["margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let mut seq = prompt.clone();
+        seq.extend_from_slice(&want[..want.len() - 1]);
+        let rows = logits_after(&e, &seq, prompt.len() - 1);
+        let mut exact = 0;
+        for (k, l) in rows.iter().enumerate() {
+            let got = argmax(l);
+            if got == want[k] {
+                exact += 1;
+            } else {
+                assert!(
+                    margins[k] < m.tau() && got == runner_up[k],
+                    "{} {:?} step {k}: kiln argmax {got}, llama.cpp {} (margin {}, runner-up {})",
+                    m.name,
+                    case["prompt"],
+                    want[k],
+                    margins[k],
+                    runner_up[k]
+                );
+            }
+        }
+        eprintln!(
+            "{} {:?}: {exact}/{} steps identical",
+            m.name,
+            case["prompt"].as_str().unwrap(),
+            want.len()
+        );
+    }
+}
+
+fn top_logits(m: &RealModel) {
+    if !m.enabled() {
+        return;
+    }
+    let oracle = fixture_json(&format!("oracle/{}/top_logits.json", m.stem));
+    let e = engine(m, 512);
+    let tol = if m.gemma { 0.75 } else { 0.5 };
+    for case in oracle["cases"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let l = logits_after(&e, &prompt, prompt.len() - 1).pop().unwrap();
+        let top = case["top"].as_array().unwrap();
+        let mine_top: Vec<u32> = kiln::eval::top_k(&l, 20).iter().map(|&(i, _)| i).collect();
+        let gap = top[0]["logit"].as_f64().unwrap() - top[1]["logit"].as_f64().unwrap();
+        if gap >= m.tau() as f64 {
+            assert_eq!(argmax(&l), case["argmax_id"].as_u64().unwrap() as u32, "{} argmax", m.name);
+        }
+        let max_logit = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let d_max = (max_logit - case["max_logit"].as_f64().unwrap()).abs();
+        assert!(d_max <= 0.5, "{}: |Δ max logit| = {d_max}", m.name);
+        let rank21 = case["logit_rank21"].as_f64().unwrap();
+        let mut worst: f64 = 0.0;
+        for (rank, t) in top.iter().enumerate() {
+            let id = t["id"].as_u64().unwrap() as usize;
+            let d = (log_softmax_at(&l, id) - t["logprob"].as_f64().unwrap()).abs();
+            worst = worst.max(d);
+            assert!(d <= tol, "{}: id {id}: |Δ logprob| = {d}", m.name);
+            if rank == 0 {
+                assert!(d <= 0.2, "{}: top-1 |Δ logprob| = {d}", m.name);
+            }
+            if t["logit"].as_f64().unwrap() > rank21 + 0.5 {
+                assert!(mine_top.contains(&(id as u32)), "{}: id {id} missing from kiln's top 20", m.name);
+            }
+        }
+        eprintln!(
+            "{} {:?}: max |Δ logprob| over top 20 = {worst:.3}, |Δ max logit| = {d_max:.3}",
+            m.name, case["prompt"]
+        );
+    }
+}
+
+fn perplexity(m: &RealModel, ctxs: &[usize]) {
+    if !m.enabled() {
+        return;
+    }
+    let oracle = fixture_json(&format!("oracle/{}/perplexity.json", m.stem));
+    let tokens = ids(&oracle["token_ids"]);
+    let tol = if m.gemma { 0.02 } else { 0.01 };
+    for case in oracle["cases"].as_array().unwrap() {
+        let ctx = case["ctx"].as_u64().unwrap() as usize;
+        if !ctxs.contains(&ctx) {
+            continue;
+        }
+        let e = engine(m, ctx);
+        let r = kiln::eval::perplexity(&e, &tokens, ctx, None).unwrap();
+        let want = case["ppl"].as_f64().unwrap();
+        let rel = (r.ppl - want).abs() / want;
+        eprintln!(
+            "{} ctx {ctx}: kiln {:.4}, llama.cpp {want:.4} ({:+.2}%)",
+            m.name,
+            r.ppl,
+            100.0 * (r.ppl - want) / want
+        );
+        assert_eq!(r.n_chunks as u64, case["n_chunks"].as_u64().unwrap());
+        assert!(rel <= tol, "{} ctx {ctx}: ppl {} vs {want}", m.name, r.ppl);
+    }
+}
+
+/// ctx 128 always; ctx 256 in the slow tier.
+fn ppl_ctxs() -> Vec<usize> {
+    if full() {
+        vec![128, 256]
+    } else {
+        vec![128]
+    }
+}
+
+#[test]
+fn smollm2_greedy() {
+    greedy(&SMOLLM2);
+}
+#[test]
+fn smollm2_top_logits() {
+    top_logits(&SMOLLM2);
+}
+#[test]
+fn smollm2_perplexity() {
+    perplexity(&SMOLLM2, &ppl_ctxs());
+}
+#[test]
+fn gemma3_greedy() {
+    greedy(&GEMMA3);
+}
+#[test]
+fn gemma3_top_logits() {
+    top_logits(&GEMMA3);
+}
+#[test]
+fn gemma3_perplexity() {
+    perplexity(&GEMMA3, &ppl_ctxs());
+}
+#[test]
+fn qwen05_greedy() {
+    greedy(&QWEN05);
+}
+#[test]
+fn qwen05_top_logits() {
+    top_logits(&QWEN05);
+}
+#[test]
+fn qwen05_perplexity() {
+    perplexity(&QWEN05, &ppl_ctxs());
+}
+#[test]
+fn qwen15_greedy() {
+    greedy(&QWEN15);
+}
+#[test]
+fn qwen15_top_logits() {
+    top_logits(&QWEN15);
+}
+#[test]
+fn qwen15_perplexity() {
+    perplexity(&QWEN15, &[128, 256]);
+}
