@@ -1,31 +1,157 @@
 //! GGML block formats: layouts, reference (scalar) dequantize/quantize, and dot products
 //! of a weight row with an activation row quantized to the weight's `vec_dot_type`.
 //!
-//! The scalar code here is the truth every SIMD and GPU kernel is tested against.
+//! The scalar code here is the truth every SIMD and GPU kernel is tested against. Each
+//! function mirrors the ggml routine it is named after, including the order of float
+//! operations, so results match llama.cpp (gguf-py for dequantization) bit for bit where
+//! the C code is deterministic.
+//!
+//! Families: `float` (F32, F16, BF16), `legacy` (the 32-element Q4_0..Q8_1 blocks),
+//! `kquants` + `kquants_ref` (Q2_K..Q6_K, Q8_K), `iquants` (IQ4_NL, IQ4_XS).
 
+mod float;
+mod iquants;
+mod kquants;
+mod kquants_ref;
+mod legacy;
 mod types;
 
 pub use types::{GgmlType, ALL_TYPES};
 
 use crate::error::{KilnError, Result};
 
+/// A dot product of `n` elements of a weight row and an activation row, both as raw blocks.
+pub type VecDotFn = fn(&[u8], &[u8], usize) -> f32;
+
 /// Dequantizes `dst.len()` elements from `src` (whole blocks of `ty`).
+/// Err if lengths mismatch or the type is unsupported.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
-    check_len(ty, src.len(), dst.len())?;
-    match ty {
-        GgmlType::F32 => {
-            for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
-                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            }
-        }
-        GgmlType::F16 => {
-            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = half::f16::from_le_bytes([s[0], s[1]]).to_f32();
-            }
-        }
+    use GgmlType::*;
+    let f: fn(&[u8], &mut [f32]) = match ty {
+        F32 => float::dequantize_f32,
+        F16 => float::dequantize_f16,
+        BF16 => float::dequantize_bf16,
+        Q4_0 => legacy::dequantize_q4_0,
+        Q4_1 => legacy::dequantize_q4_1,
+        Q5_0 => legacy::dequantize_q5_0,
+        Q5_1 => legacy::dequantize_q5_1,
+        Q8_0 => legacy::dequantize_q8_0,
+        Q8_1 => legacy::dequantize_q8_1,
+        Q2_K => kquants::dequantize_q2_k,
+        Q3_K => kquants::dequantize_q3_k,
+        Q4_K => kquants::dequantize_q4_k,
+        Q5_K => kquants::dequantize_q5_k,
+        Q6_K => kquants::dequantize_q6_k,
+        Q8_K => kquants::dequantize_q8_k,
+        IQ4_NL => iquants::dequantize_iq4_nl,
+        IQ4_XS => iquants::dequantize_iq4_xs,
         _ => return Err(KilnError::unsupported("tensor type", ty.name())),
-    }
+    };
+    check_len(ty, src.len(), dst.len())?;
+    f(src, dst);
     Ok(())
+}
+
+/// Reference quantizer (ggml's `quantize_row_*_ref` semantics) for every supported type.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    use GgmlType::*;
+    let f: fn(&[f32], &mut [u8]) = match ty {
+        F32 => float::quantize_f32,
+        F16 => float::quantize_f16,
+        BF16 => float::quantize_bf16,
+        Q4_0 => legacy::quantize_q4_0,
+        Q4_1 => legacy::quantize_q4_1,
+        Q5_0 => legacy::quantize_q5_0,
+        Q5_1 => legacy::quantize_q5_1,
+        Q8_0 => legacy::quantize_q8_0,
+        Q8_1 => legacy::quantize_q8_1,
+        Q2_K => kquants_ref::quantize_q2_k,
+        Q3_K => kquants_ref::quantize_q3_k,
+        Q4_K => kquants_ref::quantize_q4_k,
+        Q5_K => kquants_ref::quantize_q5_k,
+        Q6_K => kquants_ref::quantize_q6_k,
+        Q8_K => kquants_ref::quantize_q8_k,
+        IQ4_NL => iquants::quantize_iq4_nl,
+        IQ4_XS => iquants::quantize_iq4_xs,
+        _ => return Err(KilnError::unsupported("quantization type", ty.name())),
+    };
+    check_len(ty, dst.len(), src.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// Quantizes an activation row to `ty` (Q8_0, Q8_1, Q8_K, F16, BF16, F32) exactly as ggml's
+/// x86 CPU backend does before a matmul: its AVX2 `quantize_row_q8_0`/`q8_1` multiply by
+/// 127/amax and round half to even, and q8_1 stores s = d * sum(qs); Q8_K uses the
+/// reference quantizer. This decides near-ties like llama.cpp.
+pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    use GgmlType::*;
+    let f: fn(&[f32], &mut [u8]) = match ty {
+        F32 => float::quantize_f32,
+        F16 => float::quantize_f16,
+        BF16 => float::quantize_bf16,
+        Q8_0 => legacy::quantize_q8_0_act,
+        Q8_1 => legacy::quantize_q8_1_act,
+        Q8_K => kquants_ref::quantize_q8_k,
+        _ => return Err(KilnError::unsupported("activation type", ty.name())),
+    };
+    check_len(ty, dst.len(), src.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// Dot product of `n` elements: a weight row `w` of type `ty` with an activation row `a`
+/// already quantized to `ty.vec_dot_type()`. Scalar reference mirroring ggml's generic
+/// (scalar) vec_dot formulas for each pair. Mis-sized input is a bug (debug-asserted);
+/// in release it reads only whole blocks present in both rows. Unsupported types give NaN.
+pub fn vec_dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
+    debug_assert_eq!(ty.row_size(n).ok(), Some(w.len()), "{ty} weight row of {n}");
+    debug_assert_eq!(ty.vec_dot_type().row_size(n).ok(), Some(a.len()), "{ty} activation row of {n}");
+    scalar_vec_dot_fn(ty)(w, a, n)
+}
+
+/// The scalar reference dot product for weights of type `ty` (see [`vec_dot`]), as a plain
+/// function pointer the hot loop can call without matching on the type each time.
+pub fn scalar_vec_dot_fn(ty: GgmlType) -> VecDotFn {
+    use GgmlType::*;
+    match ty {
+        F32 => float::dot_f32,
+        F16 => float::dot_f16,
+        BF16 => float::dot_bf16,
+        Q4_0 => legacy::dot_q4_0_q8_0,
+        Q4_1 => legacy::dot_q4_1_q8_1,
+        Q5_0 => legacy::dot_q5_0_q8_0,
+        Q5_1 => legacy::dot_q5_1_q8_1,
+        Q8_0 => legacy::dot_q8_0_q8_0,
+        Q2_K => kquants::dot_q2_k_q8_k,
+        Q3_K => kquants::dot_q3_k_q8_k,
+        Q4_K => kquants::dot_q4_k_q8_k,
+        Q5_K => kquants::dot_q5_k_q8_k,
+        Q6_K => kquants::dot_q6_k_q8_k,
+        IQ4_NL => iquants::dot_iq4_nl_q8_0,
+        IQ4_XS => iquants::dot_iq4_xs_q8_k,
+        Q8_1 => |w, a, n| dot_dequantized(Q8_1, w, a, n),
+        Q8_K => |w, a, n| dot_dequantized(Q8_K, w, a, n),
+        _ => |_, _, _| f32::NAN,
+    }
+}
+
+/// For formats ggml only uses for activations (Q8_1, Q8_K), which have no vec_dot of their
+/// own: dequantize block by block and dot with an F32 row (their `vec_dot_type`).
+fn dot_dequantized(ty: GgmlType, w: &[u8], a: &[u8], _n: usize) -> f32 {
+    let mut buf = [0f32; 256];
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    let mut sum = 0f64;
+    for (wb, ab) in w.chunks_exact(ts).zip(a.chunks_exact(4 * bs)) {
+        let buf = &mut buf[..bs];
+        if dequantize_row(ty, wb, buf).is_err() {
+            return f32::NAN;
+        }
+        for (x, y) in buf.iter().zip(ab.chunks_exact(4)) {
+            sum += (x * f32::from_le_bytes([y[0], y[1], y[2], y[3]])) as f64;
+        }
+    }
+    sum as f32
 }
 
 fn check_len(ty: GgmlType, bytes: usize, n: usize) -> Result<()> {
@@ -39,41 +165,24 @@ fn check_len(ty: GgmlType, bytes: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
-// Temporary until the quant module lands (F32/F16 only).
-pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
-    match ty {
-        GgmlType::F16 => {
-            for (d, &s) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&half::f16::from_f32(s).to_le_bytes());
-            }
-            Ok(())
-        }
-        _ => Err(KilnError::unsupported("activation type", ty.name())),
-    }
+// ---------------------------------------------------------------- shared helpers
+
+/// The little-endian f16 at byte `off`, widened exactly.
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
+    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
 }
 
-pub type VecDotFn = fn(&[u8], &[u8], usize) -> f32;
-
-pub fn vec_dot_fn(ty: GgmlType) -> VecDotFn {
-    match ty {
-        GgmlType::F16 => |w, a, n| {
-            let mut wf = vec![0.0; n];
-            let mut af = vec![0.0; n];
-            dequantize_row(GgmlType::F16, w, &mut wf).unwrap();
-            dequantize_row(GgmlType::F16, a, &mut af).unwrap();
-            wf.iter().zip(&af).map(|(a, b)| a * b).sum()
-        },
-        _ => |_, _, _| f32::NAN,
-    }
+/// Stores `x` as a little-endian f16 (round to nearest even) at byte `off`.
+#[inline(always)]
+fn put_f16(b: &mut [u8], off: usize, x: f32) {
+    b[off..off + 2].copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
 }
 
-// Temporary until the quant module lands.
-pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
-    match ty {
-        GgmlType::F32 => {
-            dst.copy_from_slice(bytemuck::cast_slice(src));
-            Ok(())
-        }
-        _ => quantize_activation(ty, src, dst),
-    }
+/// ggml's `nearest_int`: round half to even via the 1.5 * 2^23 trick (exact for
+/// |x| < 2^22, which the callers guarantee; garbage-in stays garbage-out without panics).
+#[inline(always)]
+fn nearest_int(x: f32) -> i32 {
+    let v = x + 12582912.0;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }

@@ -143,7 +143,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements, or an error if `n` is not a whole number of blocks.
     pub fn row_size(self, n: usize) -> Result<usize> {
         let bs = self.block_size();
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return Err(KilnError::invalid(format!(
                 "{} rows must be a multiple of {bs} elements, got {n}",
                 self.name()
