@@ -14,6 +14,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     // A panic is a bug, but the contract says exit 1 with one `error:` line, never 101.
     std::panic::set_hook(Box::new(|info| {
@@ -28,3 +29,22 @@ fn main() -> ExitCode {
         Err(_) => ExitCode::from(1),
     }
 }
+
+/// Rust ignores SIGPIPE, so `kiln inspect x | head` would fail on its next write to the
+/// closed pipe; like any Unix filter we let SIGPIPE end the process quietly instead.
+/// (Sockets are unaffected: std and tokio send with MSG_NOSIGNAL / SO_NOSIGPIPE.)
+#[cfg(unix)]
+fn restore_sigpipe() {
+    const SIGPIPE: i32 = 13; // the same on Linux, macOS and the BSDs
+    const SIG_DFL: usize = 0;
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    // SAFETY: installing the default disposition for one signal, before any thread starts.
+    unsafe {
+        signal(SIGPIPE, SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn restore_sigpipe() {}

@@ -148,6 +148,7 @@ impl GgufFile {
 
         let mut metadata = Vec::with_capacity(n_kv as usize);
         let mut index = HashMap::with_capacity(n_kv as usize);
+        let mut alignment_at = 0;
         for _ in 0..n_kv {
             let at = r.pos;
             let key = r.string("metadata key")?;
@@ -156,6 +157,9 @@ impl GgufFile {
             if index.insert(key.clone(), metadata.len()).is_some() {
                 return Err(r.err_at(at, format!("duplicate metadata key {key}")));
             }
+            if key == "general.alignment" {
+                alignment_at = at;
+            }
             metadata.push((key, value));
         }
 
@@ -163,7 +167,12 @@ impl GgufFile {
             None => DEFAULT_ALIGNMENT,
             Some(v) => match v.as_u64() {
                 Some(a) if a.is_power_of_two() && a <= 1 << 20 => a,
-                _ => return Err(r.err_at(0, format!("general.alignment {v:?} is not a power of two"))),
+                _ => {
+                    return Err(r.err_at(
+                        alignment_at,
+                        format!("general.alignment {v:?} is not a power of two up to 1 MiB"),
+                    ))
+                }
             },
         };
 

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use super::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS};
 use super::value::{id, Array, Value};
 use crate::error::{KilnError, Result};
 use crate::quant::GgmlType;
@@ -47,9 +47,18 @@ impl GgufWriter {
         data: Vec<u8>,
     ) -> Result<&mut Self> {
         let name = name.into();
-        let n: u64 = dims.iter().product();
-        let want = ty.row_size(n as usize)?;
-        if data.len() != want || dims[0] as usize % ty.block_size() != 0 {
+        if dims.is_empty() || dims.len() > MAX_DIMS {
+            return Err(KilnError::Tensor {
+                name,
+                msg: format!("{} dimensions (1..={MAX_DIMS} allowed)", dims.len()),
+            });
+        }
+        let n = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).and_then(|n| usize::try_from(n).ok());
+        let Some(n) = n else {
+            return Err(KilnError::Tensor { name, msg: format!("dims {dims:?} overflow") });
+        };
+        let want = ty.row_size(n)?;
+        if data.len() != want || dims[0] % ty.block_size() as u64 != 0 {
             return Err(KilnError::Tensor {
                 name,
                 msg: format!("{ty} {dims:?} needs {want} bytes, got {}", data.len()),
@@ -69,6 +78,8 @@ impl GgufWriter {
             .iter()
             .find(|(k, _)| k == "general.alignment")
             .and_then(|(_, v)| v.as_u64())
+            // An invalid value is written as given (readers reject it) but not used for padding.
+            .filter(|a| a.is_power_of_two() && *a <= 1 << 20)
             .unwrap_or(DEFAULT_ALIGNMENT)
     }
 
