@@ -228,7 +228,7 @@ impl Session {
         if self.logits.is_none() || !self.pending.is_empty() {
             self.append_tokens(&[])?;
         }
-        let mut detok = Detokenizer::new(tok.clone());
+        let mut detok = Detokenizer::new(tok.clone(), false);
         let mut stop = StopMatcher::new(opts.stop.clone());
         let (prompt_n, prompt_ms) = std::mem::take(&mut self.prompt_timing);
         let t0 = Instant::now();
