@@ -2,7 +2,8 @@
 """Generate kiln's dequantization fixtures with the `gguf` Python package (gguf-py).
 
     pip install gguf numpy
-    python3 scripts/gen-quant-fixtures.py [--models-dir ~/.cache/kiln/models]
+    python3 scripts/gen-quant-fixtures.py [--models-dir ~/.cache/kiln/models] \
+        [--llama-cpp .../llama_cpp_python-0.3.36/vendor/llama.cpp]   # needs gcc
 
 Writes into tests/fixtures/quant/:
 
@@ -263,7 +264,7 @@ def float_dot(name, w, a):
     return float(np.float32(s))
 
 
-def gen_quantize(manifest, llama_cpp):
+def gen_quantize(manifest, llama_cpp, allow_no_ggml):
     for sub in ("quantize", "activation"):
         os.makedirs(os.path.join(OUT, sub), exist_ok=True)
     x1, x2 = quant_inputs()
@@ -275,6 +276,9 @@ def gen_quantize(manifest, llama_cpp):
     weights, acts = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         lib = build_ggml(llama_cpp, tmp) if llama_cpp else None
+        if lib is None and not allow_no_ggml:
+            sys.exit("error: the ggml C oracle is needed for the k-quant/IQ4 quantizer, activation and "
+                     "vec_dot fixtures; pass --llama-cpp DIR, or --no-ggml to write only gguf-py's part")
         for name in KILN_TYPES:
             q = None
             if name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
@@ -321,8 +325,9 @@ def main():
     ap.add_argument(
         "--llama-cpp",
         default=os.path.join(home, "src", "llama_cpp_python-0.3.36", "vendor", "llama.cpp"),
-        help="llama.cpp source tree (for the ggml C oracle); '' to skip it",
+        help="llama.cpp source tree (vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist)",
     )
+    ap.add_argument("--no-ggml", action="store_true", help="skip the ggml C oracle (fewer fixtures)")
     args = ap.parse_args()
     manifest = {
         "generator": "scripts/gen-quant-fixtures.py",
@@ -330,7 +335,7 @@ def main():
         "numpy_version": importlib.metadata.version("numpy"),
     }
     gen_random(manifest)
-    gen_quantize(manifest, args.llama_cpp)
+    gen_quantize(manifest, args.llama_cpp if not args.no_ggml else "", args.no_ggml)
     gen_models(manifest, args.models_dir)
     with open(os.path.join(OUT, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)

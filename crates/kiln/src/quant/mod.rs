@@ -7,15 +7,19 @@
 //! the C code is deterministic.
 //!
 //! Families: `float` (F32, F16, BF16), `legacy` (the 32-element Q4_0..Q8_1 blocks),
-//! `kquants` + `kquants_ref` (Q2_K..Q6_K, Q8_K), `iquants` (IQ4_NL, IQ4_XS).
+//! `kquants` + `kquants_ref` (Q2_K..Q6_K, Q8_K), `iquants` (IQ4_NL, IQ4_XS), and `simd`:
+//! the runtime-dispatched AVX2/AVX-512 dot products the engine's hot loops use via
+//! [`vec_dot_fn`] (chosen once per type; `KILN_CPU=scalar|avx2|avx512` caps the tier).
 
 mod float;
 mod iquants;
 mod kquants;
 mod kquants_ref;
 mod legacy;
+mod simd;
 mod types;
 
+pub use simd::{cpu_tier, detected_cpu_tier, vec_dot_f16, vec_dot_fn, vec_dot_fn_for, CpuTier};
 pub use types::{GgmlType, ALL_TYPES};
 
 use crate::error::{KilnError, Result};
@@ -48,7 +52,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         _ => return Err(KilnError::unsupported("tensor type", ty.name())),
     };
     check_len(ty, src.len(), dst.len())?;
-    f(src, dst);
+    simd::simd_dequantize(ty).unwrap_or(f)(src, dst);
     Ok(())
 }
 
@@ -102,7 +106,9 @@ pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<
 
 /// Dot product of `n` elements: a weight row `w` of type `ty` with an activation row `a`
 /// already quantized to `ty.vec_dot_type()`. Scalar reference mirroring ggml's generic
-/// (scalar) vec_dot formulas for each pair. Mis-sized input is a bug (debug-asserted);
+/// (scalar) vec_dot formulas for each pair (bit-exact with ggml's `*_generic` functions).
+/// This is the reference; hot loops should call [`vec_dot_fn`]'s SIMD version instead.
+/// Mis-sized input is a bug (debug-asserted);
 /// in release it reads only whole blocks present in both rows. Unsupported types give NaN.
 pub fn vec_dot(ty: GgmlType, w: &[u8], a: &[u8], n: usize) -> f32 {
     debug_assert_eq!(ty.row_size(n).ok(), Some(w.len()), "{ty} weight row of {n}");
@@ -170,7 +176,7 @@ fn check_len(ty: GgmlType, bytes: usize, n: usize) -> Result<()> {
 /// The little-endian f16 at byte `off`, widened exactly.
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], off: usize) -> f32 {
-    half::f16::from_le_bytes([b[off], b[off + 1]]).to_f32()
+    float::f16_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
 }
 
 /// Stores `x` as a little-endian f16 (round to nearest even) at byte `off`.

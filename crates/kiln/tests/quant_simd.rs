@@ -1,0 +1,176 @@
+//! The SIMD dot products against the scalar reference on random rows, for every tier this
+//! CPU has. They may differ only by float rounding (summation order, FMA).
+
+use std::time::Instant;
+
+use kiln::quant::{
+    dequantize_row, detected_cpu_tier, quantize_activation, quantize_row, vec_dot, vec_dot_f16,
+    vec_dot_fn_for, CpuTier, GgmlType, ALL_TYPES,
+};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn normal(&mut self, scale: f32) -> f32 {
+        let s: f32 = (0..4).map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32).sum();
+        (s - 2.0) * 1.7 * scale
+    }
+}
+
+fn tiers() -> Vec<CpuTier> {
+    [CpuTier::Avx2, CpuTier::Avx512].into_iter().filter(|&t| t <= detected_cpu_tier()).collect()
+}
+
+fn rows(ty: GgmlType, n: usize, rng: &mut Rng) -> (Vec<u8>, Vec<u8>, f64) {
+    let x: Vec<f32> = (0..n).map(|_| rng.normal(0.3)).collect();
+    let y: Vec<f32> = (0..n).map(|_| rng.normal(2.0)).collect();
+    let mut w = vec![0u8; ty.row_size(n).unwrap()];
+    quantize_row(ty, &x, &mut w).unwrap();
+    let at = ty.vec_dot_type();
+    let mut a = vec![0u8; at.row_size(n).unwrap()];
+    quantize_activation(at, &y, &mut a).unwrap();
+    let (mut wd, mut ad) = (vec![0f32; n], vec![0f32; n]);
+    dequantize_row(ty, &w, &mut wd).unwrap();
+    dequantize_row(at, &a, &mut ad).unwrap();
+    let magnitude = wd.iter().zip(&ad).map(|(&p, &q)| (p * q).abs() as f64).sum();
+    (w, a, magnitude)
+}
+
+#[test]
+fn simd_vec_dot_matches_scalar() {
+    println!("detected CPU tier: {:?}", detected_cpu_tier());
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for tier in tiers() {
+        for ty in ALL_TYPES.into_iter().filter(|t| t.is_supported()) {
+            let f = vec_dot_fn_for(ty, tier);
+            let (mut num, mut den) = (0f64, 0f64);
+            for blocks in [1usize, 2, 3, 7, 16] {
+                let n = blocks * ty.block_size().max(32);
+                let n = n.div_ceil(ty.block_size()) * ty.block_size();
+                let (w, a, magnitude) = rows(ty, n, &mut rng);
+                let want = vec_dot(ty, &w, &a, n) as f64;
+                let got = f(&w, &a, n) as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * magnitude + 1e-6,
+                    "{ty} {tier:?} n={n}: simd {got} scalar {want} (magnitude {magnitude})"
+                );
+                num += (got - want).powi(2);
+                den += want.powi(2);
+            }
+            let nmse = num / den.max(1e-30);
+            assert!(nmse < 1e-10, "{ty} {tier:?}: NMSE {nmse:e}");
+        }
+    }
+}
+
+#[test]
+fn f16_dot_any_length() {
+    let mut rng = Rng(99);
+    for n in (0..200).chain([255, 256, 257, 1000, 4097]) {
+        let x: Vec<f32> = (0..n).map(|_| rng.normal(1.0)).collect();
+        let y: Vec<f32> = (0..n).map(|_| rng.normal(1.0)).collect();
+        let (mut w, mut a) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
+        quantize_row(GgmlType::F16, &x, &mut w).unwrap();
+        quantize_row(GgmlType::F16, &y, &mut a).unwrap();
+        let want = vec_dot(GgmlType::F16, &w, &a, n);
+        let magnitude: f32 = x.iter().zip(&y).map(|(p, q)| (p * q).abs()).sum();
+        for got in [vec_dot_f16(&w, &a, n)]
+            .into_iter()
+            .chain(tiers().into_iter().map(|t| vec_dot_fn_for(GgmlType::F16, t)(&w, &a, n)))
+        {
+            assert!((got - want).abs() <= 1e-5 * magnitude + 1e-6, "n={n}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn scalar_tier_is_the_reference() {
+    let mut rng = Rng(7);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16] {
+        let (w, a, _) = rows(ty, 512, &mut rng);
+        let f = vec_dot_fn_for(ty, CpuTier::Scalar);
+        assert_eq!(f(&w, &a, 512).to_bits(), vec_dot(ty, &w, &a, 512).to_bits());
+    }
+    assert!(CpuTier::Scalar < CpuTier::Avx2 && CpuTier::Avx2 < CpuTier::Avx512);
+}
+
+/// Not a pass/fail check: prints the speed-up of each tier over scalar (release builds).
+#[test]
+fn simd_speed_report() {
+    let mut rng = Rng(5);
+    let n = 4096;
+    let mut lines = Vec::new();
+    for ty in [
+        GgmlType::F16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
+        let (w, a, _) = rows(ty, n, &mut rng);
+        let time = |tier: CpuTier| {
+            let f = vec_dot_fn_for(ty, tier);
+            let reps = 300;
+            let t = Instant::now();
+            let mut s = 0f32;
+            for _ in 0..reps {
+                s += f(std::hint::black_box(&w), std::hint::black_box(&a), n);
+            }
+            std::hint::black_box(s);
+            t.elapsed().as_secs_f64() * 1e9 / (reps * n) as f64
+        };
+        let scalar = time(CpuTier::Scalar);
+        let mut line = format!("{ty}: scalar {scalar:.3} ns/elem");
+        for tier in tiers() {
+            let t = time(tier);
+            line += &format!(", {} {t:.3} ({:.1}x)", tier.name(), scalar / t);
+        }
+        lines.push(line);
+    }
+    println!("{}", lines.join("\n"));
+}
+
+/// Not a pass/fail check: scalar dequantization speed (it runs when loading and for
+/// embeddings), per type.
+#[test]
+fn dequantize_speed_report() {
+    let n = 1 << 16;
+    let mut lines = Vec::new();
+    for ty in [GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut q = vec![0u8; ty.row_size(n).unwrap()];
+        quantize_row(ty, &x, &mut q).unwrap();
+        let mut y = vec![0f32; n];
+        let t = Instant::now();
+        for _ in 0..20 {
+            dequantize_row(ty, std::hint::black_box(&q), &mut y).unwrap();
+        }
+        lines.push(format!("{ty} {:.3} ns/elem", t.elapsed().as_secs_f64() * 1e9 / (20 * n) as f64));
+    }
+    println!("dequantize: {}", lines.join(", "));
+}
+
+#[test]
+fn f16_dequantize_exact_for_every_value() {
+    let src: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+    let mut out = vec![0f32; 1 << 16];
+    dequantize_row(GgmlType::F16, &src, &mut out).unwrap();
+    for (h, v) in out.iter().enumerate() {
+        let want = half::f16::from_bits(h as u16).to_f32();
+        assert!(want.is_nan() && v.is_nan() || want.to_bits() == v.to_bits(), "{h:#06x}: {v} vs {want}");
+    }
+    // And unaligned input takes the same (or the scalar) path with the same result.
+    let mut shifted = vec![0u8; src.len() + 1];
+    shifted[1..].copy_from_slice(&src);
+    let mut out2 = vec![0f32; 1 << 16];
+    dequantize_row(GgmlType::F16, &shifted[1..], &mut out2).unwrap();
+    assert!(out.iter().zip(&out2).all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()));
+}
