@@ -272,3 +272,13 @@ impl Tokenizer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shareable_across_threads() {
+        fn is_send_sync<T: Send + Sync>() {}
+        is_send_sync::<super::Tokenizer>();
+        is_send_sync::<super::Detokenizer>();
+    }
+}
