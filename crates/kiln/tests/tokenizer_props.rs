@@ -196,3 +196,12 @@ fn unknown_pre_tokenizer_is_named() {
     let err = Tokenizer::from_gguf(&g).unwrap_err().to_string();
     assert!(err.contains("no-such-pre") && err.contains("tokenizer.ggml.pre"), "{err}");
 }
+
+#[test]
+fn unsupported_model_is_named() {
+    let Ok(src) = kiln::hub::llama_cpp_source() else { return };
+    // nomic-bert-moe's vocabulary is a SentencePiece unigram model (`t5`), which kiln lacks.
+    let g = GgufFile::open(src.join("vendor/llama.cpp/models/ggml-vocab-nomic-bert-moe.gguf")).unwrap();
+    let err = Tokenizer::from_gguf(&g).unwrap_err().to_string();
+    assert!(err.contains("t5") && err.contains("tokenizer.ggml.model"), "{err}");
+}
