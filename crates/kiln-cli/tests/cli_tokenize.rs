@@ -41,7 +41,8 @@ fn fixture(stem: &str) -> serde_json::Value {
 fn ids_match_llama_tokenize() {
     for stem in ["gemma-3-270m-q4_k_m", "SmolLM2-135M-Instruct.Q4_1"] {
         let Some(m) = model(stem) else { continue };
-        let dir = std::env::temp_dir().join(format!("kiln-cli-tokenize-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("kiln-cli-tokenize-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for case in fixture(stem)["cases"].as_array().unwrap() {
             let file = dir.join("text.txt");
