@@ -8,7 +8,8 @@ use kiln::gguf::GgufFile;
 use kiln::tokenizer::Tokenizer;
 
 fn fixture(stem: &str) -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/tokenizer/{stem}.tokenize.json"));
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../../tests/fixtures/tokenizer/{stem}.tokenize.json"));
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
@@ -30,7 +31,8 @@ fn check(stem: &str) {
     let mut bad = Vec::new();
     for case in f["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> =
+            case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let got = tok.encode(text, true, true).unwrap();
         if got != want {
             bad.push(format!("{}: {text:?}\n   want {want:?}\n    got {got:?}", case["name"]));

@@ -8,6 +8,7 @@ mod perplexity;
 mod prompt;
 mod pull;
 mod run;
+mod tokenize;
 
 use clap::Subcommand;
 
@@ -23,6 +24,8 @@ pub enum Command {
     Bench(bench::Args),
     /// Show a model's metadata and tensors.
     Inspect(inspect::Args),
+    /// Turn text into token ids.
+    Tokenize(tokenize::Args),
     /// Fetch a catalog model into the cache; print its path.
     Pull(pull::Args),
 }
@@ -35,6 +38,7 @@ impl Command {
             Command::Perplexity(a) => perplexity::run(a),
             Command::Bench(a) => bench::run(a),
             Command::Inspect(a) => inspect::run(a),
+            Command::Tokenize(a) => tokenize::run(a),
             Command::Pull(a) => pull::run(a),
         }
     }

@@ -33,8 +33,8 @@ use crate::error::{KilnError, Result};
 use crate::gguf::GgufFile;
 
 enum Model {
-    Spm(Spm),
-    Bpe(Bpe),
+    Spm(Box<Spm>),
+    Bpe(Box<Bpe>),
     Wpm,
 }
 
@@ -59,7 +59,7 @@ impl Tokenizer {
     pub fn from_gguf(g: &GgufFile) -> Result<Tokenizer> {
         let vocab = Vocab::load(g)?;
         let model = match vocab.kind {
-            Kind::Spm => Model::Spm(Spm::new(&vocab)),
+            Kind::Spm => Model::Spm(Box::new(Spm::new(&vocab))),
             Kind::Wpm => Model::Wpm,
             Kind::Bpe => {
                 let pre = vocab
@@ -67,7 +67,7 @@ impl Tokenizer {
                     .as_ref()
                     .ok_or_else(|| KilnError::Tokenizer("BPE without pre-tokenizer".into()))?;
                 let newline_words = !pre.byte_encode;
-                Model::Bpe(Bpe::new(g, &vocab, pre.byte_encode, pre.ignore_merges, newline_words)?)
+                Model::Bpe(Box::new(Bpe::new(g, &vocab, pre.byte_encode, pre.ignore_merges, newline_words)?))
             }
         };
         let trie = SpecialTrie::new(&vocab);
@@ -270,5 +270,15 @@ impl Tokenizer {
             let b = text.get(3..5).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);
             out.push(b);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shareable_across_threads() {
+        fn is_send_sync<T: Send + Sync>() {}
+        is_send_sync::<super::Tokenizer>();
+        is_send_sync::<super::Detokenizer>();
     }
 }

@@ -307,6 +307,14 @@ impl Stage {
                     out.push(pos - start);
                 }
             }
+            Stage::TrailingSpace => {
+                // The only match is the whitespace at the end (found without rescanning).
+                let mut s = end;
+                while s > ini && regex_space(cps[s - 1]) {
+                    s -= 1;
+                }
+                out.extend([s - ini, end - s].into_iter().filter(|&n| n > 0));
+            }
             _ => self.split_matches(cps, ini, end, out),
         }
     }
@@ -354,8 +362,7 @@ impl Stage {
                     Some(run(cls, pos)).filter(|&e| e > pos)
                 }
             }
-            Stage::TrailingSpace => cps[pos..end].iter().all(|&c| regex_space(c)).then_some(end),
-            Stage::Gpt2 | Stage::Llama3 { .. } | Stage::Newlines => None,
+            Stage::Gpt2 | Stage::Llama3 { .. } | Stage::Newlines | Stage::TrailingSpace => None,
         }
     }
 }

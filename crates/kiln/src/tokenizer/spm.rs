@@ -5,11 +5,15 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::vocab::Vocab;
+use super::vocab::{FxMap, Vocab};
 
 pub(crate) struct Spm {
     /// Token for each byte (`<0xNN>`, else the one-byte text), if the vocabulary has one.
     byte_tokens: [Option<u32>; 256],
+    /// Characters that some token has right before a `▁`. Before any other character a
+    /// `▁` starts a stretch no token crosses, so stretches merge independently (same
+    /// result, far smaller queues).
+    glue: FxMap<char, ()>,
 }
 
 #[derive(Default)]
@@ -59,11 +63,34 @@ impl Spm {
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             *slot = vocab.id(format!("<0x{b:02X}>").as_bytes()).or_else(|| vocab.id(&[b as u8]));
         }
-        Spm { byte_tokens }
+        let mut glue = FxMap::default();
+        for t in &vocab.texts {
+            let mut prev = None;
+            for c in t.chars() {
+                if let (Some(p), '\u{2581}') = (prev, c) {
+                    glue.insert(p, ());
+                }
+                prev = Some(c);
+            }
+        }
+        Spm { byte_tokens, glue }
     }
 
     /// Tokenizes `text` (spaces already escaped to U+2581).
     pub fn encode(&self, vocab: &Vocab, text: &str, s: &mut SpmScratch, out: &mut Vec<u32>) {
+        let mut start = 0;
+        let mut prev = None;
+        for (i, c) in text.char_indices() {
+            if c == '\u{2581}' && prev.is_some_and(|p| !self.glue.contains_key(&p)) {
+                self.encode_stretch(vocab, &text[start..i], s, out);
+                start = i;
+            }
+            prev = Some(c);
+        }
+        self.encode_stretch(vocab, &text[start..], s, out);
+    }
+
+    fn encode_stretch(&self, vocab: &Vocab, text: &str, s: &mut SpmScratch, out: &mut Vec<u32>) {
         let bytes = text.as_bytes();
         let syms = &mut s.syms;
         syms.clear();

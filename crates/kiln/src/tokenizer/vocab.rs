@@ -58,7 +58,8 @@ impl Hasher for FxHasher {
     }
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        // The product's high bits are the well-mixed ones; hash tables index by the low bits.
+        self.0.rotate_left(26)
     }
 }
 
