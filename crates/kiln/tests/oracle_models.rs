@@ -6,6 +6,8 @@ mod support;
 use kiln::engine::{Engine, EngineOptions};
 use kiln::eval::log_softmax_at;
 use kiln::model::{Entry, OutputKind};
+use kiln::sample::SamplerParams;
+use kiln::session::{GenerateOptions, SessionOptions};
 use support::*;
 
 fn engine(m: &RealModel, n_ctx: usize) -> Engine {
@@ -42,22 +44,25 @@ fn greedy(m: &RealModel) {
         seq.extend_from_slice(&want[..want.len() - 1]);
         let rows = logits_after(&e, &seq, prompt.len() - 1);
         let mut exact = 0;
+        let mut near_ties = Vec::new();
         for (k, l) in rows.iter().enumerate() {
             let got = argmax(l);
             if got == want[k] {
                 exact += 1;
+            } else if margins[k] < m.tau() {
+                // llama.cpp's own near-tie: it changes path here with threads or batching.
+                near_ties.push((k, got, want[k], runner_up[k], margins[k]));
             } else {
-                assert!(
-                    margins[k] < m.tau() && got == runner_up[k],
+                panic!(
                     "{} {:?} step {k}: kiln argmax {got}, llama.cpp {} (margin {}, runner-up {})",
-                    m.name,
-                    case["prompt"],
-                    want[k],
-                    margins[k],
-                    runner_up[k]
+                    m.name, case["prompt"], want[k], margins[k], runner_up[k]
                 );
             }
         }
+        if !near_ties.is_empty() {
+            eprintln!("  near-ties (step, kiln, llama.cpp, runner-up, margin): {near_ties:?}");
+        }
+        free_running(&e, m, &prompt, &want, &margins);
         eprintln!(
             "{} {:?}: {exact}/{} steps identical",
             m.name,
@@ -65,6 +70,29 @@ fn greedy(m: &RealModel) {
             want.len()
         );
     }
+}
+
+/// `kiln run --temp 0`'s path (incremental decode through a session): the ids must equal
+/// llama.cpp's up to the first step where its margin is below tau.
+fn free_running(e: &Engine, m: &RealModel, prompt: &[u32], want: &[u32], margins: &[f32]) {
+    let mut s = e.session(SessionOptions::default()).unwrap();
+    s.append_tokens(prompt).unwrap();
+    let opts = GenerateOptions::default()
+        .with_max_tokens(want.len())
+        .with_sampler(SamplerParams::greedy())
+        .with_ignore_eos(true);
+    let got = s.generate(&opts, |_| std::ops::ControlFlow::Continue(())).unwrap().ids;
+    let same = got.iter().zip(want).take_while(|(a, b)| a == b).count();
+    let first_tie = margins.iter().position(|&x| x < m.tau()).unwrap_or(want.len());
+    eprintln!(
+        "  free-running: {same}/{} identical (first llama.cpp near-tie at step {first_tie})",
+        want.len()
+    );
+    assert!(
+        same >= first_tie,
+        "{}: free-running diverged at step {same}, before the near-tie at {first_tie}",
+        m.name
+    );
 }
 
 fn top_logits(m: &RealModel) {

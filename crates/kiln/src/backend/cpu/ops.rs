@@ -58,7 +58,7 @@ pub fn matmul(pool: &ThreadPool, w: &CpuWeight, x: &[f32], n_tok: usize, out: &m
         &quantized
     };
     let n = w.rows;
-    let dot = quant::scalar_vec_dot_fn(w.ty);
+    let dot = quant::vec_dot_fn(w.ty);
     let op = SyncPtr(out.as_mut_ptr());
     let n_tasks = n.div_ceil(ROWS_PER_TASK);
     pool.run(n_tasks, &|task| {
