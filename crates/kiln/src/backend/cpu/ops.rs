@@ -78,11 +78,53 @@ pub fn matmul(pool: &ThreadPool, w: &CpuWeight, x: &[f32], n_tok: usize, out: &m
         &act_buf[..act_row * n_tok]
     };
     let n = w.rows;
-    let dot = quant::vec_dot_fn(w.ty);
     let op = SyncPtr(out.as_mut_ptr());
     let chunk = rows_per_task(n, pool.n_threads());
-    let wb = w.bytes();
-    let rs = w.row_size;
+    let (wb, rs) = (w.bytes(), w.row_size);
+    let act_at = |t: usize, count: usize| &act[t * act_row..(t + count) * act_row];
+    // SAFETY (both writers): element (t, r) is written by the task owning row r only.
+    let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(tk) = quant::tile_kernels(w.ty) {
+        use quant::TILE;
+        pool.run(n.div_ceil(chunk), &|task| {
+            let rows = task * chunk..((task + 1) * chunk).min(n);
+            let mut v = [0f32; TILE];
+            if n_tok < TILE {
+                // GEMV: TILE rows per call, independent accumulators.
+                for t in 0..n_tok {
+                    let mut r = rows.start;
+                    while r + TILE <= rows.end {
+                        tk.rows4(&wb[r * rs..(r + TILE) * rs], act_at(t, 1), k, &mut v);
+                        (0..TILE).for_each(|i| put(t, r + i, v[i]));
+                        r += TILE;
+                    }
+                    for r in r..rows.end {
+                        put(t, r, tk.one(&wb[r * rs..(r + 1) * rs], act_at(t, 1), k));
+                    }
+                }
+                return;
+            }
+            // GEMM: each weight row meets TILE tokens per unpacking.
+            for t0 in (0..n_tok).step_by(TOKEN_TILE) {
+                let t1 = (t0 + TOKEN_TILE).min(n_tok);
+                for r in rows.clone() {
+                    let wr = &wb[r * rs..(r + 1) * rs];
+                    let mut t = t0;
+                    while t + TILE <= t1 {
+                        tk.toks4(wr, act_at(t, TILE), k, &mut v);
+                        (0..TILE).for_each(|i| put(t + i, r, v[i]));
+                        t += TILE;
+                    }
+                    for t in t..t1 {
+                        put(t, r, tk.one(wr, act_at(t, 1), k));
+                    }
+                }
+            }
+        });
+        return;
+    }
+    let dot = quant::vec_dot_fn(w.ty);
     pool.run(n.div_ceil(chunk), &|task| {
         let rows = task * chunk..((task + 1) * chunk).min(n);
         for t0 in (0..n_tok).step_by(TOKEN_TILE) {
@@ -90,9 +132,7 @@ pub fn matmul(pool: &ThreadPool, w: &CpuWeight, x: &[f32], n_tok: usize, out: &m
             for r in rows.clone() {
                 let wr = &wb[r * rs..(r + 1) * rs];
                 for t in tile.clone() {
-                    let v = dot(wr, &act[t * act_row..(t + 1) * act_row], k);
-                    // SAFETY: element (t, r) is written by the task owning row r only.
-                    unsafe { *op.get().add(t * n + r) = v };
+                    put(t, r, dot(wr, act_at(t, 1), k));
                 }
             }
         }
