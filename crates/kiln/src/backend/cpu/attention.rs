@@ -27,7 +27,8 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
         let (t, h) = (task / n_head, task % n_head);
         let kvh = h / group;
         let qrow = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
-        let qv: Vec<f32> = if f16_path { qrow.iter().map(|&x| round_f16(x)).collect() } else { qrow.to_vec() };
+        let qv: Vec<f32> =
+            if f16_path { qrow.iter().map(|&x| round_f16(x)).collect() } else { qrow.to_vec() };
         let mut acc = vec![0.0f32; hd];
         let (mut m, mut s) = (f32::NEG_INFINITY, 0.0f32);
         let seq = plan.seq[t];
