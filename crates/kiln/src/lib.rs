@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod embed;
 pub mod engine;
 pub mod error;
 pub mod eval;
@@ -14,4 +15,8 @@ pub mod sample;
 pub mod session;
 pub mod tokenizer;
 
+pub use chat::Message;
+pub use embed::Pooling;
+pub use engine::{Device, Engine, EngineOptions};
 pub use error::{KilnError, Result};
+pub use session::{CancelHandle, Event, FinishReason, GenerateOptions, Session, SessionOptions, Summary};
