@@ -52,12 +52,12 @@ fn piped_lines_are_turns_and_a_saved_session_continues_identically() {
     let out = String::from_utf8(o.stdout).unwrap();
     let replies: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
     assert!(replies.len() >= 3, "{out:?}");
-    let third = out.split('\n').filter(|l| !l.is_empty()).last().unwrap().to_string();
+    let third = out.split('\n').rfind(|l| !l.is_empty()).unwrap().to_string();
     // A new process restores the session and gives the same third reply.
     let o = chat(&["-m", m, "-n", "12", "--load", &file], "And a vegetable?\n");
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     let again = String::from_utf8(o.stdout).unwrap();
-    assert_eq!(again.trim_end_matches('\n').split('\n').last().unwrap(), third);
+    assert_eq!(again.trim_end_matches('\n').split('\n').next_back().unwrap(), third);
     // /reset forgets; /load inside the chat works too.
     let o = chat(&["-m", m, "-n", "4"], &format!("/reset\n/load {file}\n/bogus\n"));
     assert_eq!(o.status.code(), Some(0));
