@@ -1,7 +1,9 @@
 //! One module per subcommand.
 
 mod bench;
+mod chat;
 mod common;
+mod embed;
 mod inspect;
 mod logits;
 mod perplexity;
@@ -28,6 +30,10 @@ pub enum Command {
     Tokenize(tokenize::Args),
     /// Fetch a catalog model into the cache; print its path.
     Pull(pull::Args),
+    /// Talk with a model, turn by turn.
+    Chat(chat::Args),
+    /// Print embeddings (hidden states after the final norm, pooled).
+    Embed(embed::Args),
 }
 
 impl Command {
@@ -40,6 +46,8 @@ impl Command {
             Command::Inspect(a) => inspect::run(a),
             Command::Tokenize(a) => tokenize::run(a),
             Command::Pull(a) => pull::run(a),
+            Command::Chat(a) => chat::run(a),
+            Command::Embed(a) => embed::run(a),
         }
     }
 }
