@@ -8,6 +8,7 @@ mod perplexity;
 mod prompt;
 mod pull;
 mod run;
+mod serve;
 mod tokenize;
 
 use clap::Subcommand;
@@ -28,6 +29,8 @@ pub enum Command {
     Tokenize(tokenize::Args),
     /// Fetch a catalog model into the cache; print its path.
     Pull(pull::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 impl Command {
@@ -40,6 +43,7 @@ impl Command {
             Command::Inspect(a) => inspect::run(a),
             Command::Tokenize(a) => tokenize::run(a),
             Command::Pull(a) => pull::run(a),
+            Command::Serve(a) => serve::run(a),
         }
     }
 }
