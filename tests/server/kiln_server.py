@@ -73,6 +73,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.proc.stderr.close()
 
 
 def request(url, body, headers=None):

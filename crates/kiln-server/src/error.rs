@@ -44,9 +44,13 @@ impl ApiError {
     }
 
     pub fn model_not_found(model: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("the model '{model}' does not exist"))
-            .with_param("model")
-            .with_code("model_not_found")
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the model '{model}' does not exist"),
+        )
+        .with_param("model")
+        .with_code("model_not_found")
     }
 
     pub fn not_found(what: &str) -> Self {

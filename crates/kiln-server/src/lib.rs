@@ -51,7 +51,9 @@ pub fn model_id(model: &str, alias: Option<&str>) -> String {
     if kiln::hub::find(model).is_some() {
         return model.to_string();
     }
-    std::path::Path::new(model).file_stem().map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
+    std::path::Path::new(model)
+        .file_stem()
+        .map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then drains (within 5 s) and returns.

@@ -93,8 +93,18 @@ impl Metrics {
         let g = |o: &mut String, name: &str, help: &str, v: String| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        g(&mut o, "kiln_requests_running", "Requests being decoded.", self.running.load(Ordering::Relaxed).to_string());
-        g(&mut o, "kiln_requests_waiting", "Requests queued for a slot.", self.waiting.load(Ordering::Relaxed).to_string());
+        g(
+            &mut o,
+            "kiln_requests_running",
+            "Requests being decoded.",
+            self.running.load(Ordering::Relaxed).to_string(),
+        );
+        g(
+            &mut o,
+            "kiln_requests_waiting",
+            "Requests queued for a slot.",
+            self.waiting.load(Ordering::Relaxed).to_string(),
+        );
         let kv = f32::from_bits(self.kv_usage.load(Ordering::Relaxed));
         g(&mut o, "kiln_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.", kv.to_string());
         let _ = writeln!(o, "# HELP kiln_requests_total Finished /v1 requests by HTTP status.");
@@ -105,14 +115,23 @@ impl Metrics {
         let c = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };
-        c(&mut o, "kiln_prompt_tokens_total", "Prompt tokens admitted.", self.prompt_tokens.load(Ordering::Relaxed));
+        c(
+            &mut o,
+            "kiln_prompt_tokens_total",
+            "Prompt tokens admitted.",
+            self.prompt_tokens.load(Ordering::Relaxed),
+        );
         c(
             &mut o,
             "kiln_generation_tokens_total",
             "Tokens sampled.",
             self.generation_tokens.load(Ordering::Relaxed),
         );
-        lock(&self.ttft).write(&mut o, "kiln_time_to_first_token_seconds", "Time from arrival to first token.");
+        lock(&self.ttft).write(
+            &mut o,
+            "kiln_time_to_first_token_seconds",
+            "Time from arrival to first token.",
+        );
         lock(&self.batch).write(&mut o, "kiln_batch_size", "Sequences per batched forward step.");
         o
     }

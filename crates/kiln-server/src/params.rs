@@ -35,19 +35,48 @@ pub struct GenRequest {
 
 /// Fields both routes take, kiln's extensions (llama.cpp's names) included.
 const COMMON: &[&str] = &[
-    "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "presence_penalty",
-    "frequency_penalty", "logit_bias", "logprobs", "seed", "user", "top_k", "min_p", "repeat_penalty",
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "seed",
+    "user",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
     "ignore_eos",
 ];
 const CHAT_ONLY: &[&str] = &[
-    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
-    "parallel_tool_calls", "response_format", "store", "metadata", "service_tier", "modalities", "audio",
-    "prediction", "reasoning_effort",
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "store",
+    "metadata",
+    "service_tier",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
 ];
 const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "best_of", "suffix"];
 
 pub fn object(body: &[u8]) -> Result<Obj, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))?;
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))?;
     match v {
         Value::Object(o) => Ok(o),
         _ => Err(ApiError::bad("the request body must be a JSON object")),
@@ -190,7 +219,9 @@ pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> R
     let include_usage = match present(o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => opt_bool(so, "include_usage")
-            .map_err(|_| ApiError::param("stream_options", "'stream_options.include_usage' must be a boolean"))?
+            .map_err(|_| {
+                ApiError::param("stream_options", "'stream_options.include_usage' must be a boolean")
+            })?
             .unwrap_or(false),
         Some(_) => return Err(ApiError::param("stream_options", "'stream_options' must be an object")),
     };
@@ -206,14 +237,17 @@ pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> R
         Kind::Completion => opt_int(o, "logprobs", 0, 5)?.map(|n| n as usize),
     };
     let ignore_eos = opt_bool(o, "ignore_eos")?.unwrap_or(false);
-    let max_key = if present(o, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
+    let max_key =
+        if present(o, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let max_tokens = opt_int(o, max_key, 1, i64::MAX)?.map(|m| m as usize);
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let prompt_key = if kind == Kind::Chat { "messages" } else { "prompt" };
     if longest >= n_ctx {
         return Err(ApiError::context_length(
             prompt_key,
-            format!("the prompt has {longest} tokens; the context is {n_ctx} (prompt and completion together)"),
+            format!(
+                "the prompt has {longest} tokens; the context is {n_ctx} (prompt and completion together)"
+            ),
         ));
     }
     if let Some(m) = max_tokens {
@@ -239,7 +273,10 @@ fn logit_bias(o: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     for (k, b) in map {
         let id: u32 = k.parse().map_err(|_| bad())?;
         if id as usize >= n_vocab {
-            return Err(ApiError::param("logit_bias", format!("token id {id} is outside the vocabulary ({n_vocab})")));
+            return Err(ApiError::param(
+                "logit_bias",
+                format!("token id {id} is outside the vocabulary ({n_vocab})"),
+            ));
         }
         let b = b.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(bad)?;
         out.push((id, b as f32));
@@ -260,7 +297,9 @@ fn chat_prompt(o: &Obj, engine: &Engine) -> Result<Vec<u32>, ApiError> {
     for (i, m) in msgs.iter().enumerate() {
         let mut m = m.as_object().cloned().ok_or_else(|| bad(format!("messages[{i}] must be an object")))?;
         let role = match m.get("role") {
-            Some(Value::String(r)) if ["system", "user", "assistant", "tool", "developer"].contains(&r.as_str()) => {
+            Some(Value::String(r))
+                if ["system", "user", "assistant", "tool", "developer"].contains(&r.as_str()) =>
+            {
                 r.clone()
             }
             _ => {

@@ -66,7 +66,9 @@ fn done(app: &App, r: Result<Response, ApiError>) -> Response {
 }
 
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let r = app.authorize(&headers).map(|_| Json(json!({"object": "list", "data": [model_json(&app)]})).into_response());
+    let r = app
+        .authorize(&headers)
+        .map(|_| Json(json!({"object": "list", "data": [model_json(&app)]})).into_response());
     done(&app, r)
 }
 
@@ -91,7 +93,12 @@ async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Byte
     done(&app, r)
 }
 
-async fn generate(app: &Arc<App>, headers: &HeaderMap, body: &[u8], kind: Kind) -> Result<Response, ApiError> {
+async fn generate(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    body: &[u8],
+    kind: Kind,
+) -> Result<Response, ApiError> {
     app.authorize(headers)?;
     let ready = app.ready()?;
     let o = params::object(body)?;
@@ -124,7 +131,8 @@ async fn generate(app: &Arc<App>, headers: &HeaderMap, body: &[u8], kind: Kind) 
         }
     }
     drop(tx);
-    let reply = Reply::new(app.clone(), kind, index, req.include_usage, req.logprobs.is_some(), &req.prompts, req.n);
+    let reply =
+        Reply::new(app.clone(), kind, index, req.include_usage, req.logprobs.is_some(), &req.prompts, req.n);
     if req.stream {
         Ok(event_stream(reply, rx))
     } else {
@@ -152,14 +160,19 @@ async fn embed(app: &Arc<App>, headers: &HeaderMap, body: &[u8]) -> Result<Respo
         None | Some(Value::Null) => false,
         Some(v) if v == "float" => false,
         Some(v) if v == "base64" => true,
-        Some(_) => return Err(ApiError::param("encoding_format", "'encoding_format' must be 'float' or 'base64'")),
+        Some(_) => {
+            return Err(ApiError::param("encoding_format", "'encoding_format' must be 'float' or 'base64'"))
+        }
     };
     match o.get("dimensions") {
         None | Some(Value::Null) => {}
         Some(v) if v.as_u64() == Some(n_embd as u64) => {}
         Some(_) => return Err(ApiError::unsupported("dimensions")),
     }
-    let input = o.get("input").filter(|v| !v.is_null()).ok_or_else(|| ApiError::param("input", "'input' is required"))?;
+    let input = o
+        .get("input")
+        .filter(|v| !v.is_null())
+        .ok_or_else(|| ApiError::param("input", "'input' is required"))?;
     let shape = "'input' must be a string, an array of strings, or token ids";
     let inputs = params::inputs(input, &ready.engine, "input", shape)?;
     if inputs.len() > 2048 {

@@ -24,6 +24,12 @@ use crate::state::Shared;
 /// end within 5 s).
 const DRAIN_GRACE: Duration = Duration::from_millis(3500);
 
+/// Most entries in one forward. The CPU attention, like ggml's, switches from its f16
+/// "one chunk" numerics to its f32 tiled path at 64 queries per micro-batch; staying below
+/// keeps every token on the same path whatever its neighbours, so a request's greedy output
+/// is the same alone or batched (prompts are chunked to fit).
+const MAX_STEP_ENTRIES: usize = 63;
+
 pub struct GenJob {
     pub prompt: Arc<Vec<u32>>,
     pub max_tokens: usize,
@@ -75,9 +81,21 @@ pub struct Logprob {
 #[derive(Debug)]
 pub enum Event {
     /// Text that is now safe to emit (may be empty), and the sampled token's logprob.
-    Token { index: usize, text: String, logprob: Option<Logprob> },
-    Done { index: usize, finish: Finish, prompt_tokens: usize, completion_tokens: usize },
-    Error { index: usize, message: String },
+    Token {
+        index: usize,
+        text: String,
+        logprob: Option<Logprob>,
+    },
+    Done {
+        index: usize,
+        finish: Finish,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Error {
+        index: usize,
+        message: String,
+    },
 }
 
 struct Slot {
@@ -117,10 +135,18 @@ pub struct Scheduler {
     embeds: VecDeque<EmbedWork>,
     idle: Vec<Idle>,
     clock: u64,
+    /// Where the decode order starts this step (fairness past the step budget).
+    rotate: usize,
 }
 
 impl Scheduler {
-    pub fn new(engine: Engine, rx: Receiver<Job>, shared: Arc<Shared>, parallel: usize, n_ctx: usize) -> Self {
+    pub fn new(
+        engine: Engine,
+        rx: Receiver<Job>,
+        shared: Arc<Shared>,
+        parallel: usize,
+        n_ctx: usize,
+    ) -> Self {
         Scheduler {
             engine,
             rx,
@@ -131,6 +157,7 @@ impl Scheduler {
             embeds: VecDeque::new(),
             idle: Vec::new(),
             clock: 0,
+            rotate: 0,
         }
     }
 
@@ -199,7 +226,9 @@ impl Scheduler {
             self.shared.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
             match job {
                 Job::Gen(j) => {
-                    let _ = j.events.send(Event::Error { index: j.index, message: "the server is shutting down".into() });
+                    let _ = j
+                        .events
+                        .send(Event::Error { index: j.index, message: "the server is shutting down".into() });
                 }
                 Job::Embed(j) => {
                     let _ = j.reply.send(Err("the server is shutting down".into()));
@@ -309,10 +338,12 @@ impl Scheduler {
     /// One batched forward over every active generation.
     fn step(&mut self) {
         let runner = self.engine.runner();
-        let n_decode = self.slots.iter().filter(|s| s.tokens.len() - s.n_eval == 1).count();
-        let budget = runner.n_ubatch().max(n_decode);
-        // Running requests first (one token each), then prompt chunks in arrival order.
-        let mut order: Vec<usize> = (0..self.slots.len()).collect();
+        let budget = runner.n_ubatch().clamp(1, MAX_STEP_ENTRIES);
+        // Running requests first (one token each, rotated when they exceed the budget),
+        // then prompt chunks in arrival order.
+        let n = self.slots.len();
+        self.rotate = (self.rotate + 1) % n.max(1);
+        let mut order: Vec<usize> = (0..n).map(|k| (k + self.rotate) % n).collect();
         order.sort_by_key(|&i| self.slots[i].tokens.len() - self.slots[i].n_eval > 1);
         let mut entries = Vec::with_capacity(budget);
         let mut owners = Vec::new();

@@ -48,7 +48,8 @@ impl Reply {
         _n: usize,
     ) -> Self {
         let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
-        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let created =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let id = format!("{prefix}-kiln{:x}{:06x}", created, NEXT_ID.fetch_add(1, Ordering::Relaxed));
         Reply {
             app,
@@ -85,7 +86,8 @@ impl Reply {
     }
 
     fn piece(&self, id: u32) -> (String, Vec<u8>) {
-        let bytes = self.app.ready.get().map_or(&[][..], |r| r.engine.tokenizer().token_to_piece(id, true)).to_vec();
+        let bytes =
+            self.app.ready.get().map_or(&[][..], |r| r.engine.tokenizer().token_to_piece(id, true)).to_vec();
         (String::from_utf8_lossy(&bytes).into_owned(), bytes)
     }
 
@@ -137,11 +139,14 @@ impl Reply {
                 let lp = logprob.filter(|_| self.want_logprobs);
                 let offset = self.texts[index].len();
                 self.texts[index].push_str(&text);
-                let lp_json = lp.as_ref().map_or(Value::Null, |l| self.logprobs_json(std::slice::from_ref(l), offset));
+                let lp_json =
+                    lp.as_ref().map_or(Value::Null, |l| self.logprobs_json(std::slice::from_ref(l), offset));
                 if self.kind == Kind::Chat && !self.role_sent[index] {
                     self.role_sent[index] = true;
-                    out.push_back(self.chunk(json!({"index": index, "delta": {"role": "assistant", "content": ""},
-                                                   "logprobs": null, "finish_reason": null})));
+                    out.push_back(
+                        self.chunk(json!({"index": index, "delta": {"role": "assistant", "content": ""},
+                                                   "logprobs": null, "finish_reason": null})),
+                    );
                 }
                 if !text.is_empty() || lp.is_some() {
                     let choice = if self.kind == Kind::Chat {
@@ -174,7 +179,8 @@ impl Reply {
     fn body(&self) -> Value {
         let choices: Vec<Value> = (0..self.texts.len())
             .map(|i| {
-                let lp = if self.want_logprobs { self.logprobs_json(&self.logprobs[i], 0) } else { Value::Null };
+                let lp =
+                    if self.want_logprobs { self.logprobs_json(&self.logprobs[i], 0) } else { Value::Null };
                 let finish = self.finish[i].map(Finish::as_openai);
                 if self.kind == Kind::Chat {
                     json!({"index": i, "message": {"role": "assistant", "content": self.texts[i]},
@@ -246,7 +252,11 @@ pub fn event_stream(reply: Reply, rx: UnboundedReceiver<Event>) -> Response {
                 }
                 Ok(()) if st.reply.all_done() => {
                     if st.reply.include_usage {
-                        let object = if st.reply.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+                        let object = if st.reply.kind == Kind::Chat {
+                            "chat.completion.chunk"
+                        } else {
+                            "text_completion"
+                        };
                         let u = json!({"id": st.reply.id, "object": object, "created": st.reply.created,
                                        "model": st.reply.app.model_id, "choices": [], "usage": st.reply.usage()});
                         st.out.push_back(format!("data: {u}\n\n"));

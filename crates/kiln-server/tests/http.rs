@@ -28,7 +28,10 @@ fn serve(app: Arc<App>) -> SocketAddr {
 fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -77,7 +80,9 @@ fn smollm2() -> Option<Engine> {
         eprintln!("skipping: smollm2-135m is not in the cache (kiln pull smollm2-135m)");
         return None;
     }
-    Some(Engine::load(path.to_string_lossy(), EngineOptions::default().with_n_ctx(256).with_n_seq(4)).unwrap())
+    Some(
+        Engine::load(path.to_string_lossy(), EngineOptions::default().with_n_ctx(256).with_n_seq(4)).unwrap(),
+    )
 }
 
 fn complete(addr: SocketAddr, prompt: &str) -> String {
@@ -94,17 +99,22 @@ fn greedy_batched_equals_alone() {
     let app = Arc::new(App::new("m".into(), None));
     start(&app, engine, 4, 8, 256).unwrap();
     let addr = serve(app);
-    let prompts = ["The capital of France is", "def add(a, b):", "Water boils at", "Once upon a time"];
+    // The long one is prefilled in chunks while the others decode in the same forwards.
+    let long: &'static str = "The history of the printing press begins with movable type. ".repeat(12).leak();
+    let prompts: [&'static str; 5] =
+        ["The capital of France is", "def add(a, b):", long, "Water boils at", "Once upon a time"];
     let alone: Vec<String> = prompts.iter().map(|p| complete(addr, p)).collect();
     let handles: Vec<_> =
-        prompts.iter().map(|p| std::thread::spawn(move || complete(addr, p))).collect();
+        prompts.into_iter().map(|p| std::thread::spawn(move || complete(addr, p))).collect();
     let batched: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert_eq!(batched, alone);
     // Errors leave the server serving.
-    let long = "hello ".repeat(400);
-    let (s, b) = http(addr, "POST", "/v1/completions", &[], &json!({"model": "m", "prompt": long}).to_string());
+    let huge = "hello ".repeat(400);
+    let (s, b) =
+        http(addr, "POST", "/v1/completions", &[], &json!({"model": "m", "prompt": huge}).to_string());
     assert_eq!((s, error_code(&b)), (400, json!("context_length_exceeded")));
-    let (s, b) = http(addr, "POST", "/v1/completions", &[], &json!({"model": "x", "prompt": "a"}).to_string());
+    let (s, b) =
+        http(addr, "POST", "/v1/completions", &[], &json!({"model": "x", "prompt": "a"}).to_string());
     assert_eq!((s, error_code(&b)), (404, json!("model_not_found")));
     let (s, _) = http(addr, "POST", "/v1/completions", &[], "{oops");
     assert_eq!(s, 400);
