@@ -55,6 +55,18 @@ fn model_json(app: &App) -> Value {
     json!({"id": app.model_id, "object": "model", "created": app.created, "owned_by": "kiln"})
 }
 
+/// Counts a request whose handler is dropped before answering (the client went away
+/// while a non-streamed reply was being generated) as 499, nginx's "client closed".
+struct Abandoned<'a>(&'a App, bool);
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.shared.metrics.request_done(499);
+        }
+    }
+}
+
 /// Records the request's final status in `kiln_requests_total`.
 fn done(app: &App, r: Result<Response, ApiError>) -> Response {
     let r = r.unwrap_or_else(IntoResponse::into_response);
@@ -84,12 +96,16 @@ async fn model(State(app): State<Arc<App>>, headers: HeaderMap, Path(id): Path<S
 }
 
 async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let mut guard = Abandoned(&app, true);
     let r = generate(&app, &headers, &body, Kind::Chat).await;
+    guard.1 = false;
     done(&app, r)
 }
 
 async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let mut guard = Abandoned(&app, true);
     let r = generate(&app, &headers, &body, Kind::Completion).await;
+    guard.1 = false;
     done(&app, r)
 }
 
@@ -141,7 +157,9 @@ async fn generate(
 }
 
 async fn embeddings(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let mut guard = Abandoned(&app, true);
     let r = embed(&app, &headers, &body).await;
+    guard.1 = false;
     done(&app, r)
 }
 
