@@ -408,5 +408,28 @@ class Lifecycle(unittest.TestCase):
             s.close()
 
 
+class PrefixCache(unittest.TestCase):
+    def test_follow_up_reuses_kv_and_answers_the_same(self):
+        s = Server("-m", MODEL, "-c", "512", "--parallel", "1", "--alias", "pc")
+        try:
+            c = client(s.url)
+            first = [{"role": "user", "content": "Name a fruit."}]
+            answer = c.chat.completions.create(model="pc", messages=first, temperature=0,
+                                               max_tokens=12).choices[0].message.content
+            follow = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
+            before = s.metrics()["kiln_prompt_tokens_cached_total"]
+            reused = c.chat.completions.create(model="pc", messages=follow, temperature=0, max_tokens=12)
+            cached = s.metrics()["kiln_prompt_tokens_cached_total"] - before
+            self.assertGreater(cached, 10)
+            # An unrelated prompt takes the only slot, so the follow-up is computed afresh.
+            c.completions.create(model="pc", prompt="Zebra", max_tokens=1)
+            before = s.metrics()["kiln_prompt_tokens_cached_total"]
+            fresh = c.chat.completions.create(model="pc", messages=follow, temperature=0, max_tokens=12)
+            self.assertEqual(s.metrics()["kiln_prompt_tokens_cached_total"], before)
+            self.assertEqual(reused.choices[0].message.content, fresh.choices[0].message.content)
+        finally:
+            s.close()
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

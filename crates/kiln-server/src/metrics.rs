@@ -48,6 +48,8 @@ pub struct Metrics {
     /// f32 bits of the KV usage after the last step (read without locking the runner).
     pub kv_usage: AtomicU32,
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens whose KV came from a cached prefix instead of a forward.
+    pub prompt_tokens_cached: AtomicU64,
     pub generation_tokens: AtomicU64,
     requests: Mutex<BTreeMap<u16, u64>>,
     ttft: Mutex<Histogram>,
@@ -61,6 +63,7 @@ impl Default for Metrics {
             waiting: AtomicUsize::new(0),
             kv_usage: AtomicU32::new(0),
             prompt_tokens: AtomicU64::new(0),
+            prompt_tokens_cached: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             requests: Mutex::new(BTreeMap::new()),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
@@ -120,6 +123,12 @@ impl Metrics {
             "kiln_prompt_tokens_total",
             "Prompt tokens admitted.",
             self.prompt_tokens.load(Ordering::Relaxed),
+        );
+        c(
+            &mut o,
+            "kiln_prompt_tokens_cached_total",
+            "Prompt tokens reused from a cached prefix.",
+            self.prompt_tokens_cached.load(Ordering::Relaxed),
         );
         c(
             &mut o,

@@ -294,6 +294,7 @@ impl Scheduler {
                 let idle = self.idle.swap_remove(i);
                 let keep = n.min(job.prompt.len() - 1);
                 runner.truncate_seq(idle.seq, keep);
+                self.shared.metrics.prompt_tokens_cached.fetch_add(keep as u64, Ordering::Relaxed);
                 (idle.seq, keep)
             }
             _ => {
