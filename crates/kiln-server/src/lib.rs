@@ -141,7 +141,10 @@ fn load_engine(model: &str, opts: EngineOptions, parallel: usize) -> Result<(Eng
     let n_ctx = opts.n_ctx.unwrap_or(n_ctx_train.min(4096));
     let rounded = n_ctx.div_ceil(kiln::kv::BLOCK_SIZE) * kiln::kv::BLOCK_SIZE;
     let pool_ctx = if rounded <= n_ctx_train { rounded } else { n_ctx };
-    let engine = Engine::load(path.to_string_lossy(), opts.with_n_ctx(pool_ctx).with_n_seq(parallel))?;
+    // No step is larger (batch invariance), so scratch for more would be wasted memory.
+    let n_batch = opts.n_batch.min(scheduler::MAX_STEP_ENTRIES);
+    let opts = opts.with_n_ctx(pool_ctx).with_n_seq(parallel).with_batch(n_batch);
+    let engine = Engine::load(path.to_string_lossy(), opts)?;
     Ok((engine, n_ctx))
 }
 

@@ -28,7 +28,7 @@ const DRAIN_GRACE: Duration = Duration::from_millis(3500);
 /// "one chunk" numerics to its f32 tiled path at 64 queries per micro-batch; staying below
 /// keeps every token on the same path whatever its neighbours, so a request's greedy output
 /// is the same alone or batched (prompts are chunked to fit).
-const MAX_STEP_ENTRIES: usize = 63;
+pub const MAX_STEP_ENTRIES: usize = 63;
 
 pub struct GenJob {
     pub prompt: Arc<Vec<u32>>,
