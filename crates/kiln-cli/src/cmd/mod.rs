@@ -10,6 +10,7 @@ mod perplexity;
 mod prompt;
 mod pull;
 mod run;
+mod serve;
 mod tokenize;
 
 use clap::Subcommand;
@@ -34,6 +35,8 @@ pub enum Command {
     Chat(chat::Args),
     /// Print embeddings (hidden states after the final norm, pooled).
     Embed(embed::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 impl Command {
@@ -48,6 +51,7 @@ impl Command {
             Command::Pull(a) => pull::run(a),
             Command::Chat(a) => chat::run(a),
             Command::Embed(a) => embed::run(a),
+            Command::Serve(a) => serve::run(a),
         }
     }
 }

@@ -1,0 +1,170 @@
+//! kiln's OpenAI-compatible HTTP server (`kiln serve`): axum routes in front of a
+//! continuous-batching scheduler thread that owns the model. Routes, flags, errors and
+//! metrics are the contract of CLI.md.
+
+mod embed;
+mod error;
+mod metrics;
+mod params;
+mod routes;
+mod scheduler;
+mod state;
+mod stream;
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln::engine::{Engine, EngineOptions};
+use kiln::gguf::GgufFile;
+use kiln::model::ModelConfig;
+use kiln::{KilnError, Result};
+
+pub use error::ApiError;
+pub use routes::router;
+pub use state::App;
+
+/// `kiln serve`'s settings.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// A `.gguf` path or a catalog name.
+    pub model: String,
+    /// Threads, device, batch size; `n_ctx` here is the context of each request.
+    pub engine: EngineOptions,
+    pub host: String,
+    pub port: u16,
+    pub alias: Option<String>,
+    /// Most sequences decoded together.
+    pub parallel: usize,
+    /// Most requests waiting for a slot.
+    pub queue: usize,
+    pub api_key: Option<String>,
+}
+
+/// The id `/v1/models` reports: the alias, else the catalog name, else the file stem.
+pub fn model_id(model: &str, alias: Option<&str>) -> String {
+    if let Some(a) = alias {
+        return a.to_string();
+    }
+    if kiln::hub::find(model).is_some() {
+        return model.to_string();
+    }
+    std::path::Path::new(model)
+        .file_stem()
+        .map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+/// Runs the server until SIGTERM or Ctrl-C, then drains (within 5 s) and returns.
+pub fn serve(opts: ServerOptions) -> Result<()> {
+    if opts.parallel == 0 || opts.queue == 0 {
+        return Err(KilnError::invalid("--parallel and --queue must be at least 1"));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| KilnError::io("tokio runtime", e))?;
+    let r = rt.block_on(run(opts));
+    rt.shutdown_timeout(Duration::from_millis(200));
+    r
+}
+
+async fn run(opts: ServerOptions) -> Result<()> {
+    let addr = format!("{}:{}", opts.host, opts.port);
+    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| KilnError::io(&addr, e))?;
+    let local: SocketAddr = listener.local_addr().map_err(|e| KilnError::io(&addr, e))?;
+    eprintln!("kiln: loading {} (port bound: http://{local})", opts.model);
+    let app = Arc::new(App::new(model_id(&opts.model, opts.alias.as_deref()), opts.api_key.clone()));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stop2 = stop.clone();
+    let server = tokio::spawn(
+        axum::serve(listener, router(app.clone()))
+            .with_graceful_shutdown(async move { stop2.notified().await })
+            .into_future(),
+    );
+
+    // /health answers 503 while this loads.
+    let model = opts.model.clone();
+    let eopts = opts.engine.clone();
+    let parallel = opts.parallel;
+    let load = tokio::task::spawn_blocking(move || load_engine(&model, eopts, parallel));
+    let (engine, n_ctx) = tokio::select! {
+        r = load => r.map_err(|e| KilnError::invalid(format!("loading failed: {e}")))??,
+        _ = shutdown_signal() => {
+            stop.notify_one();
+            return Ok(());
+        }
+    };
+    let worker = start(&app, engine, parallel, opts.queue, n_ctx)?;
+    eprintln!("kiln: listening on http://{local}");
+
+    shutdown_signal().await;
+    eprintln!("kiln: draining");
+    app.shared.draining.store(true, Ordering::SeqCst);
+    // The scheduler finishes or cancels what runs within its grace period, then exits;
+    // its event senders close, which ends every open stream.
+    let joined = tokio::task::spawn_blocking(move || worker.join());
+    let _ = tokio::time::timeout(Duration::from_millis(4300), joined).await;
+    stop.notify_one();
+    let _ = tokio::time::timeout(Duration::from_millis(400), server).await;
+    Ok(())
+}
+
+/// Starts the scheduler thread on a loaded engine and marks `app` ready. `n_ctx` is the
+/// context of each request; the engine's KV pool must hold `parallel` of them.
+pub fn start(
+    app: &App,
+    engine: Engine,
+    parallel: usize,
+    queue: usize,
+    n_ctx: usize,
+) -> Result<std::thread::JoinHandle<()>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(queue.max(1));
+    let sched = scheduler::Scheduler::new(engine.clone(), rx, app.shared.clone(), parallel.max(1), n_ctx);
+    let worker = std::thread::Builder::new()
+        .name("kiln-scheduler".into())
+        .spawn(move || sched.run())
+        .map_err(|e| KilnError::io("scheduler thread", e))?;
+    if app.ready.set(state::Ready { engine, jobs: tx, n_ctx }).is_err() {
+        return Err(KilnError::invalid("the server already has a model"));
+    }
+    Ok(worker)
+}
+
+/// Loads the model with a KV pool of `parallel` full contexts. The pool's context is
+/// rounded up to whole KV blocks so that every sequence fits its block-rounded length.
+fn load_engine(model: &str, opts: EngineOptions, parallel: usize) -> Result<(Engine, usize)> {
+    let path = kiln::hub::resolve_model(model)?;
+    let n_ctx_train = ModelConfig::from_gguf(&GgufFile::open(&path)?)?.n_ctx_train;
+    let n_ctx = opts.n_ctx.unwrap_or(n_ctx_train.min(4096));
+    let rounded = n_ctx.div_ceil(kiln::kv::BLOCK_SIZE) * kiln::kv::BLOCK_SIZE;
+    let pool_ctx = if rounded <= n_ctx_train { rounded } else { n_ctx };
+    // No step is larger (batch invariance), so scratch for more would be wasted memory.
+    let n_batch = opts.n_batch.min(scheduler::MAX_STEP_ENTRIES);
+    let opts = opts.with_n_ctx(pool_ctx).with_n_seq(parallel).with_batch(n_batch);
+    let engine = Engine::load(path.to_string_lossy(), opts)?;
+    Ok((engine, n_ctx))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,499 @@
+//! Continuous batching. One thread owns the model's runner (the forward is CPU-bound and
+//! blocking); requests arrive over a bounded channel (its capacity is the waiting queue).
+//! Each step builds ONE `decode` call across every active sequence: one token for each
+//! running request plus chunks of new prompts, up to `n_ubatch` entries; then it samples,
+//! streams the pieces back over per-request channels, and admits or retires requests.
+//! A finished sequence stays in the KV pool as a cached prefix until its place is needed.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln::engine::Engine;
+use kiln::model::{Entry, OutputKind, SeqId};
+use kiln::sample::{Sampler, SamplerParams, StopMatcher};
+use kiln::tokenizer::Detokenizer;
+use tokio::sync::{mpsc::UnboundedSender, oneshot};
+
+use crate::embed::mean_pool_l2;
+use crate::state::Shared;
+
+/// How long a drain lets running requests finish before cancelling them (SIGTERM must
+/// end within 5 s).
+const DRAIN_GRACE: Duration = Duration::from_millis(3500);
+
+/// Most entries in one forward. The CPU attention, like ggml's, switches from its f16
+/// "one chunk" numerics to its f32 tiled path at 64 queries per micro-batch; staying below
+/// keeps every token on the same path whatever its neighbours, so a request's greedy output
+/// is the same alone or batched (prompts are chunked to fit).
+pub const MAX_STEP_ENTRIES: usize = 63;
+
+pub struct GenJob {
+    pub prompt: Arc<Vec<u32>>,
+    pub max_tokens: usize,
+    pub params: SamplerParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// Alternatives to report per token; `None`: no logprobs.
+    pub logprobs: Option<usize>,
+    /// Choice index within the request.
+    pub index: usize,
+    pub events: UnboundedSender<Event>,
+    pub enqueued: Instant,
+}
+
+pub struct EmbedJob {
+    pub inputs: Vec<Vec<u32>>,
+    pub reply: oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
+}
+
+pub enum Job {
+    Gen(GenJob),
+    Embed(EmbedJob),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` or the context.
+    Length,
+}
+
+impl Finish {
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Logprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// Text that is now safe to emit (may be empty), and the sampled token's logprob.
+    Token {
+        index: usize,
+        text: String,
+        logprob: Option<Logprob>,
+    },
+    Done {
+        index: usize,
+        finish: Finish,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Error {
+        index: usize,
+        message: String,
+    },
+}
+
+struct Slot {
+    job: GenJob,
+    seq: SeqId,
+    /// Prompt plus sampled tokens; `tokens[..n_eval]` are in the KV cache.
+    tokens: Vec<u32>,
+    n_eval: usize,
+    n_gen: usize,
+    sampler: Sampler,
+    detok: Detokenizer,
+    stop: StopMatcher,
+    first_token: bool,
+    /// Entries this slot contributes to the current step.
+    feeding: usize,
+}
+
+struct EmbedWork {
+    job: EmbedJob,
+    done: Vec<Vec<f32>>,
+}
+
+/// A finished sequence whose KV entries are kept for prefix reuse.
+struct Idle {
+    seq: SeqId,
+    tokens: Vec<u32>,
+    last_used: u64,
+}
+
+pub struct Scheduler {
+    engine: Engine,
+    rx: Receiver<Job>,
+    shared: Arc<Shared>,
+    parallel: usize,
+    n_ctx: usize,
+    slots: Vec<Slot>,
+    embeds: VecDeque<EmbedWork>,
+    idle: Vec<Idle>,
+    clock: u64,
+    /// Where the decode order starts this step (fairness past the step budget).
+    rotate: usize,
+}
+
+impl Scheduler {
+    pub fn new(
+        engine: Engine,
+        rx: Receiver<Job>,
+        shared: Arc<Shared>,
+        parallel: usize,
+        n_ctx: usize,
+    ) -> Self {
+        Scheduler {
+            engine,
+            rx,
+            shared,
+            parallel,
+            n_ctx,
+            slots: Vec::new(),
+            embeds: VecDeque::new(),
+            idle: Vec::new(),
+            clock: 0,
+            rotate: 0,
+        }
+    }
+
+    fn active(&self) -> usize {
+        self.slots.len() + self.embeds.len()
+    }
+
+    /// Runs until the channel closes, or a drain has finished.
+    pub fn run(mut self) {
+        let mut drain_started: Option<Instant> = None;
+        loop {
+            let draining = self.shared.draining.load(Ordering::SeqCst);
+            if draining {
+                let t0 = *drain_started.get_or_insert_with(Instant::now);
+                self.reject_queued();
+                if t0.elapsed() >= DRAIN_GRACE {
+                    self.cancel_all("the server is shutting down");
+                }
+                if self.active() == 0 {
+                    break;
+                }
+            } else {
+                // Admit while there is room; block briefly only when there is nothing to do.
+                while self.active() < self.parallel {
+                    let job = if self.active() == 0 {
+                        match self.rx.recv_timeout(Duration::from_millis(50)) {
+                            Ok(j) => j,
+                            Err(RecvTimeoutError::Timeout) => break,
+                            Err(RecvTimeoutError::Disconnected) => return self.shutdown(),
+                        }
+                    } else {
+                        match self.rx.try_recv() {
+                            Ok(j) => j,
+                            Err(TryRecvError::Empty) => break,
+                            Err(TryRecvError::Disconnected) => return self.shutdown(),
+                        }
+                    };
+                    self.shared.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+                    self.admit(job);
+                }
+            }
+            self.retire_cancelled();
+            self.shared.metrics.running.store(self.active(), Ordering::Relaxed);
+            if !self.slots.is_empty() {
+                self.step();
+            }
+            if !self.embeds.is_empty() {
+                self.embed_step();
+            }
+            let kv = self.engine.runner().kv_usage();
+            self.shared.metrics.kv_usage.store(kv.to_bits(), Ordering::Relaxed);
+        }
+        self.shutdown();
+    }
+
+    fn shutdown(mut self) {
+        self.cancel_all("the server is shutting down");
+        for i in std::mem::take(&mut self.idle) {
+            self.engine.runner().free_seq(i.seq);
+        }
+        self.shared.metrics.running.store(0, Ordering::Relaxed);
+    }
+
+    fn reject_queued(&mut self) {
+        while let Ok(job) = self.rx.try_recv() {
+            self.shared.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+            match job {
+                Job::Gen(j) => {
+                    let _ = j
+                        .events
+                        .send(Event::Error { index: j.index, message: "the server is shutting down".into() });
+                }
+                Job::Embed(j) => {
+                    let _ = j.reply.send(Err("the server is shutting down".into()));
+                }
+            }
+        }
+    }
+
+    fn cancel_all(&mut self, why: &str) {
+        for s in std::mem::take(&mut self.slots) {
+            let _ = s.job.events.send(Event::Error { index: s.job.index, message: why.into() });
+            self.engine.runner().free_seq(s.seq);
+        }
+        for e in std::mem::take(&mut self.embeds) {
+            let _ = e.job.reply.send(Err(why.into()));
+        }
+    }
+
+    /// Makes room for one more live sequence by freeing the least recently used idle one.
+    fn evict_if_full(&mut self) {
+        if self.slots.len() + self.embeds.len() + self.idle.len() >= self.parallel {
+            if let Some(i) = (0..self.idle.len()).min_by_key(|&i| self.idle[i].last_used) {
+                let idle = self.idle.swap_remove(i);
+                self.engine.runner().free_seq(idle.seq);
+            }
+        }
+    }
+
+    fn admit(&mut self, job: Job) {
+        let job = match job {
+            Job::Gen(j) => j,
+            Job::Embed(job) => {
+                self.evict_if_full();
+                self.embeds.push_back(EmbedWork { done: Vec::with_capacity(job.inputs.len()), job });
+                return;
+            }
+        };
+        if job.events.is_closed() {
+            return;
+        }
+        let n_vocab = self.engine.config().n_vocab;
+        let mut sampler = match Sampler::new(job.params.clone(), n_vocab) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = job.events.send(Event::Error { index: job.index, message: e.to_string() });
+                return;
+            }
+        };
+        for &t in job.prompt.iter() {
+            sampler.accept(t);
+        }
+        let runner = self.engine.runner();
+        // Prefix reuse: continue the idle sequence sharing the longest prefix; at least the
+        // last prompt token is evaluated again, for its logits.
+        let best = self
+            .idle
+            .iter()
+            .enumerate()
+            .map(|(i, idle)| (common_prefix(&idle.tokens, &job.prompt), i))
+            .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
+        let (seq, n_eval) = match best {
+            Some((n, i)) if n > 0 => {
+                let idle = self.idle.swap_remove(i);
+                let keep = n.min(job.prompt.len() - 1);
+                runner.truncate_seq(idle.seq, keep);
+                self.shared.metrics.prompt_tokens_cached.fetch_add(keep as u64, Ordering::Relaxed);
+                (idle.seq, keep)
+            }
+            _ => {
+                self.evict_if_full();
+                (self.engine.runner().new_seq(), 0)
+            }
+        };
+        self.shared.metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+        let tok = self.engine.tokenizer().clone();
+        self.slots.push(Slot {
+            tokens: job.prompt.to_vec(),
+            seq,
+            n_eval,
+            n_gen: 0,
+            sampler,
+            detok: Detokenizer::new(tok, false),
+            stop: StopMatcher::new(job.stop.clone()),
+            first_token: true,
+            feeding: 0,
+            job,
+        });
+    }
+
+    fn retire_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.slots.len() {
+            if self.slots[i].job.events.is_closed() {
+                let s = self.slots.swap_remove(i);
+                self.keep_idle(s.seq, &s.tokens[..s.n_eval]);
+            } else {
+                i += 1;
+            }
+        }
+        self.embeds.retain(|e| !e.job.reply.is_closed());
+    }
+
+    fn keep_idle(&mut self, seq: SeqId, tokens: &[u32]) {
+        self.clock += 1;
+        self.idle.push(Idle { seq, tokens: tokens.to_vec(), last_used: self.clock });
+    }
+
+    /// One batched forward over every active generation.
+    fn step(&mut self) {
+        let runner = self.engine.runner();
+        let budget = runner.n_ubatch().clamp(1, MAX_STEP_ENTRIES);
+        // Running requests first (one token each, rotated when they exceed the budget),
+        // then prompt chunks in arrival order.
+        let n = self.slots.len();
+        self.rotate = (self.rotate + 1) % n.max(1);
+        let mut order: Vec<usize> = (0..n).map(|k| (k + self.rotate) % n).collect();
+        order.sort_by_key(|&i| self.slots[i].tokens.len() - self.slots[i].n_eval > 1);
+        let mut entries = Vec::with_capacity(budget);
+        let mut owners = Vec::new();
+        for &i in &order {
+            let s = &mut self.slots[i];
+            let take = (s.tokens.len() - s.n_eval).min(budget - entries.len());
+            s.feeding = take;
+            for pos in s.n_eval..s.n_eval + take {
+                let output = pos + 1 == s.tokens.len();
+                entries.push(Entry { seq: s.seq, token: s.tokens[pos], output });
+                if output {
+                    owners.push(i);
+                }
+            }
+        }
+        if entries.is_empty() {
+            return;
+        }
+        self.shared.metrics.observe_batch(self.slots.iter().filter(|s| s.feeding > 0).count());
+        let out = match runner.decode(&entries, OutputKind::Logits) {
+            Ok(out) => out,
+            Err(e) => {
+                // Not the clients' fault: fail the requests of this step, keep the others.
+                let msg = format!("decode failed: {e}");
+                let mut i = 0;
+                while i < self.slots.len() {
+                    if self.slots[i].feeding > 0 {
+                        let s = self.slots.swap_remove(i);
+                        let _ = s.job.events.send(Event::Error { index: s.job.index, message: msg.clone() });
+                        self.engine.runner().free_seq(s.seq);
+                    } else {
+                        i += 1;
+                    }
+                }
+                return;
+            }
+        };
+        for s in &mut self.slots {
+            s.n_eval += s.feeding;
+            s.feeding = 0;
+        }
+        let n_vocab = self.engine.config().n_vocab;
+        let mut finished = Vec::new();
+        for (k, &i) in owners.iter().enumerate() {
+            if self.sample_one(i, &out[k * n_vocab..(k + 1) * n_vocab]) {
+                finished.push(i);
+            }
+        }
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for i in finished {
+            let s = self.slots.swap_remove(i);
+            self.keep_idle(s.seq, &s.tokens[..s.n_eval]);
+        }
+    }
+
+    /// Samples slot `i`'s next token from `logits` and streams it; true when it finished.
+    fn sample_one(&mut self, i: usize, logits: &[f32]) -> bool {
+        let n_ctx = self.n_ctx;
+        let tok = self.engine.tokenizer().clone();
+        let s = &mut self.slots[i];
+        if s.first_token {
+            s.first_token = false;
+            self.shared.metrics.observe_ttft(s.job.enqueued.elapsed().as_secs_f64());
+        }
+        let lp = s.job.logprobs.map(|n| logprob(logits, n));
+        let id = s.sampler.sample(logits);
+        s.sampler.accept(id);
+        s.n_gen += 1;
+        self.shared.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
+        let index = s.job.index;
+        let finish = if tok.is_eog(id) && !s.job.ignore_eos {
+            Some(Finish::Stop)
+        } else {
+            let piece = s.detok.push(id);
+            let (text, matched) = s.stop.push(&piece);
+            let lp = lp.map(|(lse, top)| Logprob { token: id, logprob: logits[id as usize] - lse, top });
+            let _ = s.job.events.send(Event::Token { index, text, logprob: lp });
+            if matched {
+                Some(Finish::Stop)
+            } else if s.n_gen >= s.job.max_tokens || s.tokens.len() + 1 > n_ctx {
+                Some(Finish::Length)
+            } else {
+                s.tokens.push(id);
+                None
+            }
+        };
+        let Some(finish) = finish else { return false };
+        if !s.stop.matched() {
+            let mut rest = s.stop.finish();
+            rest.push_str(&s.detok.finish());
+            if !rest.is_empty() {
+                let _ = s.job.events.send(Event::Token { index, text: rest, logprob: None });
+            }
+        }
+        let _ = s.job.events.send(Event::Done {
+            index,
+            finish,
+            prompt_tokens: s.job.prompt.len(),
+            completion_tokens: s.n_gen,
+        });
+        true
+    }
+
+    /// Embeds one input of the oldest embedding request (one per step, so long batches do
+    /// not stall the streams).
+    fn embed_step(&mut self) {
+        let Some(work) = self.embeds.front_mut() else { return };
+        let runner = self.engine.runner();
+        let ids = &work.job.inputs[work.done.len()];
+        let seq = runner.new_seq();
+        let entries: Vec<Entry> = ids.iter().map(|&t| Entry { seq, token: t, output: true }).collect();
+        let res = runner.decode(&entries, OutputKind::Hidden);
+        runner.free_seq(seq);
+        self.shared.metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        match res {
+            Ok(h) => work.done.push(mean_pool_l2(&h, self.engine.config().n_embd)),
+            Err(e) => {
+                if let Some(w) = self.embeds.pop_front() {
+                    let _ = w.job.reply.send(Err(format!("embedding failed: {e}")));
+                }
+                return;
+            }
+        }
+        if work.done.len() == work.job.inputs.len() {
+            if let Some(w) = self.embeds.pop_front() {
+                let _ = w.job.reply.send(Ok(w.done));
+            }
+        }
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Log-softmax of the raw logits (as OpenAI reports them, before sampling filters): the
+/// log-sum-exp and the `n` most likely tokens with their logprobs.
+fn logprob(logits: &[f32], n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(idx.len());
+    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    if n > 0 && n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, by_logit);
+    }
+    idx.truncate(n);
+    idx.sort_by(by_logit);
+    let top = idx.into_iter().map(|i| (i, (logits[i as usize] as f64 - lse) as f32)).collect();
+    (lse as f32, top)
+}
