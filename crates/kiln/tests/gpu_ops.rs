@@ -330,6 +330,6 @@ fn every_op_records_gpu_work() {
     let g = model();
     let _ = elementwise(gpu, &g, 2);
     let _ = attention_out(gpu, &g, None);
-    let (ops, dispatches) = gpu.counts();
+    let (ops, dispatches) = gpu.counts().get();
     assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
 }

@@ -121,7 +121,6 @@ pub struct Recorder {
     arena: Vec<u8>,
     arena_buf: wgpu::Buffer,
     readback: Option<wgpu::Buffer>,
-    pub dispatches: u64,
 }
 
 impl Recorder {
@@ -132,7 +131,7 @@ impl Recorder {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Recorder { enc: None, arena: Vec::new(), arena_buf, readback: None, dispatches: 0 }
+        Recorder { enc: None, arena: Vec::new(), arena_buf, readback: None }
     }
 
     fn encoder(&mut self, ctx: &Context) -> &mut wgpu::CommandEncoder {
@@ -172,7 +171,6 @@ impl Recorder {
             layout: &pipe.get_bind_group_layout(0),
             entries: &entries,
         });
-        self.dispatches += 1;
         let enc = self.encoder(ctx);
         let mut pass = enc.begin_compute_pass(&Default::default());
         pass.set_pipeline(pipe);

@@ -16,7 +16,10 @@ const DEQUANT: &str = include_str!("shaders/dequant.wgsl");
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
+    /// A workgroup per weight row (hardware GPUs).
     Matmul(GgmlType),
+    /// An invocation per weight row (software adapters).
+    MatmulRows(GgmlType),
     Embed(GgmlType),
     Quantize,
     RmsNorm,
@@ -36,6 +39,7 @@ impl Kernel {
         let ew = include_str!("shaders/elementwise.wgsl");
         match self {
             Matmul(_) => (include_str!("shaders/matmul.wgsl"), "main"),
+            MatmulRows(_) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
             Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
@@ -77,9 +81,9 @@ pub fn assemble(k: Kernel, subgroups: bool) -> String {
     let (src, _) = k.source();
     let mut s = String::new();
     s.push_str(&COMMON.replace("//REDUCE", if subgroups { REDUCE_SUBGROUP } else { REDUCE_TREE }));
-    if let Kernel::Matmul(ty) | Kernel::Embed(ty) = k {
+    if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::Embed(ty) = k {
         s.push_str(DEQUANT);
-        s.push_str(&format!("fn load_chunk(b: u32, c: u32) {{\n    {}(b, c);\n}}\n", chunk_fn(ty)));
+        s.push_str(&format!("fn load_chunk(b: u32, c: u32) {{\n    wmin = 0.0;\n    {}(b, c);\n}}\n", chunk_fn(ty)));
     }
     let body = if subgroups {
         src.replace("/*SG*/", ", @builtin(subgroup_invocation_id) sgi: u32").replace("/*SGI*/", "g_sgi = sgi;")

@@ -45,15 +45,30 @@ pub struct GpuKv {
     buf: wgpu::Buffer,
 }
 
+/// Every backend op records at least one dispatch: no op of the forward has a CPU path.
+#[derive(Debug, Default)]
+pub struct OpCounts {
+    pub ops: AtomicU64,
+    pub dispatches: AtomicU64,
+}
+
+impl OpCounts {
+    pub fn get(&self) -> (u64, u64) {
+        (self.ops.load(Ordering::Relaxed), self.dispatches.load(Ordering::Relaxed))
+    }
+}
+
 pub struct GpuBackend {
     ctx: Context,
     pipes: Pipelines,
     rec: Mutex<Recorder>,
     /// Activations rounded through the weight's dot type before a matmul (grown on demand).
     act: Mutex<Option<wgpu::Buffer>>,
-    ops: AtomicU64,
+    counts: Arc<OpCounts>,
     /// Weights larger than this are split by rows (the binding limit).
     split_bytes: u64,
+    /// Matmul with an invocation per weight row (chosen on software adapters).
+    row_per_invocation: bool,
 }
 
 /// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
@@ -90,8 +105,9 @@ impl GpuBackend {
     pub fn with_fallback(policy: AdapterPolicy, force_fallback: bool) -> Result<GpuBackend> {
         let ctx = Context::new(policy, force_fallback)?;
         let split_bytes = ctx.max_binding.min(ctx.max_buffer);
+        let row_per_invocation = ctx.info.device_type == wgpu::DeviceType::Cpu;
         let rec = Mutex::new(Recorder::new(&ctx));
-        Ok(GpuBackend { ctx, pipes: Pipelines::default(), rec, act: Mutex::new(None), ops: AtomicU64::new(0), split_bytes })
+        Ok(GpuBackend { ctx, pipes: Pipelines::default(), rec, act: Mutex::new(None), counts: Arc::default(), split_bytes, row_per_invocation })
     }
 
     /// Whether the subgroup kernels are in use.
@@ -104,16 +120,22 @@ impl GpuBackend {
         self.ctx.info.device_type == wgpu::DeviceType::Cpu
     }
 
-    /// Backend ops called and GPU dispatches recorded so far: every op records at least
-    /// one dispatch (no op has a CPU path).
-    pub fn counts(&self) -> (u64, u64) {
-        (self.ops.load(Ordering::Relaxed), self.lock().dispatches)
+    /// Counters of backend ops called and GPU dispatches recorded, shared (they stay
+    /// readable after the backend moves into a model).
+    pub fn counts(&self) -> Arc<OpCounts> {
+        self.counts.clone()
     }
 
     /// Uploads f32 values as a weight vector (tests and callers with host data).
     pub fn upload_f32(&self, v: &[f32]) -> Result<GpuBuf> {
         let buf = self.ctx.upload(bytemuck::cast_slice(v), "kiln buf")?;
         Ok(GpuBuf { buf, len: v.len() })
+    }
+
+    /// Picks the matmul kernel: an invocation per weight row (true, the default on software
+    /// adapters) or a workgroup per row (the default on hardware GPUs).
+    pub fn set_row_per_invocation(&mut self, on: bool) {
+        self.row_per_invocation = on;
     }
 
     /// Lowers the size weights are split at (tests of the split path).
@@ -126,12 +148,13 @@ impl GpuBackend {
     }
 
     fn run(&self, k: Kernel, params: &[u32], bufs: &[&wgpu::Buffer], groups: [u32; 3]) {
+        self.counts.dispatches.fetch_add(1, Ordering::Relaxed);
         let pipe = self.pipes.get(&self.ctx, k);
         self.lock().dispatch(&self.ctx, &pipe, params, bufs, groups);
     }
 
     fn op(&self) {
-        self.ops.fetch_add(1, Ordering::Relaxed);
+        self.counts.ops.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The activation scratch, at least `n` values.
@@ -245,26 +268,32 @@ impl Backend for GpuBackend {
         self.op();
         let k = w.cols;
         let mode = match w.ty.vec_dot_type() {
-            GgmlType::Q8_0 | GgmlType::Q8_1 => Some((0u32, 32)),
+            GgmlType::Q8_0 => Some((0u32, 32)),
+            GgmlType::Q8_1 => Some((3, 32)),
             GgmlType::Q8_K => Some((1, 256)),
             GgmlType::F16 => Some((2, 32)),
             _ => None,
         };
         let act;
+        let sums = if mode.is_some_and(|m| m.0 == 3) { (rows * k) as u32 } else { 0 };
         let src = match mode {
             Some((mode, bs)) => {
-                act = self.act_buf(rows * k);
                 let n = rows * k;
+                act = self.act_buf(n + n / 32);
                 self.run(Kernel::Quantize, &[mode, n as u32], &[&x.buf, &act], grid(n / bs, 64));
                 &act
             }
             None => &x.buf,
         };
         for p in &w.parts {
-            let prm = [p.rows as u32, k as u32, rows as u32, w.row_size as u32, w.rows as u32, p.row0 as u32];
-            let mut g = grid(p.rows, 1);
+            let prm = [p.rows as u32, k as u32, rows as u32, w.row_size as u32, w.rows as u32, p.row0 as u32, sums];
+            let (kernel, mut g) = if self.row_per_invocation {
+                (Kernel::MatmulRows(w.ty), grid(p.rows, 64))
+            } else {
+                (Kernel::Matmul(w.ty), grid(p.rows, 1))
+            };
             g[2] = rows.div_ceil(8) as u32;
-            self.run(Kernel::Matmul(w.ty), &prm, &[&p.buf, src, &out.buf], g);
+            self.run(kernel, &prm, &[&p.buf, src, &out.buf], g);
         }
     }
 

@@ -2,6 +2,9 @@
 // `wq` is the weight buffer (bytes packed in u32 words); `b` is the row's byte offset and
 // `c` the chunk index within the row. Float operations follow ggml's dequantize_row_*.
 var<private> wv: array<f32, 32>;
+// The chunk's additive min (Q4_1), kept apart so a matmul can pair it with the
+// activation block's stored sum as ggml's q4_1·q8_1 dot does; 0 for other formats.
+var<private> wmin: f32;
 
 fn wbyte(o: u32) -> u32 {
     return (wq[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;
@@ -68,13 +71,13 @@ fn chunk_q4_0(b: u32, c: u32) {
 fn chunk_q4_1(b: u32, c: u32) {
     let o = b + c * 20u;
     let d = wf16(o);
-    let m = wf16(o + 2u);
+    wmin = wf16(o + 2u);
     for (var i = 0u; i < 16u; i = i + 4u) {
         let w = wu32(o + 4u + i);
         for (var k = 0u; k < 4u; k = k + 1u) {
             let q = (w >> (8u * k)) & 0xffu;
-            wv[i + k] = d * f32(q & 15u) + m;
-            wv[16u + i + k] = d * f32(q >> 4u) + m;
+            wv[i + k] = d * f32(q & 15u);
+            wv[16u + i + k] = d * f32(q >> 4u);
         }
     }
 }

@@ -22,7 +22,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     load_chunk((id - prm[3]) * prm[2], c);
     let scale = pf(5u);
     for (var i = 0u; i < 32u; i = i + 1u) {
-        var v = wv[i];
+        var v = wv[i] + wmin;
         if scale != 1.0 {
             v = v * scale;
         }

@@ -1,7 +1,7 @@
 // out[t, col0 + r] = dot(w[r], x[t]) for the rows of one weight part. One workgroup per
 // weight row and tile of up to TT tokens: the row is dequantized once per tile and each
 // token's dot is reduced in the same order whatever the tile (batch invariance).
-// prm: n_rows, k, n_tok, row_size, out_stride, col0.
+// prm: n_rows, k, n_tok, row_size, out_stride, col0, block sums offset (Q8_1, else 0).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> xs: array<f32>;
@@ -32,6 +32,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             var s = 0.0;
             for (var i = 0u; i < 32u; i = i + 1u) {
                 s = s + wv[i] * xs[xo + i];
+            }
+            if prm[6] != 0u {
+                s = s + wmin * xs[prm[6] + (t0 + t) * nc + c];
             }
             acc[t] = acc[t] + s;
         }

@@ -1,6 +1,7 @@
 // Activations rounded through the weight's dot type (as ggml quantizes them before a
 // matmul) and written back as f32: x' = d * q. One invocation per block.
-// prm: mode (0 Q8_0/Q8_1, 1 Q8_K, 2 F16), n_values.
+// prm: mode (0 Q8_0, 1 Q8_K, 2 F16, 3 Q8_1), n_values. Q8_1 also stores each block's
+// f16(d * sum(q)) after the n_values values.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> xs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> xq: array<f32>;
@@ -21,7 +22,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         return;
     }
-    if mode == 0u {
+    if mode == 0u || mode == 3u {
         // ggml's AVX2 quantize_row_q8_0/q8_1: scale 127/amax, round half to even.
         var amax = 0.0;
         for (var i = 0u; i < 32u; i = i + 1u) {
@@ -29,8 +30,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         let d = f16r(amax / 127.0);
         let id = select(0.0, 127.0 / amax, amax != 0.0);
+        var sum = 0.0;
         for (var i = 0u; i < 32u; i = i + 1u) {
-            xq[o + i] = d * clamp(round(xs[o + i] * id), -128.0, 127.0);
+            let q = clamp(round(xs[o + i] * id), -128.0, 127.0);
+            sum = sum + q;
+            xq[o + i] = d * q;
+        }
+        if mode == 3u {
+            xq[prm[1] + blk] = f16r(d * sum);
         }
         return;
     }
