@@ -230,7 +230,8 @@ fn norms_and_elementwise_ops_match_cpu() {
     let g = model();
     let cpu = CpuBackend::new(2);
     let c = elementwise(&cpu, &g, 5);
-    let names = ["rms_norm", "head rms_norm", "add_bias", "add", "add scaled", "scale", "silu", "gelu", "gather"];
+    let names =
+        ["rms_norm", "head rms_norm", "add_bias", "add", "add scaled", "scale", "silu", "gelu", "gather"];
     for gpu in gpus() {
         let d = elementwise(&gpu, &g, 5);
         for ((c, d), name) in c.iter().zip(&d).zip(names) {
@@ -266,9 +267,16 @@ fn rope_variants_match_cpu() {
     let g = model();
     let cpu = CpuBackend::new(1);
     for gpu in gpus() {
-        for (neox, ff, yarn) in [(false, false, false), (true, false, false), (true, true, false), (false, false, true)] {
+        for (neox, ff, yarn) in
+            [(false, false, false), (true, false, false), (true, true, false), (false, false, true)]
+        {
             let r = rope_params(neox, ff, yarn);
-            compare(&format!("rope neox={neox} ff={ff} yarn={yarn}"), &rope_out(&gpu, &g, &r), &rope_out(&cpu, &g, &r), 1e-9);
+            compare(
+                &format!("rope neox={neox} ff={ff} yarn={yarn}"),
+                &rope_out(&gpu, &g, &r),
+                &rope_out(&cpu, &g, &r),
+                1e-9,
+            );
         }
     }
 }

@@ -46,7 +46,8 @@ impl Context {
         desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
         let instance = wgpu::Instance::new(desc);
         let mut adapters = pollster::block_on(instance.enumerate_adapters(desc_backends()));
-        adapters.retain(|a| policy == AdapterPolicy::AnyGpu || a.get_info().device_type != wgpu::DeviceType::Cpu);
+        adapters
+            .retain(|a| policy == AdapterPolicy::AnyGpu || a.get_info().device_type != wgpu::DeviceType::Cpu);
         adapters.sort_by_key(|a| rank(a.get_info().device_type));
         let adapter = adapters.into_iter().next().ok_or_else(|| {
             KilnError::Backend(match policy {
@@ -176,6 +177,10 @@ impl Recorder {
         pass.set_pipeline(pipe);
         pass.set_bind_group(0, &bg, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        drop(pass);
+        if std::env::var("KILN_GPU_SYNC").is_ok() {
+            self.submit(ctx);
+        }
     }
 
     /// Submits what was recorded (parameter words first).

@@ -83,10 +83,14 @@ pub fn assemble(k: Kernel, subgroups: bool) -> String {
     s.push_str(&COMMON.replace("//REDUCE", if subgroups { REDUCE_SUBGROUP } else { REDUCE_TREE }));
     if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::Embed(ty) = k {
         s.push_str(DEQUANT);
-        s.push_str(&format!("fn load_chunk(b: u32, c: u32) {{\n    wmin = 0.0;\n    {}(b, c);\n}}\n", chunk_fn(ty)));
+        s.push_str(&format!(
+            "fn load_chunk(b: u32, c: u32) {{\n    wmin = 0.0;\n    {}(b, c);\n}}\n",
+            chunk_fn(ty)
+        ));
     }
     let body = if subgroups {
-        src.replace("/*SG*/", ", @builtin(subgroup_invocation_id) sgi: u32").replace("/*SGI*/", "g_sgi = sgi;")
+        src.replace("/*SG*/", ", @builtin(subgroup_invocation_id) sgi: u32")
+            .replace("/*SGI*/", "g_sgi = sgi;")
     } else {
         src.to_string()
     };

@@ -107,7 +107,15 @@ impl GpuBackend {
         let split_bytes = ctx.max_binding.min(ctx.max_buffer);
         let row_per_invocation = ctx.info.device_type == wgpu::DeviceType::Cpu;
         let rec = Mutex::new(Recorder::new(&ctx));
-        Ok(GpuBackend { ctx, pipes: Pipelines::default(), rec, act: Mutex::new(None), counts: Arc::default(), split_bytes, row_per_invocation })
+        Ok(GpuBackend {
+            ctx,
+            pipes: Pipelines::default(),
+            rec,
+            act: Mutex::new(None),
+            counts: Arc::default(),
+            split_bytes,
+            row_per_invocation,
+        })
     }
 
     /// Whether the subgroup kernels are in use.
@@ -141,6 +149,23 @@ impl GpuBackend {
     /// Lowers the size weights are split at (tests of the split path).
     pub fn set_max_binding(&mut self, bytes: u64) {
         self.split_bytes = self.split_bytes.min(bytes.max(256));
+    }
+
+    /// The activations as a matmul with `ty` weights sees them (x' = d * q), for tests.
+    #[doc(hidden)]
+    pub fn rounded_activations(&self, x: &GpuBuf, ty: GgmlType, n: usize) -> Vec<f32> {
+        let mode = match ty.vec_dot_type() {
+            GgmlType::Q8_0 => 0u32,
+            GgmlType::Q8_1 => 3,
+            GgmlType::Q8_K => 1,
+            _ => 2,
+        };
+        let bs = if mode == 1 { 256 } else { 32 };
+        let act = self.act_buf(n + n / 32);
+        self.run(Kernel::Quantize, &[mode, n as u32], &[&x.buf, &act], grid(n / bs, 64));
+        let mut out = vec![0.0; n];
+        self.lock().read(&self.ctx, &act, &mut out).expect("read-back");
+        out
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Recorder> {
@@ -250,8 +275,14 @@ impl Backend for GpuBackend {
         self.op();
         let nc = table.cols / 32;
         for p in &table.parts {
-            let mut prm =
-                vec![ids.len() as u32, table.cols as u32, table.row_size as u32, p.row0 as u32, p.rows as u32, f(scale)];
+            let mut prm = vec![
+                ids.len() as u32,
+                table.cols as u32,
+                table.row_size as u32,
+                p.row0 as u32,
+                p.rows as u32,
+                f(scale),
+            ];
             prm.extend_from_slice(ids);
             self.run(Kernel::Embed(table.ty), &prm, &[&p.buf, &out.buf], grid(ids.len() * nc, 64));
         }
@@ -286,7 +317,8 @@ impl Backend for GpuBackend {
             None => &x.buf,
         };
         for p in &w.parts {
-            let prm = [p.rows as u32, k as u32, rows as u32, w.row_size as u32, w.rows as u32, p.row0 as u32, sums];
+            let prm =
+                [p.rows as u32, k as u32, rows as u32, w.row_size as u32, w.rows as u32, p.row0 as u32, sums];
             let (kernel, mut g) = if self.row_per_invocation {
                 (Kernel::MatmulRows(w.ty), grid(p.rows, 64))
             } else {
@@ -300,7 +332,12 @@ impl Backend for GpuBackend {
     fn add_bias(&self, x: &mut GpuBuf, b: &GpuWeight, rows: usize) {
         self.op();
         let n = b.rows * b.cols;
-        self.run(Kernel::AddBias, &[(rows * n) as u32, n as u32], &[&x.buf, &b.parts[0].buf], grid(rows * n, 64));
+        self.run(
+            Kernel::AddBias,
+            &[(rows * n) as u32, n as u32],
+            &[&x.buf, &b.parts[0].buf],
+            grid(rows * n, 64),
+        );
     }
 
     fn rope(&self, x: &mut GpuBuf, pos: &[u32], n_head: usize, head_dim: usize, r: &RopeParams) {
@@ -366,7 +403,12 @@ impl Backend for GpuBackend {
             prm.extend_from_slice(&[plan.pos[i], plan.first_pos(i), table_off[plan.seq[i] as usize]]);
         }
         prm.extend_from_slice(&tables);
-        self.run(Kernel::Attention, &prm, &[&q.buf, &kc.buf, &vc.buf, &out.buf], grid(n_tok * plan.n_head, 1));
+        self.run(
+            Kernel::Attention,
+            &prm,
+            &[&q.buf, &kc.buf, &vc.buf, &out.buf],
+            grid(n_tok * plan.n_head, 1),
+        );
     }
 
     fn glu(&self, gate: &mut GpuBuf, up: &GpuBuf, act: Activation, len: usize) {

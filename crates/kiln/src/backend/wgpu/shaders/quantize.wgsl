@@ -28,7 +28,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var i = 0u; i < 32u; i = i + 1u) {
             amax = max(amax, abs(xs[o + i]));
         }
-        let d = f16r(amax / 127.0);
+        let d32 = amax / 127.0;
+        let d = f16r(d32);
         let id = select(0.0, 127.0 / amax, amax != 0.0);
         var sum = 0.0;
         for (var i = 0u; i < 32u; i = i + 1u) {
@@ -37,7 +38,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             xq[o + i] = d * q;
         }
         if mode == 3u {
-            xq[prm[1] + blk] = f16r(d * sum);
+            // ggml rounds s = d * sum(q) from the unrounded scale.
+            xq[prm[1] + blk] = f16r(d32 * sum);
         }
         return;
     }
