@@ -94,12 +94,17 @@ fn concurrent_pulls_into_empty_cache() {
     assert_eq!(left, [".tiny.gguf.lock", "tiny.gguf"]);
     assert_eq!(std::fs::read_dir(home.join("tmp")).unwrap().count(), 0, "scratch removed");
 
-    // A damaged cached file is noticed and fetched again.
+    // A damaged cached file is noticed and fetched again; leftovers of an interrupted
+    // pull are cleared.
     std::fs::write(&pa, b"not a model").unwrap();
+    std::fs::write(home.join("models/.tiny.gguf.partial-99999"), b"half").unwrap();
+    std::fs::create_dir_all(home.join("tmp/pull-tiny-random-llama-99999")).unwrap();
     let out = kiln(Some(&home), &["pull", "tiny-random-llama"]);
     assert_eq!(pulled(&out), pa);
     assert!(String::from_utf8_lossy(&out.stderr).contains("fetching it again"));
     assert_eq!(kiln::hub::sha256_file(&pa).unwrap(), TINY_SHA256);
+    assert_eq!(std::fs::read_dir(home.join("models")).unwrap().count(), 2);
+    assert_eq!(std::fs::read_dir(home.join("tmp")).unwrap().count(), 0);
 }
 
 /// A catalog name works wherever a model is taken: fetched on first use, progress on

@@ -219,3 +219,21 @@ fn qwen15_top_logits() {
 fn qwen15_perplexity() {
     perplexity(&QWEN15, &[128, 256]);
 }
+
+/// gemma3's 512-token sliding window matters only beyond 512 tokens: perplexity at ctx 1024
+/// against llama-perplexity on the same file (scripts/gen-swa-ppl-fixture).
+#[test]
+fn gemma3_perplexity_sliding_window() {
+    let fx = fixture_json("oracle/gemma3-swa-ppl.json");
+    let oracle = fixture_json(&format!("oracle/{}/perplexity.json", GEMMA3.stem));
+    let tokens = ids(&oracle["token_ids"]);
+    let e = engine(&GEMMA3, 1024);
+    let r = kiln::eval::perplexity(&e, &tokens, 1024, None).unwrap();
+    let want = fx["ppl"].as_f64().unwrap();
+    eprintln!(
+        "gemma3 ctx 1024: kiln {:.4}, llama.cpp {want:.4} ({:+.2}%)",
+        r.ppl,
+        100.0 * (r.ppl - want) / want
+    );
+    assert!((r.ppl - want).abs() / want <= 0.02);
+}

@@ -263,16 +263,31 @@ impl<'a> Cursor<'a> {
     }
 
     fn string(&mut self, what: &str) -> Result<String> {
+        self.string_named(|| what.to_string())
+    }
+
+    /// A length-prefixed UTF-8 string; `what` names it in errors (built only on error, as
+    /// a vocabulary has ~10^5 of them).
+    fn string_named(&mut self, what: impl Fn() -> String) -> Result<String> {
         let at = self.pos;
-        let len = self.u64(what)?;
-        if len > self.remaining() {
-            return Err(self
-                .err_at(at, format!("truncated: {what} of length {len}, {} bytes left", self.remaining())));
+        if self.remaining() < 8 {
+            return Err(
+                self.err_at(at, format!("truncated: {} needs 8 bytes, {} left", what(), self.remaining()))
+            );
         }
-        let bytes = self.take(len as usize, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|e| {
-            self.err_at(at + 8 + e.utf8_error().valid_up_to(), format!("{what} is not valid UTF-8"))
-        })
+        let len = self.u64("string length")?;
+        if len > self.remaining() {
+            return Err(self.err_at(
+                at,
+                format!("truncated: {} of length {len}, {} bytes left", what(), self.remaining()),
+            ));
+        }
+        let bytes = &self.buf[self.pos..self.pos + len as usize];
+        self.pos += len as usize;
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Ok(s.to_string()),
+            Err(e) => Err(self.err_at(at + 8 + e.valid_up_to(), format!("{} is not valid UTF-8", what()))),
+        }
     }
 
     fn value(&mut self, ty: u32, key: &str, depth: u32) -> Result<Value> {
@@ -344,7 +359,7 @@ impl<'a> Cursor<'a> {
             id::STRING => {
                 let mut v = Vec::with_capacity(n);
                 for i in 0..n {
-                    v.push(self.string(&format!("{key}[{i}]"))?);
+                    v.push(self.string_named(|| format!("{key}[{i}]"))?);
                 }
                 Array::String(v)
             }

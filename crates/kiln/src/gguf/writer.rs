@@ -58,7 +58,7 @@ impl GgufWriter {
             return Err(KilnError::Tensor { name, msg: format!("dims {dims:?} overflow") });
         };
         let want = ty.row_size(n)?;
-        if data.len() != want || dims[0] % ty.block_size() as u64 != 0 {
+        if data.len() != want || !dims[0].is_multiple_of(ty.block_size() as u64) {
             return Err(KilnError::Tensor {
                 name,
                 msg: format!("{ty} {dims:?} needs {want} bytes, got {}", data.len()),

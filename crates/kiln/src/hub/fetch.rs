@@ -52,6 +52,9 @@ pub(crate) fn pull_entry(home: &Path, e: &CatalogEntry) -> Result<PathBuf> {
     mkdir(&dir)?;
     let dest = dir.join(e.file);
     let _lock = lock(&dir.join(format!(".{}.lock", e.file)), e.name)?;
+    // Holding the lock, anything left by an interrupted pull of this model is stale.
+    remove_matching(&dir, &format!(".{}.partial-", e.file));
+    remove_matching(&home.join("tmp"), &format!("pull-{}-", e.name));
     if dest.exists() {
         match verify(&dest, e.size, e.sha256) {
             Ok(()) => return absolute(&dest),
@@ -98,6 +101,7 @@ pub(crate) fn llama_cpp_source_in(home: &Path) -> Result<PathBuf> {
     if complete(&dest) {
         return absolute(&dest);
     }
+    remove_matching(&home.join("tmp"), "sdist-");
     eprintln!("kiln: fetching the {LLAMA_CPP_PYTHON} source (77 MB) into {}", src.display());
     let scratch = Scratch::new(home, "sdist")?;
     let dl = scratch.0.join("dl");
@@ -195,6 +199,18 @@ fn lock(path: &Path, what: &str) -> Result<File> {
         f.lock().map_err(|e| KilnError::io(path, e))?;
     }
     Ok(f)
+}
+
+/// Best-effort removal of the entries of `dir` named `prefix` followed by a process id.
+fn remove_matching(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_string_lossy().strip_prefix(prefix).map(|rest| rest.parse::<u32>().is_ok());
+        if pid == Some(true) {
+            drop(Scratch(entry.path()));
+        }
+    }
 }
 
 fn mkdir(dir: &Path) -> Result<()> {

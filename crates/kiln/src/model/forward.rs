@@ -45,6 +45,8 @@ pub struct Scratch<B: Backend> {
     h: B::Buf,
     q: B::Buf,
     k: B::Buf,
+    /// Second K buffer for the per-head k norm (in-place ops take distinct buffers).
+    k_normed: B::Buf,
     v: B::Buf,
     att: B::Buf,
     o: B::Buf,
@@ -65,6 +67,7 @@ impl<B: Backend> Scratch<B> {
             h: b.alloc(n * cfg.n_embd)?,
             q: b.alloc(n * cfg.q_dim())?,
             k: b.alloc(n * cfg.kv_dim())?,
+            k_normed: b.alloc(n * cfg.kv_dim())?,
             v: b.alloc(n * cfg.kv_dim())?,
             att: b.alloc(n * cfg.q_dim())?,
             o: b.alloc(n * cfg.n_embd.max(cfg.q_dim()))?,
@@ -142,8 +145,8 @@ impl<B: Backend> Model<B> {
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 b.rms_norm(&s.q, qn, cfg.norm_eps, n * cfg.n_head, cfg.head_dim, &mut s.att);
                 std::mem::swap(&mut s.q, &mut s.att);
-                b.rms_norm(&s.k, kn, cfg.norm_eps, n * cfg.n_head_kv, cfg.head_dim, &mut s.att);
-                std::mem::swap(&mut s.k, &mut s.att);
+                b.rms_norm(&s.k, kn, cfg.norm_eps, n * cfg.n_head_kv, cfg.head_dim, &mut s.k_normed);
+                std::mem::swap(&mut s.k, &mut s.k_normed);
             }
             b.rope(&mut s.q, ub.pos, cfg.n_head, cfg.head_dim, &self.rope[il]);
             b.rope(&mut s.k, ub.pos, cfg.n_head_kv, cfg.head_dim, &self.rope[il]);

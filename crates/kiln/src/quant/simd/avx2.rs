@@ -47,7 +47,7 @@ unsafe fn f32_at(p: *const u8) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn loadu(p: *const u8) -> __m256i {
+pub(super) unsafe fn loadu(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
@@ -72,7 +72,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 /// Eight i32 sums of four u8 x i8 products each.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_us8(ux: __m256i, sy: __m256i) -> __m256i {
+pub(super) unsafe fn dot_us8(ux: __m256i, sy: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1))
 }
 
@@ -87,7 +87,7 @@ unsafe fn dot_s8(x: __m256i, y: __m256i) -> __m256i {
 /// 16 packed bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles_32(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles_32(p: *const u8) -> __m256i {
     let t = _mm_loadu_si128(p as *const __m128i);
     _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(t), t), _mm256_set1_epi8(0x0f))
 }

@@ -1,0 +1,150 @@
+//! `kiln run`, `logits`, `perplexity` and `bench` per CLI.md on the default model: JSON
+//! shapes, greedy ids against llama.cpp's oracle, and clear errors for impossible settings.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value as Json;
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+}
+
+fn json_out(out: &Output) -> Json {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let s = String::from_utf8(out.stdout.clone()).unwrap();
+    assert_eq!(s.matches('\n').count(), 1, "one line of JSON: {s}");
+    serde_json::from_str(&s).unwrap()
+}
+
+#[track_caller]
+fn fails(out: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(out.stdout.is_empty());
+    assert!(err.starts_with("error: ") && err.contains(want), "stderr: {err}");
+}
+
+fn oracle_case(i: usize) -> Json {
+    let s = std::fs::read_to_string(fixture("oracle/SmolLM2-135M-Instruct.Q4_1/greedy.json")).unwrap();
+    serde_json::from_str::<Json>(&s).unwrap()["cases"][i].clone()
+}
+
+#[test]
+fn run_raw_greedy_matches_llama_cpp() {
+    let case = oracle_case(0);
+    let prompt = case["prompt"].as_str().unwrap();
+    let out = kiln(&["run", "--raw", "--temp", "0", "-n", "48", "-t", "2", "--json", "-p", prompt]);
+    let j = json_out(&out);
+    assert_eq!(j["prompt_ids"], case["prompt_ids"]);
+    assert_eq!(j["ids"], case["ids"], "the oracle's first prompt has no near-tie");
+    assert_eq!(j["text"], case["text"]);
+    assert_eq!(j["finish_reason"], "length");
+    for k in ["load_ms", "prompt_n", "prompt_ms", "prompt_tok_s", "gen_n", "gen_ms", "gen_tok_s"] {
+        assert!(j["timings"][k].is_number(), "timings.{k}");
+    }
+}
+
+#[test]
+fn run_streams_only_the_text() {
+    let case = oracle_case(0);
+    let out = kiln(&["run", "--raw", "--temp", "0", "-n", "12", "-p", case["prompt"].as_str().unwrap()]);
+    assert!(out.status.success());
+    let want: String = {
+        let j = json_out(&kiln(&[
+            "run",
+            "--raw",
+            "--temp",
+            "0",
+            "-n",
+            "12",
+            "--json",
+            "-p",
+            case["prompt"].as_str().unwrap(),
+        ]));
+        j["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), want);
+}
+
+#[test]
+fn run_chat_mode_and_stop_string() {
+    let j = json_out(&kiln(&[
+        "run",
+        "--temp",
+        "0",
+        "-n",
+        "64",
+        "--json",
+        "--stop",
+        ".",
+        "-p",
+        "Why is the sky blue?",
+    ]));
+    // ChatML: the prompt starts with <|im_start|> (id 1) and ends with the assistant header.
+    assert_eq!(j["prompt_ids"][0], 1);
+    let text = j["text"].as_str().unwrap();
+    assert!(["stop", "eog", "length"].contains(&j["finish_reason"].as_str().unwrap()));
+    if j["finish_reason"] == "stop" {
+        assert!(!text.contains('.'), "text is cut before the stop string: {text:?}");
+    }
+}
+
+#[test]
+fn logits_json_shape() {
+    let j = json_out(&kiln(&["logits", "--raw", "-p", "My favourite fruit is the", "--top", "5", "--json"]));
+    assert_eq!(j["n_vocab"], 49152);
+    let top = j["top"].as_array().unwrap();
+    assert_eq!(top.len(), 5);
+    let v: Vec<f64> = top.iter().map(|p| p[1].as_f64().unwrap()).collect();
+    assert!(v.windows(2).all(|w| w[0] >= w[1]));
+    // llama.cpp's argmax for this prompt (oracle top_logits.json).
+    assert_eq!(top[0][0], 12619);
+}
+
+#[test]
+fn perplexity_json_shape() {
+    let text = fixture("oracle/ppl.txt");
+    let j = json_out(&kiln(&[
+        "perplexity",
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--chunks",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(j["chunks"], 2);
+    assert_eq!(j["n_ctx"], 128);
+    assert_eq!(j["n_scored"], 2 * 63);
+    assert!(j["ppl"].as_f64().unwrap() > 1.0);
+}
+
+#[test]
+fn bench_json_shape() {
+    let j = json_out(&kiln(&["bench", "-p", "16", "-n", "4", "-r", "2", "-t", "2", "--json"]));
+    let rows = j.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["test"], "pp16");
+    assert_eq!(rows[1]["test"], "tg4");
+    assert!(rows[0]["gbps"].is_null() && rows[1]["gbps"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows[1]["samples_ns"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn impossible_settings_are_errors() {
+    fails(&kiln(&["run", "-c", "100000", "-p", "hi"]), "trained context");
+    let long = "word ".repeat(200);
+    fails(&kiln(&["run", "--raw", "-c", "64", "-p", &long]), "does not fit the context");
+    fails(&kiln(&["run", "--top-p", "1.5", "-p", "hi"]), "top_p");
+    fails(&kiln(&["run", "--device", "tpu", "-p", "hi"]), "unknown device");
+    fails(&kiln(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"]), "model.gguf");
+    fails(&kiln(&["perplexity", "-c", "4096", "-p", "too short"]), "needs at least");
+    let usage = kiln(&["run", "--temp"]);
+    assert_eq!(usage.status.code(), Some(2));
+}
