@@ -177,10 +177,6 @@ impl Recorder {
         pass.set_pipeline(pipe);
         pass.set_bind_group(0, &bg, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        drop(pass);
-        if std::env::var("KILN_GPU_SYNC").is_ok() {
-            self.submit(ctx);
-        }
     }
 
     /// Submits what was recorded (parameter words first).

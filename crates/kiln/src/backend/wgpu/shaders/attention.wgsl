@@ -47,45 +47,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         q16[d] = f16r(qs[th * hd + d]);
     }
     workgroupBarrier();
+    // Scores are computed a tile at a time (one key per invocation); the softmax update
+    // then walks the tile's keys in order with an f16 accumulator, as ggml's CPU
+    // flash-attention "one chunk" path and kiln's CPU backend do.
     var m = -3.0e38;
     var ssum = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     for (var p0 = first; p0 <= pos; p0 = p0 + WG) {
         let p = p0 + lid;
-        var sc = -3.0e38;
-        var base = 0u;
         if p <= pos {
             let slot = prm[tab + p / bs] * bs + p % bs;
-            base = slot * kv_dim + kvh * hd;
+            let base = slot * kv_dim + kvh * hd;
             var dot = 0.0;
             for (var d = 0u; d < hd; d = d + 2u) {
                 let kk = unpack2x16float(kc[(base + d) >> 1u]);
                 dot = dot + q16[d] * kk.x + q16[d + 1u] * kk.y;
             }
-            sc = dot * scale;
+            pj[lid] = dot * scale;
+            bj[lid] = base;
         }
-        let mn = max(m, wg_max(sc, lid));
-        var e = 0.0;
-        if p <= pos {
-            e = exp(sc - mn);
-        }
-        pj[lid] = e;
-        bj[lid] = base;
-        let tsum = wg_sum(e, lid);
-        let corr = exp(m - mn);
-        ssum = ssum * corr + tsum;
+        workgroupBarrier();
         let nv = min(WG, pos - p0 + 1u);
-        for (var i = 0u; i < 4u; i = i + 1u) {
-            let d = lid + i * WG;
-            if d < hd {
-                var a = acc[i] * corr;
-                for (var j = 0u; j < nv; j = j + 1u) {
-                    a = a + pj[j] * kv_at(true, bj[j] + d);
-                }
-                acc[i] = a;
+        for (var j = 0u; j < nv; j = j + 1u) {
+            let sc = pj[j];
+            var ms = 1.0;
+            var vs = 1.0;
+            if sc > m {
+                ms = exp(m - sc);
+                m = sc;
+            } else {
+                vs = exp(sc - m);
             }
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                let d = lid + i * WG;
+                if d < hd {
+                    var a = acc[i];
+                    if ms != 1.0 {
+                        a = f16r(a * ms);
+                    }
+                    acc[i] = f16r(fma(kv_at(true, bj[j] + d), vs, a));
+                }
+            }
+            ssum = ssum * ms + vs;
         }
-        m = mn;
         workgroupBarrier();
     }
     let inv = select(0.0, 1.0 / ssum, ssum != 0.0);
