@@ -116,6 +116,38 @@ pub(crate) struct EngineInner {
     pub sha256: OnceLock<String>,
 }
 
+#[cfg(feature = "gpu")]
+type GpuBackend = crate::backend::wgpu::GpuBackend;
+#[cfg(not(feature = "gpu"))]
+type GpuBackend = ();
+
+/// The GPU backend the device asks for: `gpu` takes any GPU adapter (a software one too)
+/// and fails without one; `auto` takes a hardware GPU only, else the CPU runs the model.
+fn gpu_backend(device: Device) -> Result<Option<GpuBackend>> {
+    #[cfg(feature = "gpu")]
+    {
+        use crate::backend::wgpu::AdapterPolicy;
+        match device {
+            Device::Cpu => Ok(None),
+            Device::Gpu => GpuBackend::new(AdapterPolicy::AnyGpu).map(Some),
+            Device::Auto => Ok(GpuBackend::new(AdapterPolicy::HardwareOnly).ok()),
+        }
+    }
+    #[cfg(not(feature = "gpu"))]
+    match device {
+        Device::Gpu => Err(KilnError::Backend("this kiln was built without the `gpu` feature".into())),
+        _ => Ok(None),
+    }
+}
+
+/// A runner behind the object-safe trait, with its prefix cache bounded to `blocks`.
+fn boxed<B: crate::backend::Backend>(r: ModelRunner<B>, blocks: Option<usize>) -> Box<dyn Runner> {
+    Box::new(match blocks {
+        Some(n) => r.with_prefix_cache(n),
+        None => r,
+    })
+}
+
 /// A loaded model. Cloning is cheap (an `Arc`); sessions hold one.
 #[derive(Clone)]
 pub struct Engine {
@@ -149,17 +181,14 @@ impl Engine {
         }
         let template = ChatTemplate::from_gguf(&gguf)?;
         let n_threads = opts.n_threads.unwrap_or_else(default_threads).max(1);
-        let runner: Box<dyn Runner> = match opts.device {
-            Device::Auto | Device::Cpu => {
+        let (n_slots, n_ubatch) = (n_ctx * opts.n_seq, opts.n_batch.min(n_ctx));
+        let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
+        let runner: Box<dyn Runner> = match gpu_backend(opts.device)? {
+            #[cfg(feature = "gpu")]
+            Some(gpu) => boxed(ModelRunner::new(Model::load(&gguf, gpu)?, n_slots, n_ubatch)?, prefix_blocks),
+            _ => {
                 let model = Model::load(&gguf, CpuBackend::new(n_threads))?;
-                let runner = ModelRunner::new(model, n_ctx * opts.n_seq, opts.n_batch.min(n_ctx))?;
-                Box::new(match opts.prefix_cache_tokens {
-                    Some(n) => runner.with_prefix_cache(n / crate::kv::BLOCK_SIZE),
-                    None => runner,
-                })
-            }
-            Device::Gpu => {
-                return Err(KilnError::Backend("no GPU backend is built into this kiln yet".into()))
+                boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks)
             }
         };
         let load_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -2,6 +2,8 @@
 //! contains a model; the model code (`model::forward`) is written once against this trait.
 
 pub mod cpu;
+#[cfg(feature = "gpu")]
+pub mod wgpu;
 
 use std::sync::Arc;
 

@@ -1,0 +1,229 @@
+//! The device layer: adapter choice, device and limits, and the recorder that batches
+//! every op of a forward into one command submission (flushed by a read-back).
+
+use ::wgpu;
+
+use crate::error::{KilnError, Result};
+
+/// Which adapters may be chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterPolicy {
+    /// A hardware GPU, else a software Vulkan one (lavapipe): `--device gpu`.
+    AnyGpu,
+    /// Hardware only, never a CPU-type adapter: `--device auto`.
+    HardwareOnly,
+}
+
+/// A wgpu device with the limits and features the kernels were built for.
+pub struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    /// Subgroup reductions in use (false: the portable fallback, or KILN_GPU_FALLBACK=1).
+    pub subgroups: bool,
+    /// Largest storage binding in bytes (weights larger than this are split by rows).
+    pub max_binding: u64,
+    pub max_buffer: u64,
+    /// Storage-buffer offset alignment for the per-op parameter words.
+    pub align: u64,
+}
+
+fn rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+impl Context {
+    /// Opens the best adapter the policy allows; `force_fallback` disables subgroups.
+    pub fn new(policy: AdapterPolicy, force_fallback: bool) -> Result<Context> {
+        // Vulkan on Linux and Windows, Metal on Apple, DX12 on Windows; never GL.
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+        let instance = wgpu::Instance::new(desc);
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(desc_backends()));
+        adapters
+            .retain(|a| policy == AdapterPolicy::AnyGpu || a.get_info().device_type != wgpu::DeviceType::Cpu);
+        adapters.sort_by_key(|a| rank(a.get_info().device_type));
+        let adapter = adapters.into_iter().next().ok_or_else(|| {
+            KilnError::Backend(match policy {
+                AdapterPolicy::AnyGpu => "no GPU adapter found (Vulkan, Metal or DX12)".into(),
+                AdapterPolicy::HardwareOnly => "no hardware GPU adapter found".into(),
+            })
+        })?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let subgroups = !force_fallback && adapter.features().contains(wgpu::Features::SUBGROUP);
+        let features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kiln"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| KilnError::Backend(format!("cannot open {}: {e}", info.name)))?;
+        Ok(Context {
+            device,
+            queue,
+            info,
+            subgroups,
+            max_binding: limits.max_storage_buffer_binding_size as u64,
+            max_buffer: limits.max_buffer_size,
+            align: (limits.min_storage_buffer_offset_alignment as u64).max(4),
+        })
+    }
+
+    pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
+        let size = bytes.max(4).next_multiple_of(4);
+        if size > self.max_binding || size > self.max_buffer {
+            return Err(KilnError::Backend(format!(
+                "{label}: {size} bytes exceed the device's storage binding limit ({} bytes)",
+                self.max_binding
+            )));
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A storage buffer holding `bytes` (padded to whole words).
+    pub fn upload(&self, bytes: &[u8], label: &str) -> Result<wgpu::Buffer> {
+        let buf = self.storage(bytes.len() as u64, label)?;
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(&buf, 0, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(&buf, whole as u64, &tail);
+        }
+        Ok(buf)
+    }
+}
+
+fn desc_backends() -> wgpu::Backends {
+    wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12
+}
+
+/// Size of the per-submission parameter arena; a forward needs far less.
+const ARENA: u64 = 4 << 20;
+
+/// Commands recorded since the last submission, and the parameter words they read.
+pub struct Recorder {
+    enc: Option<wgpu::CommandEncoder>,
+    arena: Vec<u8>,
+    arena_buf: wgpu::Buffer,
+    readback: Option<wgpu::Buffer>,
+}
+
+impl Recorder {
+    pub fn new(ctx: &Context) -> Recorder {
+        let arena_buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln params"),
+            size: ARENA,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Recorder { enc: None, arena: Vec::new(), arena_buf, readback: None }
+    }
+
+    fn encoder(&mut self, ctx: &Context) -> &mut wgpu::CommandEncoder {
+        self.enc.get_or_insert_with(|| ctx.device.create_command_encoder(&Default::default()))
+    }
+
+    /// Records one dispatch of `pipe` with `params` at binding 0 and `bufs` after it.
+    pub fn dispatch(
+        &mut self,
+        ctx: &Context,
+        pipe: &wgpu::ComputePipeline,
+        params: &[u32],
+        bufs: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) {
+        let bytes: &[u8] = bytemuck::cast_slice(params);
+        let off = (self.arena.len() as u64).next_multiple_of(ctx.align);
+        if off + bytes.len() as u64 > ARENA {
+            self.submit(ctx);
+        }
+        let off = (self.arena.len() as u64).next_multiple_of(ctx.align);
+        self.arena.resize(off as usize, 0);
+        self.arena.extend_from_slice(bytes);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.arena_buf,
+                offset: off,
+                size: std::num::NonZeroU64::new(bytes.len().max(4) as u64),
+            }),
+        }];
+        for (i, b) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+        }
+        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let enc = self.encoder(ctx);
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(pipe);
+        pass.set_bind_group(0, &bg, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+
+    /// Submits what was recorded (parameter words first).
+    pub fn submit(&mut self, ctx: &Context) {
+        if let Some(enc) = self.enc.take() {
+            if !self.arena.is_empty() {
+                ctx.queue.write_buffer(&self.arena_buf, 0, &self.arena);
+            }
+            ctx.queue.submit([enc.finish()]);
+        }
+        self.arena.clear();
+    }
+
+    /// Copies `out.len()` f32 values from the start of `buf` after everything recorded.
+    pub fn read(&mut self, ctx: &Context, buf: &wgpu::Buffer, out: &mut [f32]) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let bytes = (out.len() * 4) as u64;
+        if self.readback.as_ref().is_none_or(|b| b.size() < bytes) {
+            self.readback = Some(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln readback"),
+                size: bytes.next_power_of_two().max(256),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let rb = self.readback.clone().expect("made above");
+        self.encoder(ctx).copy_buffer_to_buffer(buf, 0, &rb, 0, bytes);
+        self.submit(ctx);
+        let (tx, rx) = std::sync::mpsc::channel();
+        rb.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+            let _ = tx.send(r);
+        });
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| KilnError::Backend(format!("GPU wait failed: {e}")))?;
+        rx.recv()
+            .map_err(|_| KilnError::Backend("GPU read-back was dropped".into()))?
+            .map_err(|e| KilnError::Backend(format!("GPU read-back failed: {e}")))?;
+        {
+            let view = rb
+                .get_mapped_range(0..bytes)
+                .map_err(|e| KilnError::Backend(format!("GPU read-back failed: {e:?}")))?;
+            out.copy_from_slice(bytemuck::cast_slice(&view));
+        }
+        rb.unmap();
+        Ok(())
+    }
+}

@@ -1,0 +1,439 @@
+//! The GPU backend on wgpu: weights uploaded once in their quantized form, one WGSL kernel
+//! per op, every op of a forward recorded into one submission that the read-back flushes.
+//! Vulkan on Linux (lavapipe in CI), Metal and DX12 compile but are untested here.
+
+mod context;
+pub mod kernels;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ::wgpu;
+
+use super::{Activation, AttnPlan, Backend, RopeParams};
+use crate::error::{KilnError, Result};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{self, GgmlType};
+pub use context::AdapterPolicy;
+use context::{Context, Recorder};
+use kernels::{Kernel, Pipelines};
+
+/// Rows of a weight stored in one buffer (weights over the binding limit are split).
+struct Part {
+    buf: wgpu::Buffer,
+    row0: usize,
+    rows: usize,
+}
+
+/// A weight on the device, in its GGUF block format (F32 for vectors).
+pub struct GpuWeight {
+    parts: Vec<Part>,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_size: usize,
+}
+
+/// f32 activations.
+pub struct GpuBuf {
+    buf: wgpu::Buffer,
+    len: usize,
+}
+
+/// f16 KV values, two per u32 word.
+pub struct GpuKv {
+    buf: wgpu::Buffer,
+}
+
+/// Every backend op records at least one dispatch: no op of the forward has a CPU path.
+#[derive(Debug, Default)]
+pub struct OpCounts {
+    pub ops: AtomicU64,
+    pub dispatches: AtomicU64,
+}
+
+impl OpCounts {
+    pub fn get(&self) -> (u64, u64) {
+        (self.ops.load(Ordering::Relaxed), self.dispatches.load(Ordering::Relaxed))
+    }
+}
+
+pub struct GpuBackend {
+    ctx: Context,
+    pipes: Pipelines,
+    rec: Mutex<Recorder>,
+    /// Activations rounded through the weight's dot type before a matmul (grown on demand).
+    act: Mutex<Option<wgpu::Buffer>>,
+    counts: Arc<OpCounts>,
+    /// Weights larger than this are split by rows (the binding limit).
+    split_bytes: u64,
+    /// Matmul with an invocation per weight row (chosen on software adapters).
+    row_per_invocation: bool,
+}
+
+/// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
+fn grid(n_items: usize, per_group: usize) -> [u32; 3] {
+    let g = n_items.div_ceil(per_group).max(1) as u32;
+    if g <= 65535 {
+        [g, 1, 1]
+    } else {
+        [65535, g.div_ceil(65535), 1]
+    }
+}
+
+fn f(x: f32) -> u32 {
+    x.to_bits()
+}
+
+/// ggml's `rope_yarn_corr_dims`.
+fn yarn_corr_dims(r: &RopeParams) -> [f32; 2] {
+    let n_dims = r.n_rot as f32;
+    let corr = |n_rot: f32| {
+        n_dims * (r.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * r.freq_base.ln())
+    };
+    [corr(r.beta_fast).floor().max(0.0), corr(r.beta_slow).ceil().min(n_dims - 1.0)]
+}
+
+impl GpuBackend {
+    /// Opens a device. `KILN_GPU_FALLBACK=1` forces the portable kernels (no subgroups).
+    pub fn new(policy: AdapterPolicy) -> Result<GpuBackend> {
+        let force = std::env::var("KILN_GPU_FALLBACK").is_ok_and(|v| v == "1");
+        Self::with_fallback(policy, force)
+    }
+
+    /// Opens a device; `force_fallback` disables subgroup kernels even where supported.
+    pub fn with_fallback(policy: AdapterPolicy, force_fallback: bool) -> Result<GpuBackend> {
+        let ctx = Context::new(policy, force_fallback)?;
+        let split_bytes = ctx.max_binding.min(ctx.max_buffer);
+        let row_per_invocation = ctx.info.device_type == wgpu::DeviceType::Cpu;
+        let rec = Mutex::new(Recorder::new(&ctx));
+        Ok(GpuBackend {
+            ctx,
+            pipes: Pipelines::default(),
+            rec,
+            act: Mutex::new(None),
+            counts: Arc::default(),
+            split_bytes,
+            row_per_invocation,
+        })
+    }
+
+    /// Whether the subgroup kernels are in use.
+    pub fn subgroups(&self) -> bool {
+        self.ctx.subgroups
+    }
+
+    /// Whether the adapter is a software (CPU-type) one such as lavapipe.
+    pub fn is_software(&self) -> bool {
+        self.ctx.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// Counters of backend ops called and GPU dispatches recorded, shared (they stay
+    /// readable after the backend moves into a model).
+    pub fn counts(&self) -> Arc<OpCounts> {
+        self.counts.clone()
+    }
+
+    /// Uploads f32 values as a weight vector (tests and callers with host data).
+    pub fn upload_f32(&self, v: &[f32]) -> Result<GpuBuf> {
+        let buf = self.ctx.upload(bytemuck::cast_slice(v), "kiln buf")?;
+        Ok(GpuBuf { buf, len: v.len() })
+    }
+
+    /// Picks the matmul kernel: an invocation per weight row (true, the default on software
+    /// adapters) or a workgroup per row (the default on hardware GPUs).
+    pub fn set_row_per_invocation(&mut self, on: bool) {
+        self.row_per_invocation = on;
+    }
+
+    /// Lowers the size weights are split at (tests of the split path).
+    pub fn set_max_binding(&mut self, bytes: u64) {
+        self.split_bytes = self.split_bytes.min(bytes.max(256));
+    }
+
+    /// The activations as a matmul with `ty` weights sees them (x' = d * q), for tests.
+    #[doc(hidden)]
+    pub fn rounded_activations(&self, x: &GpuBuf, ty: GgmlType, n: usize) -> Vec<f32> {
+        let mode = match ty.vec_dot_type() {
+            GgmlType::Q8_0 => 0u32,
+            GgmlType::Q8_1 => 3,
+            GgmlType::Q8_K => 1,
+            _ => 2,
+        };
+        let bs = if mode == 1 { 256 } else { 32 };
+        let act = self.act_buf(n + n / 32);
+        self.run(Kernel::Quantize, &[mode, n as u32], &[&x.buf, &act], grid(n / bs, 64));
+        let mut out = vec![0.0; n];
+        self.lock().read(&self.ctx, &act, &mut out).expect("read-back");
+        out
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.rec.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run(&self, k: Kernel, params: &[u32], bufs: &[&wgpu::Buffer], groups: [u32; 3]) {
+        self.counts.dispatches.fetch_add(1, Ordering::Relaxed);
+        let pipe = self.pipes.get(&self.ctx, k);
+        self.lock().dispatch(&self.ctx, &pipe, params, bufs, groups);
+    }
+
+    fn op(&self) {
+        self.counts.ops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The activation scratch, at least `n` values.
+    fn act_buf(&self, n: usize) -> wgpu::Buffer {
+        let mut act = self.act.lock().unwrap_or_else(|e| e.into_inner());
+        if act.as_ref().is_none_or(|b| b.size() < (n * 4) as u64) {
+            let b = self.ctx.storage((n * 4) as u64, "kiln act").expect("activation fits as its source does");
+            *act = Some(b);
+        }
+        act.clone().expect("set above")
+    }
+}
+
+impl Backend for GpuBackend {
+    type Weight = GpuWeight;
+    type Buf = GpuBuf;
+    type Kv = GpuKv;
+
+    fn name(&self) -> String {
+        let i = &self.ctx.info;
+        let path = if self.ctx.subgroups { "subgroups" } else { "fallback" };
+        format!("gpu ({}, {:?}, {path})", i.name, i.backend)
+    }
+
+    fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<GpuWeight> {
+        let err = |msg: String| KilnError::Tensor { name: t.name.clone(), msg };
+        if !t.ty.is_supported() {
+            return Err(err(format!("unsupported tensor type {}", t.ty.name())));
+        }
+        let (rows, cols) = t.rows_cols();
+        let start = (gguf.data_offset + t.offset) as usize;
+        let raw = gguf
+            .bytes()
+            .get(start..start + t.size as usize)
+            .ok_or_else(|| err("data out of bounds".into()))?;
+        // Vectors go up as f32; matrices in their own format when a kernel reads it, else f16.
+        let (ty, data): (GgmlType, std::borrow::Cow<[u8]>) = if rows == 1 && t.ty != GgmlType::F32 {
+            let mut v = vec![0f32; cols];
+            quant::dequantize_row(t.ty, raw, &mut v)?;
+            (GgmlType::F32, bytemuck::cast_slice(&v).to_vec().into())
+        } else if kernels::gpu_weight_type(t.ty) {
+            (t.ty, raw.into())
+        } else {
+            let mut v = vec![0f32; cols];
+            let src_row = t.ty.row_size(cols)?;
+            let mut out = Vec::with_capacity(rows * cols * 2);
+            for r in 0..rows {
+                quant::dequantize_row(t.ty, &raw[r * src_row..(r + 1) * src_row], &mut v)?;
+                out.extend(v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()));
+            }
+            (GgmlType::F16, out.into())
+        };
+        if cols % 32 != 0 && rows > 1 {
+            return Err(err(format!("row length {cols} is not a multiple of 32")));
+        }
+        let row_size = ty.row_size(cols)?;
+        let per_part = ((self.split_bytes as usize - 4) / row_size).max(1);
+        let mut parts = Vec::new();
+        for row0 in (0..rows).step_by(per_part) {
+            let n = per_part.min(rows - row0);
+            let buf = self.ctx.upload(&data[row0 * row_size..(row0 + n) * row_size], &t.name)?;
+            // Bound the staging memory of big models: let each part's copy go out.
+            self.ctx.queue.submit([]);
+            parts.push(Part { buf, row0, rows: n });
+        }
+        Ok(GpuWeight { parts, ty, rows, cols, row_size })
+    }
+
+    fn weight_shape(&self, w: &GpuWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn alloc(&self, len: usize) -> Result<GpuBuf> {
+        Ok(GpuBuf { buf: self.ctx.storage((len * 4) as u64, "kiln buf")?, len })
+    }
+
+    fn alloc_kv(&self, len: usize) -> Result<GpuKv> {
+        Ok(GpuKv { buf: self.ctx.storage(len.div_ceil(2) as u64 * 4, "kiln kv")? })
+    }
+
+    fn read(&self, buf: &GpuBuf, out: &mut [f32]) {
+        assert!(out.len() <= buf.len, "read of {} values from a buffer of {}", out.len(), buf.len);
+        self.lock().read(&self.ctx, &buf.buf, out).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn embed(&self, table: &GpuWeight, ids: &[u32], scale: f32, out: &mut GpuBuf) -> Result<()> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows) {
+            return Err(KilnError::invalid(format!(
+                "token id {id} is outside the vocabulary ({})",
+                table.rows
+            )));
+        }
+        self.op();
+        let nc = table.cols / 32;
+        for p in &table.parts {
+            let mut prm = vec![
+                ids.len() as u32,
+                table.cols as u32,
+                table.row_size as u32,
+                p.row0 as u32,
+                p.rows as u32,
+                f(scale),
+            ];
+            prm.extend_from_slice(ids);
+            self.run(Kernel::Embed(table.ty), &prm, &[&p.buf, &out.buf], grid(ids.len() * nc, 64));
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &GpuBuf, w: &GpuWeight, eps: f32, rows: usize, dim: usize, out: &mut GpuBuf) {
+        self.op();
+        let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32];
+        self.run(Kernel::RmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf], grid(rows, 1));
+    }
+
+    fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
+        self.op();
+        let k = w.cols;
+        let mode = match w.ty.vec_dot_type() {
+            GgmlType::Q8_0 => Some((0u32, 32)),
+            GgmlType::Q8_1 => Some((3, 32)),
+            GgmlType::Q8_K => Some((1, 256)),
+            GgmlType::F16 => Some((2, 32)),
+            _ => None,
+        };
+        let act;
+        let sums = if mode.is_some_and(|m| m.0 == 3) { (rows * k) as u32 } else { 0 };
+        let src = match mode {
+            Some((mode, bs)) => {
+                let n = rows * k;
+                act = self.act_buf(n + n / 32);
+                self.run(Kernel::Quantize, &[mode, n as u32], &[&x.buf, &act], grid(n / bs, 64));
+                &act
+            }
+            None => &x.buf,
+        };
+        for p in &w.parts {
+            let prm =
+                [p.rows as u32, k as u32, rows as u32, w.row_size as u32, w.rows as u32, p.row0 as u32, sums];
+            let (kernel, mut g) = if self.row_per_invocation {
+                (Kernel::MatmulRows(w.ty), grid(p.rows, 64))
+            } else {
+                (Kernel::Matmul(w.ty), grid(p.rows, 1))
+            };
+            g[2] = rows.div_ceil(8) as u32;
+            self.run(kernel, &prm, &[&p.buf, src, &out.buf], g);
+        }
+    }
+
+    fn add_bias(&self, x: &mut GpuBuf, b: &GpuWeight, rows: usize) {
+        self.op();
+        let n = b.rows * b.cols;
+        self.run(
+            Kernel::AddBias,
+            &[(rows * n) as u32, n as u32],
+            &[&x.buf, &b.parts[0].buf],
+            grid(rows * n, 64),
+        );
+    }
+
+    fn rope(&self, x: &mut GpuBuf, pos: &[u32], n_head: usize, head_dim: usize, r: &RopeParams) {
+        self.op();
+        let corr = yarn_corr_dims(r);
+        let theta_scale = r.freq_base.powf(-2.0 / r.n_rot as f32);
+        let ff_off = if r.freq_factors.is_some() { 12 + pos.len() as u32 } else { 0 };
+        let mut prm = vec![
+            pos.len() as u32,
+            n_head as u32,
+            head_dim as u32,
+            r.n_rot as u32,
+            r.neox as u32,
+            f(theta_scale),
+            f(r.freq_scale),
+            f(r.ext_factor),
+            f(r.attn_factor),
+            f(corr[0]),
+            f(corr[1]),
+            ff_off,
+        ];
+        prm.extend_from_slice(pos);
+        if let Some(ff) = &r.freq_factors {
+            prm.extend(ff.iter().map(|&v| f(v)));
+        }
+        self.run(Kernel::Rope, &prm, &[&x.buf], grid(pos.len() * n_head * r.n_rot / 2, 64));
+    }
+
+    fn kv_store(&self, kc: &mut GpuKv, vc: &mut GpuKv, k: &GpuBuf, v: &GpuBuf, slots: &[u32], dim: usize) {
+        self.op();
+        let mut prm = vec![slots.len() as u32, dim as u32];
+        prm.extend_from_slice(slots);
+        self.run(Kernel::KvStore, &prm, &[&k.buf, &v.buf, &kc.buf, &vc.buf], grid(slots.len() * dim / 2, 64));
+    }
+
+    fn attention(&self, q: &GpuBuf, kc: &GpuKv, vc: &GpuKv, plan: &AttnPlan, out: &mut GpuBuf) {
+        self.op();
+        assert!(
+            plan.head_dim <= 256 && plan.head_dim % 2 == 0,
+            "GPU attention supports even head_dim up to 256, not {}",
+            plan.head_dim
+        );
+        let n_tok = plan.pos.len();
+        let tok_off = 8u32;
+        let tab_off = tok_off + 3 * n_tok as u32;
+        let mut table_off = Vec::with_capacity(plan.tables.len());
+        let mut tables = Vec::new();
+        for t in plan.tables {
+            table_off.push(tables.len() as u32);
+            tables.extend_from_slice(t);
+        }
+        let mut prm = vec![
+            n_tok as u32,
+            plan.n_head as u32,
+            plan.n_head_kv as u32,
+            plan.head_dim as u32,
+            f(plan.scale),
+            plan.block_size as u32,
+            tok_off,
+            tab_off,
+        ];
+        for i in 0..n_tok {
+            prm.extend_from_slice(&[plan.pos[i], plan.first_pos(i), table_off[plan.seq[i] as usize]]);
+        }
+        prm.extend_from_slice(&tables);
+        self.run(
+            Kernel::Attention,
+            &prm,
+            &[&q.buf, &kc.buf, &vc.buf, &out.buf],
+            grid(n_tok * plan.n_head, 1),
+        );
+    }
+
+    fn glu(&self, gate: &mut GpuBuf, up: &GpuBuf, act: Activation, len: usize) {
+        self.op();
+        let a = match act {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+        };
+        self.run(Kernel::Glu, &[len as u32, a], &[&gate.buf, &up.buf], grid(len, 64));
+    }
+
+    fn add(&self, x: &mut GpuBuf, y: &GpuBuf, scale: f32, len: usize) {
+        self.op();
+        self.run(Kernel::Add, &[len as u32, f(scale)], &[&x.buf, &y.buf], grid(len, 64));
+    }
+
+    fn scale(&self, x: &mut GpuBuf, s: f32, len: usize) {
+        self.op();
+        self.run(Kernel::Scale, &[len as u32, f(s)], &[&x.buf], grid(len, 64));
+    }
+
+    fn gather_rows(&self, x: &GpuBuf, rows: &[u32], dim: usize, out: &mut GpuBuf) {
+        self.op();
+        let mut prm = vec![(rows.len() * dim) as u32, dim as u32];
+        prm.extend_from_slice(rows);
+        self.run(Kernel::Gather, &prm, &[&out.buf, &x.buf], grid(rows.len() * dim, 64));
+    }
+}

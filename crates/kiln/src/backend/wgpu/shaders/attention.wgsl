@@ -1,0 +1,102 @@
+// Causal attention over the f16 KV cache (GQA, sliding window, block tables): one
+// workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
+// Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256.
+// prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off;
+// per token at tok_off: pos, first_pos, table offset (into tab_off) of its sequence.
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> qs: array<f32>;
+@group(0) @binding(2) var<storage, read> kc: array<u32>;
+@group(0) @binding(3) var<storage, read> vc: array<u32>;
+@group(0) @binding(4) var<storage, read_write> ys: array<f32>;
+
+var<workgroup> q16: array<f32, 256>;
+var<workgroup> pj: array<f32, 64>;
+var<workgroup> bj: array<u32, 64>;
+
+fn kv_at(buf_is_v: bool, e: u32) -> f32 {
+    var w: u32;
+    if buf_is_v {
+        w = vc[e >> 1u];
+    } else {
+        w = kc[e >> 1u];
+    }
+    return unpack2x16float(w >> ((e & 1u) * 16u)).x;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32 /*SG*/) {
+    /*SGI*/
+    let th = wid.y * nwg.x + wid.x;
+    let n_head = prm[1];
+    if th >= prm[0] * n_head {
+        return;
+    }
+    let t = th / n_head;
+    let h = th % n_head;
+    let hd = prm[3];
+    let kvh = h / (n_head / prm[2]);
+    let kv_dim = prm[2] * hd;
+    let scale = pf(4u);
+    let bs = prm[5];
+    let ti = prm[6] + 3u * t;
+    let pos = prm[ti];
+    let first = prm[ti + 1u];
+    let tab = prm[7] + prm[ti + 2u];
+    for (var d = lid; d < hd; d = d + WG) {
+        q16[d] = f16r(qs[th * hd + d]);
+    }
+    workgroupBarrier();
+    // Scores are computed a tile at a time (one key per invocation); the softmax update
+    // then walks the tile's keys in order with an f16 accumulator, as ggml's CPU
+    // flash-attention "one chunk" path and kiln's CPU backend do.
+    var m = -3.0e38;
+    var ssum = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    for (var p0 = first; p0 <= pos; p0 = p0 + WG) {
+        let p = p0 + lid;
+        if p <= pos {
+            let slot = prm[tab + p / bs] * bs + p % bs;
+            let base = slot * kv_dim + kvh * hd;
+            var dot = 0.0;
+            for (var d = 0u; d < hd; d = d + 2u) {
+                let kk = unpack2x16float(kc[(base + d) >> 1u]);
+                dot = dot + q16[d] * kk.x + q16[d + 1u] * kk.y;
+            }
+            pj[lid] = dot * scale;
+            bj[lid] = base;
+        }
+        workgroupBarrier();
+        let nv = min(WG, pos - p0 + 1u);
+        for (var j = 0u; j < nv; j = j + 1u) {
+            let sc = pj[j];
+            var ms = 1.0;
+            var vs = 1.0;
+            if sc > m {
+                ms = exp(m - sc);
+                m = sc;
+            } else {
+                vs = exp(sc - m);
+            }
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                let d = lid + i * WG;
+                if d < hd {
+                    var a = acc[i];
+                    if ms != 1.0 {
+                        a = f16r(a * ms);
+                    }
+                    acc[i] = f16r(fma(kv_at(true, bj[j] + d), vs, a));
+                }
+            }
+            ssum = ssum * ms + vs;
+        }
+        workgroupBarrier();
+    }
+    let inv = select(0.0, 1.0 / ssum, ssum != 0.0);
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let d = lid + i * WG;
+        if d < hd {
+            ys[th * hd + d] = acc[i] * inv;
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Parity of every GPU kernel with the CPU backend (whose kernels are tested against the
+//! scalar references), on both GPU paths: subgroups where the adapter has them, and the
+//! forced portable fallback. Needs a Vulkan adapter; lavapipe (mesa-vulkan-drivers) does.
+#![cfg(feature = "gpu")]
+
+use std::sync::Arc;
+
+use kiln::backend::cpu::CpuBackend;
+use kiln::backend::wgpu::{AdapterPolicy, GpuBackend};
+use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
+use kiln::gguf::{GgufFile, GgufWriter};
+use kiln::quant::{self, GgmlType};
+
+const K: usize = 512;
+const ROWS: usize = 37;
+const TYPES: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    // Read by no kernel: widened to F16 at upload.
+    GgmlType::Q5_1,
+    GgmlType::Q3_K,
+];
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+/// A GGUF holding one matrix of each type, inputs (as F32 tables fed through `embed`),
+/// a norm weight and a bias.
+fn model() -> Arc<GgufFile> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut w = GgufWriter::new();
+    for ty in TYPES {
+        let v = rng.vec(ROWS * K);
+        let mut data = vec![0u8; ty.row_size(K).unwrap() * ROWS];
+        quant::quantize_row(ty, &v, &mut data).unwrap();
+        w.add_tensor(format!("w.{}", ty.name()), ty, &[K as u64, ROWS as u64], data).unwrap();
+    }
+    w.add_f32("x", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
+    w.add_f32("y", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
+    let gate: Vec<f32> = rng.vec(16 * K).iter().map(|v| v * 12.0).collect();
+    w.add_f32("gate", &[K as u64, 16], &gate).unwrap();
+    w.add_f32("norm", &[K as u64], &rng.vec(K)).unwrap();
+    w.add_f32("headnorm", &[64], &rng.vec(64)).unwrap();
+    w.add_f32("bias", &[K as u64], &rng.vec(K)).unwrap();
+    Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
+}
+
+fn gpus() -> Vec<GpuBackend> {
+    let fast = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false)
+        .expect("no Vulkan adapter: install mesa-vulkan-drivers (lavapipe) to run the GPU tests");
+    let slow = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, true).unwrap();
+    assert!(!slow.subgroups());
+    eprintln!("GPU paths: {} | {}", fast.name(), slow.name());
+    vec![fast, slow]
+}
+
+fn weight<B: Backend>(b: &B, g: &Arc<GgufFile>, name: &str) -> B::Weight {
+    b.load_weight(g, g.tensor(name).unwrap()).unwrap()
+}
+
+/// The first `n` rows of an F32 table, as a device buffer of `cap` values.
+fn input<B: Backend>(b: &B, g: &Arc<GgufFile>, name: &str, n: usize, cap: usize) -> B::Buf {
+    let mut buf = b.alloc(cap.max(n * K)).unwrap();
+    let ids: Vec<u32> = (0..n as u32).collect();
+    b.embed(&weight(b, g, name), &ids, 1.0, &mut buf).unwrap();
+    buf
+}
+
+fn read<B: Backend>(b: &B, buf: &B::Buf, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n];
+    b.read(buf, &mut out);
+    out
+}
+
+/// Types no kernel reads are widened to F16 at upload: small differences are expected.
+fn widened(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_1 | GgmlType::Q3_K)
+}
+
+fn compare(what: &str, gpu: &[f32], cpu: &[f32], max_nmse: f64) {
+    let e = nmse(gpu, cpu);
+    assert!(e.is_finite() && e <= max_nmse, "{what}: NMSE {e:e} > {max_nmse:e}");
+}
+
+fn matmul_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, n: usize) -> Vec<f32> {
+    let w = weight(b, g, &format!("w.{}", ty.name()));
+    let x = input(b, g, "x", n, 16 * K);
+    let mut out = b.alloc(16 * ROWS).unwrap();
+    b.matmul(&w, &x, n, &mut out);
+    read(b, &out, n * ROWS)
+}
+
+#[test]
+fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    let mut paths = gpus();
+    // The workgroup-per-row kernel hardware GPUs use, on both reduction paths.
+    for mut g in gpus() {
+        g.set_row_per_invocation(false);
+        paths.push(g);
+    }
+    for gpu in paths {
+        for ty in TYPES {
+            for n in [1, 3, 11] {
+                let c = matmul_out(&cpu, &g, ty, n);
+                let d = matmul_out(&gpu, &g, ty, n);
+                let tol = if widened(ty) { 1e-4 } else { 1e-6 };
+                compare(&format!("matmul {ty} x{n} on {}", gpu.name()), &d, &c, tol);
+                // Row 0 alone and inside a batch: bit-identical.
+                let alone = matmul_out(&gpu, &g, ty, 1);
+                assert_eq!(alone[..ROWS], d[..ROWS], "matmul {ty}: batch of {n} changed row 0");
+            }
+        }
+    }
+}
+
+#[test]
+fn weights_over_the_binding_limit_are_split_by_rows() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for mut gpu in gpus() {
+        gpu.set_max_binding(4096);
+        for ty in [GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::F32] {
+            let c = matmul_out(&cpu, &g, ty, 3);
+            let d = matmul_out(&gpu, &g, ty, 3);
+            compare(&format!("split matmul {ty}"), &d, &c, 1e-6);
+            let ids = [36u32, 0, 17, 5];
+            let emb = |b: &dyn Fn(&mut Vec<f32>)| {
+                let mut v = vec![0.0; 4 * K];
+                b(&mut v);
+                v
+            };
+            let c = emb(&|v| {
+                let mut o = cpu.alloc(4 * K).unwrap();
+                cpu.embed(&weight(&cpu, &g, &format!("w.{}", ty.name())), &ids, 0.5, &mut o).unwrap();
+                cpu.read(&o, v);
+            });
+            let d = emb(&|v| {
+                let mut o = gpu.alloc(4 * K).unwrap();
+                gpu.embed(&weight(&gpu, &g, &format!("w.{}", ty.name())), &ids, 0.5, &mut o).unwrap();
+                gpu.read(&o, v);
+            });
+            compare(&format!("split embed {ty}"), &d, &c, 0.0);
+        }
+    }
+}
+
+#[test]
+fn embed_every_type_is_exact_and_rejects_bad_ids() {
+    let g = model();
+    let cpu = CpuBackend::new(1);
+    let ids = [3u32, 0, 36, 3];
+    for gpu in gpus() {
+        for ty in TYPES {
+            let name = format!("w.{}", ty.name());
+            let run = |b: &dyn Fn(&mut Vec<f32>)| {
+                let mut v = vec![0.0; 4 * K];
+                b(&mut v);
+                v
+            };
+            let c = run(&|v| {
+                let mut o = cpu.alloc(4 * K).unwrap();
+                cpu.embed(&weight(&cpu, &g, &name), &ids, 1.0, &mut o).unwrap();
+                cpu.read(&o, v);
+            });
+            let d = run(&|v| {
+                let mut o = gpu.alloc(4 * K).unwrap();
+                gpu.embed(&weight(&gpu, &g, &name), &ids, 1.0, &mut o).unwrap();
+                gpu.read(&o, v);
+            });
+            compare(&format!("embed {ty}"), &d, &c, if widened(ty) { 1e-6 } else { 0.0 });
+        }
+        let mut o = gpu.alloc(K).unwrap();
+        assert!(gpu.embed(&weight(&gpu, &g, "w.Q4_0"), &[ROWS as u32], 1.0, &mut o).is_err());
+    }
+}
+
+/// Element-wise ops and norms, chained, on `n` rows.
+fn elementwise<B: Backend>(b: &B, g: &Arc<GgufFile>, n: usize) -> Vec<Vec<f32>> {
+    let len = n * K;
+    let mut outs = Vec::new();
+    let x = input(b, g, "x", n, len);
+    let y = input(b, g, "y", n, len);
+    let mut h = b.alloc(len).unwrap();
+    b.rms_norm(&x, &weight(b, g, "norm"), 1e-6, n, K, &mut h);
+    outs.push(read(b, &h, len));
+    // Per-head norm: rows of 64 with a 64-value weight.
+    b.rms_norm(&x, &weight(b, g, "headnorm"), 1e-5, n * K / 64, 64, &mut h);
+    outs.push(read(b, &h, len));
+    b.add_bias(&mut h, &weight(b, g, "bias"), n);
+    outs.push(read(b, &h, len));
+    b.add(&mut h, &y, 1.0, len);
+    outs.push(read(b, &h, len));
+    b.add(&mut h, &y, 0.25, len - 7);
+    outs.push(read(b, &h, len));
+    b.scale(&mut h, -1.5, len);
+    outs.push(read(b, &h, len));
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        let mut gate = input(b, g, "gate", n, len);
+        b.glu(&mut gate, &y, act, len);
+        outs.push(read(b, &gate, len));
+    }
+    let mut o = b.alloc(3 * K).unwrap();
+    b.gather_rows(&x, &[(n - 1) as u32, 0, (n / 2) as u32], K, &mut o);
+    outs.push(read(b, &o, 3 * K));
+    outs
+}
+
+#[test]
+fn norms_and_elementwise_ops_match_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    let c = elementwise(&cpu, &g, 5);
+    let names =
+        ["rms_norm", "head rms_norm", "add_bias", "add", "add scaled", "scale", "silu", "gelu", "gather"];
+    for gpu in gpus() {
+        let d = elementwise(&gpu, &g, 5);
+        for ((c, d), name) in c.iter().zip(&d).zip(names) {
+            compare(&format!("{name} on {}", gpu.name()), d, c, 1e-10);
+        }
+    }
+}
+
+fn rope_params(neox: bool, ff: bool, yarn: bool) -> RopeParams {
+    RopeParams {
+        n_rot: 48,
+        neox,
+        freq_base: 10000.0,
+        freq_scale: if yarn { 0.25 } else { 1.0 },
+        ext_factor: if yarn { 1.0 } else { 0.0 },
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig: 4096,
+        freq_factors: ff.then(|| Arc::new((0..24).map(|i| 1.0 + i as f32 * 0.3).collect())),
+    }
+}
+
+fn rope_out<B: Backend>(b: &B, g: &Arc<GgufFile>, r: &RopeParams) -> Vec<f32> {
+    // 4 tokens of 8 heads of 64.
+    let mut x = input(b, g, "x", 4, 4 * K);
+    b.rope(&mut x, &[0, 7, 300, 4095], 8, 64, r);
+    read(b, &x, 4 * K)
+}
+
+#[test]
+fn rope_variants_match_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(1);
+    for gpu in gpus() {
+        for (neox, ff, yarn) in
+            [(false, false, false), (true, false, false), (true, true, false), (false, false, true)]
+        {
+            let r = rope_params(neox, ff, yarn);
+            compare(
+                &format!("rope neox={neox} ff={ff} yarn={yarn}"),
+                &rope_out(&gpu, &g, &r),
+                &rope_out(&cpu, &g, &r),
+                1e-9,
+            );
+        }
+    }
+}
+
+/// Two sequences in a block pool of 32-slot blocks, stored through `kv_store`, then
+/// attended by a batch of query tokens from both (GQA 8:2, head_dim 64).
+fn attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, window: Option<u32>) -> Vec<f32> {
+    let (n_head, n_kv, hd) = (8, 2, 64);
+    let kv_dim = n_kv * hd;
+    let n_slots = 6 * 32;
+    let mut kc = b.alloc_kv(n_slots * kv_dim).unwrap();
+    let mut vc = b.alloc_kv(n_slots * kv_dim).unwrap();
+    let tables: [&[u32]; 2] = [&[4, 1], &[0, 5, 2]];
+    // Keys/values: rows of the x and y tables, kv_dim (128) wide = 4 rows per 512-wide row.
+    let lens = [40usize, 70];
+    for (s, &len) in lens.iter().enumerate() {
+        let slots: Vec<u32> = (0..len).map(|p| tables[s][p / 32] * 32 + (p % 32) as u32).collect();
+        for chunk in slots.chunks(16 * K / kv_dim) {
+            let k = input(b, g, "x", 16, 16 * K);
+            let v = input(b, g, "y", 16, 16 * K);
+            b.kv_store(&mut kc, &mut vc, &k, &v, chunk, kv_dim);
+        }
+    }
+    let pos = [39u32, 10, 69, 0, 33];
+    let seq = [0u32, 0, 1, 1, 1];
+    let q = input(b, g, "gate", 5, 5 * K);
+    let plan = AttnPlan {
+        pos: &pos,
+        seq: &seq,
+        tables: &tables,
+        block_size: 32,
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: hd,
+        scale: 0.125,
+        window,
+    };
+    let mut out = b.alloc(5 * n_head * hd).unwrap();
+    b.attention(&q, &kc, &vc, &plan, &mut out);
+    read(b, &out, 5 * n_head * hd)
+}
+
+#[test]
+fn kv_store_and_attention_match_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for gpu in gpus() {
+        for window in [None, Some(16)] {
+            let c = attention_out(&cpu, &g, window);
+            let d = attention_out(&gpu, &g, window);
+            compare(&format!("attention window {window:?} on {}", gpu.name()), &d, &c, 1e-9);
+        }
+    }
+}
+
+#[test]
+fn every_op_records_gpu_work() {
+    let gpu = &gpus()[1];
+    let g = model();
+    let _ = elementwise(gpu, &g, 2);
+    let _ = attention_out(gpu, &g, None);
+    let (ops, dispatches) = gpu.counts().get();
+    assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
+}
