@@ -1,8 +1,8 @@
-//! Causal attention over the f16 KV cache with an online softmax per query, with the
-//! numerics of ggml's CPU flash-attention "one chunk" path (queries rounded to f16, the V
-//! accumulator kept in f16), which llama.cpp takes for every decode step and for prompts of
-//! fewer than 64 tokens. ggml switches to f32 for longer batches; kiln does not, so that a
-//! row's result never depends on its batch (DESIGN.md, batch invariance).
+//! Causal attention over the f16 KV cache with an online softmax per query, with ggml's CPU
+//! flash-attention numerics: a micro-batch of fewer than 64 queries takes its "one chunk"
+//! path (queries rounded to f16, the V accumulator kept in f16), larger ones its tiled path
+//! (f32). Mirroring this keeps near-ties as llama.cpp has them; the price is that batch
+//! invariance holds within each side of the 64-query switch (the server steps stay below it).
 //!
 //! Flash-style tiling: one task takes a head and a tile of consecutive queries of the same
 //! sequence, and widens each K/V row to f32 once for the whole tile. Every query still
@@ -16,6 +16,8 @@ use super::pool::ThreadPool;
 use crate::backend::AttnPlan;
 use crate::quant::{self, GgmlType, VecDotFn};
 
+/// ggml's GGML_FA_TILE_Q: micro-batches at least this long take the f32 path.
+const FA_TILE_Q: usize = 64;
 /// Queries per task; their accumulators and one K/V row stay in L1.
 const Q_TILE: usize = 8;
 /// Widest head the stack scratch holds; wider heads use heap scratch per task.
@@ -26,7 +28,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
     let n_tok = plan.pos.len();
     let n_tiles = n_tok.div_ceil(Q_TILE);
     let dot = quant::vec_dot_fn(GgmlType::F32);
-    let f16_acc = true;
+    let f16_acc = n_tok < FA_TILE_Q;
     let op = SyncPtr(out.as_mut_ptr());
     pool.run(n_tiles * n_head, &|task| {
         // Heads vary fastest: a decode step's heads spread over the threads.
