@@ -47,8 +47,10 @@ impl Rng {
 
 #[test]
 fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
-        let mut rng = Rng(7);
-    for (ty, n) in [(GgmlType::Q4_1, 576), (GgmlType::Q8_0, 576), (GgmlType::Q4_K, 1536), (GgmlType::Q6_K, 1536)] {
+    let mut rng = Rng(7);
+    for (ty, n) in
+        [(GgmlType::Q4_1, 576), (GgmlType::Q8_0, 576), (GgmlType::Q4_K, 1536), (GgmlType::Q6_K, 1536)]
+    {
         let at = ty.vec_dot_type();
         let (wr, ar) = (ty.row_size(n).unwrap(), at.row_size(n).unwrap());
         let mut w = vec![0u8; wr * TILE];
@@ -69,7 +71,7 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
                 continue;
             };
             tested += 1;
-            let mut got = vec![0f32; TILE * TILE];
+            let mut got = [0f32; TILE * TILE];
             for r in 0..TILE {
                 for t in 0..TILE {
                     got[r * TILE + t] = tk.one(&w[r * wr..][..wr], &a[t * ar..][..ar], n);

@@ -44,17 +44,23 @@ impl CpuWeight {
     }
 }
 
+type VectorCache = std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>;
+
 pub struct CpuBackend {
     pool: ThreadPool,
     /// Small f32 vectors (norm weights, biases) dequantized once at load, keyed by offset.
-    vectors: std::sync::Mutex<std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>>,
+    vectors: std::sync::Mutex<VectorCache>,
     /// Quantized activations of the current matmul, grown to the largest batch once.
     act_buf: std::sync::Mutex<Vec<u8>>,
 }
 
 impl CpuBackend {
     pub fn new(n_threads: usize) -> Self {
-        CpuBackend { pool: ThreadPool::new(n_threads), vectors: Default::default(), act_buf: Default::default() }
+        CpuBackend {
+            pool: ThreadPool::new(n_threads),
+            vectors: Default::default(),
+            act_buf: Default::default(),
+        }
     }
 
     pub fn n_threads(&self) -> usize {
