@@ -71,7 +71,7 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
                 continue;
             };
             tested += 1;
-            let mut got = vec![0f32; TILE * TILE];
+            let mut got = [0f32; TILE * TILE];
             for r in 0..TILE {
                 for t in 0..TILE {
                     got[r * TILE + t] = tk.one(&w[r * wr..][..wr], &a[t * ar..][..ar], n);

@@ -1,8 +1,8 @@
-//! Causal attention over the f16 KV cache with an online softmax per query, with ggml's CPU
-//! flash-attention numerics: a micro-batch of fewer than 64 queries takes its "one chunk"
-//! path (queries rounded to f16, the V accumulator kept in f16), larger ones its tiled path
-//! (f32). Mirroring this keeps near-ties as llama.cpp has them; the price is that batch
-//! invariance holds within each side of the 64-query switch (the server steps stay below it).
+//! Causal attention over the f16 KV cache with an online softmax per query: queries
+//! rounded to f16 for the K dot product (as ggml's flash-attention path), an f32 output
+//! accumulator. (ggml's one-chunk path keeps that accumulator in f16; mirroring it was
+//! tried and flipped a 0.44-margin token of the smollm2 greedy oracle, so kiln keeps f32,
+//! the same for every batch size: batch invariance.)
 //!
 //! Flash-style tiling: one task takes a head and a tile of consecutive queries of the same
 //! sequence, and widens each K/V row to f32 once for the whole tile. Every query still
@@ -16,8 +16,6 @@ use super::pool::ThreadPool;
 use crate::backend::AttnPlan;
 use crate::quant::{self, GgmlType, VecDotFn};
 
-/// ggml's GGML_FA_TILE_Q: micro-batches at least this long take the f32 path.
-const FA_TILE_Q: usize = 64;
 /// Queries per task; their accumulators and one K/V row stay in L1.
 const Q_TILE: usize = 8;
 /// Widest head the stack scratch holds; wider heads use heap scratch per task.
@@ -28,7 +26,6 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
     let n_tok = plan.pos.len();
     let n_tiles = n_tok.div_ceil(Q_TILE);
     let dot = quant::vec_dot_fn(GgmlType::F32);
-    let f16_acc = n_tok < FA_TILE_Q;
     let op = SyncPtr(out.as_mut_ptr());
     pool.run(n_tiles * n_head, &|task| {
         // Heads vary fastest: a decode step's heads spread over the threads.
@@ -49,7 +46,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
                     k: [0.0; MAX_HEAD_DIM],
                     v: [0.0; MAX_HEAD_DIM],
                 };
-                run_tile(q, kc, vc, plan, h, a..b, dot, f16_acc, &mut scratch, op);
+                run_tile(q, kc, vc, plan, h, a..b, dot, &mut scratch, op);
             } else {
                 let hd = plan.head_dim;
                 let mut scratch = Scratch {
@@ -58,7 +55,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
                     k: vec![0.0; hd],
                     v: vec![0.0; hd],
                 };
-                run_tile(q, kc, vc, plan, h, a..b, dot, f16_acc, &mut scratch, op);
+                run_tile(q, kc, vc, plan, h, a..b, dot, &mut scratch, op);
             }
             a = b;
         }
@@ -85,7 +82,6 @@ fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(
     h: usize,
     ts: std::ops::Range<usize>,
     dot: VecDotFn,
-    f16_acc: bool,
     s: &mut Scratch<T, R>,
     op: SyncPtr<f32>,
 ) {
@@ -99,9 +95,7 @@ fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(
         let src = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
         let dst = &mut qs[j * hd..(j + 1) * hd];
         dst.copy_from_slice(src);
-        if f16_acc {
-            round_f16(dst);
-        }
+        round_f16(dst);
     }
     acc.fill(0.0);
     let mut m = [f32::NEG_INFINITY; Q_TILE];
@@ -127,18 +121,11 @@ fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(
                 vs = 1.0;
                 m[j] = score;
                 a.iter_mut().for_each(|a| *a *= ms);
-                if f16_acc {
-                    round_f16(a);
-                }
             } else {
                 ms = 1.0;
                 vs = (score - m[j]).exp();
             }
-            if f16_acc {
-                mad_f16(a, vr, vs);
-            } else {
-                a.iter_mut().zip(vr.iter()).for_each(|(a, &x)| *a += x * vs);
-            }
+            a.iter_mut().zip(vr.iter()).for_each(|(a, &x)| *a += x * vs);
             sum[j] = sum[j] * ms + vs;
         }
     }
@@ -165,16 +152,6 @@ fn round_f16(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
 }
 
-/// `acc = f16(fma(v, s, acc))`: ggml's f16 accumulator update.
-fn mad_f16(acc: &mut [f32], v: &[f32], s: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
-        // SAFETY: the CPU has AVX2, FMA and F16C.
-        return unsafe { simd::mad_f16(acc, v, s) };
-    }
-    acc.iter_mut().zip(v).for_each(|(a, &x)| *a = f16::from_f32(x.mul_add(s, *a)).to_f32());
-}
-
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
@@ -194,21 +171,5 @@ mod simd {
             _mm256_storeu_ps(c.as_mut_ptr(), round8(_mm256_loadu_ps(c.as_ptr())));
         }
         c.into_remainder().iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mad_f16(acc: &mut [f32], v: &[f32], s: f32) {
-        let n = acc.len().min(v.len());
-        let sv = _mm256_set1_ps(s);
-        let mut i = 0;
-        while i + 8 <= n {
-            let a = _mm256_loadu_ps(acc.as_ptr().add(i));
-            let x = _mm256_loadu_ps(v.as_ptr().add(i));
-            _mm256_storeu_ps(acc.as_mut_ptr().add(i), round8(_mm256_fmadd_ps(x, sv, a)));
-            i += 8;
-        }
-        for j in i..n {
-            acc[j] = f16::from_f32(v[j].mul_add(s, acc[j])).to_f32();
-        }
     }
 }

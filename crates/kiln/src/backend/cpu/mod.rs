@@ -44,10 +44,12 @@ impl CpuWeight {
     }
 }
 
+type VectorCache = std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>;
+
 pub struct CpuBackend {
     pool: ThreadPool,
     /// Small f32 vectors (norm weights, biases) dequantized once at load, keyed by offset.
-    vectors: std::sync::Mutex<std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>>,
+    vectors: std::sync::Mutex<VectorCache>,
     /// Quantized activations of the current matmul, grown to the largest batch once.
     act_buf: std::sync::Mutex<Vec<u8>>,
 }

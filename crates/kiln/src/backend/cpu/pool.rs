@@ -155,7 +155,7 @@ fn worker(sh: &Shared) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins < 256 || spins % 64 != 0 {
+            if spins < 256 || !spins.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }

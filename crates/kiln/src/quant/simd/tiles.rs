@@ -9,6 +9,8 @@
 //! The `vnni` instantiations replace `maddubs + madd` by `vpdpbusd`; the integer sums are
 //! the same (no 16-bit saturation occurs for these quant ranges), so the results too.
 
+#![allow(clippy::needless_range_loop)] // r, t index several tile arrays at once
+
 use std::arch::x86_64::*;
 
 use super::super::kquants::scale_min_k4;
@@ -288,7 +290,8 @@ pub const TILE: usize = 4;
 impl TileKernels {
     fn check(&self, w: &[u8], w_rows: usize, a: &[u8], a_rows: usize, n: usize) -> Option<usize> {
         let nb = n / self.bs;
-        let ok = n % self.bs == 0 && w.len() >= w_rows * nb * self.wb && a.len() >= a_rows * nb * self.ab;
+        let ok =
+            n.is_multiple_of(self.bs) && w.len() >= w_rows * nb * self.wb && a.len() >= a_rows * nb * self.ab;
         ok.then_some(nb)
     }
 
