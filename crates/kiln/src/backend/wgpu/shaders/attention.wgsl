@@ -48,8 +48,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     workgroupBarrier();
     // Scores are computed a tile at a time (one key per invocation); the softmax update
-    // then walks the tile's keys in order with an f16 accumulator, as ggml's CPU
-    // flash-attention "one chunk" path and kiln's CPU backend do.
+    // then walks the tile's keys in order with an f32 accumulator, as kiln's CPU
+    // backend does (same order for every batch: batch invariance).
     var m = -3.0e38;
     var ssum = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -81,11 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let d = lid + i * WG;
                 if d < hd {
-                    var a = acc[i];
-                    if ms != 1.0 {
-                        a = f16r(a * ms);
-                    }
-                    acc[i] = f16r(fma(kv_at(true, bj[j] + d), vs, a));
+                    acc[i] = acc[i] * ms + kv_at(true, bj[j] + d) * vs;
                 }
             }
             ssum = ssum * ms + vs;
