@@ -140,7 +140,7 @@ fn bench_json_shape() {
 fn impossible_settings_are_errors() {
     fails(&kiln(&["run", "-c", "100000", "-p", "hi"]), "trained context");
     let long = "word ".repeat(200);
-    fails(&kiln(&["run", "--raw", "-c", "64", "-p", &long]), "does not fit the context");
+    fails(&kiln(&["run", "--raw", "-c", "64", "-p", &long]), "more than the context");
     fails(&kiln(&["run", "--top-p", "1.5", "-p", "hi"]), "top_p");
     fails(&kiln(&["run", "--device", "tpu", "-p", "hi"]), "unknown device");
     fails(&kiln(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"]), "model.gguf");
