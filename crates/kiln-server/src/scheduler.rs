@@ -294,6 +294,8 @@ impl Scheduler {
                 let idle = self.idle.swap_remove(i);
                 let keep = n.min(job.prompt.len() - 1);
                 runner.truncate_seq(idle.seq, keep);
+                // The prefix cache may drop a shared partial block: read back what is kept.
+                let keep = runner.seq_len(idle.seq);
                 self.shared.metrics.prompt_tokens_cached.fetch_add(keep as u64, Ordering::Relaxed);
                 (idle.seq, keep)
             }
