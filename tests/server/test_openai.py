@@ -208,6 +208,12 @@ class Embeddings(unittest.TestCase):
         self.assertGreater(cos(vecs[0], vecs[1]), cos(vecs[0], vecs[2]))
         self.assertGreater(r.usage.prompt_tokens, 0)
 
+    def test_equals_kiln_embed(self):
+        f = client().embeddings.create(model=MODEL, input="hello world", encoding_format="float").data[0].embedding
+        out = subprocess.run([KILN, "embed", "-m", MODEL, "-c", str(N_CTX), "--normalize", "--json", "hello world"],
+                             capture_output=True, text=True, check=True)
+        self.assertEqual(f, json.loads(out.stdout)["data"][0]["embedding"])
+
     def test_float_equals_base64(self):
         c = client()
         f = c.embeddings.create(model=MODEL, input="hello world", encoding_format="float").data[0].embedding

@@ -55,7 +55,17 @@ fn run_streams_only_the_text() {
     let out = kiln(&["run", "--raw", "--temp", "0", "-n", "12", "-p", case["prompt"].as_str().unwrap()]);
     assert!(out.status.success());
     let want: String = {
-        let j = json_out(&kiln(&["run", "--raw", "--temp", "0", "-n", "12", "--json", "-p", case["prompt"].as_str().unwrap()]));
+        let j = json_out(&kiln(&[
+            "run",
+            "--raw",
+            "--temp",
+            "0",
+            "-n",
+            "12",
+            "--json",
+            "-p",
+            case["prompt"].as_str().unwrap(),
+        ]));
         j["text"].as_str().unwrap().to_string()
     };
     assert_eq!(String::from_utf8(out.stdout).unwrap(), want);
@@ -63,7 +73,18 @@ fn run_streams_only_the_text() {
 
 #[test]
 fn run_chat_mode_and_stop_string() {
-    let j = json_out(&kiln(&["run", "--temp", "0", "-n", "64", "--json", "--stop", ".", "-p", "Why is the sky blue?"]));
+    let j = json_out(&kiln(&[
+        "run",
+        "--temp",
+        "0",
+        "-n",
+        "64",
+        "--json",
+        "--stop",
+        ".",
+        "-p",
+        "Why is the sky blue?",
+    ]));
     // ChatML: the prompt starts with <|im_start|> (id 1) and ends with the assistant header.
     assert_eq!(j["prompt_ids"][0], 1);
     let text = j["text"].as_str().unwrap();
@@ -88,7 +109,16 @@ fn logits_json_shape() {
 #[test]
 fn perplexity_json_shape() {
     let text = fixture("oracle/ppl.txt");
-    let j = json_out(&kiln(&["perplexity", "-f", text.to_str().unwrap(), "-c", "128", "--chunks", "2", "--json"]));
+    let j = json_out(&kiln(&[
+        "perplexity",
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--chunks",
+        "2",
+        "--json",
+    ]));
     assert_eq!(j["chunks"], 2);
     assert_eq!(j["n_ctx"], 128);
     assert_eq!(j["n_scored"], 2 * 63);

@@ -11,13 +11,13 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kiln::embed::{normalize, pool, Pooling};
 use kiln::engine::Engine;
 use kiln::model::{Entry, OutputKind, SeqId};
 use kiln::sample::{Sampler, SamplerParams, StopMatcher};
 use kiln::tokenizer::Detokenizer;
 use tokio::sync::{mpsc::UnboundedSender, oneshot};
 
-use crate::embed::mean_pool_l2;
 use crate::state::Shared;
 
 /// How long a drain lets running requests finish before cancelling them (SIGTERM must
@@ -460,7 +460,12 @@ impl Scheduler {
         runner.free_seq(seq);
         self.shared.metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
         match res {
-            Ok(h) => work.done.push(mean_pool_l2(&h, self.engine.config().n_embd)),
+            Ok(h) => {
+                // The library's pooling, so the vectors equal `kiln embed --normalize`.
+                let mut v = pool(&h, self.engine.config().n_embd, Pooling::Mean).pop().unwrap_or_default();
+                normalize(&mut v);
+                work.done.push(v);
+            }
             Err(e) => {
                 if let Some(w) = self.embeds.pop_front() {
                     let _ = w.job.reply.send(Err(format!("embedding failed: {e}")));

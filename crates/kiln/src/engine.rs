@@ -2,7 +2,7 @@
 //! shared by the sessions that talk to it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use crate::backend::cpu::{default_threads, CpuBackend};
@@ -19,7 +19,9 @@ pub enum Device {
     /// A GPU when one is usable, else the CPU.
     #[default]
     Auto,
+    /// The CPU backend (SIMD chosen at run time).
     Cpu,
+    /// The GPU backend (wgpu).
     Gpu,
 }
 
@@ -48,33 +50,56 @@ pub struct EngineOptions {
     /// Sequences that can hold a full context at once (KV pool = n_ctx × n_seq slots).
     pub n_seq: usize,
     pub device: Device,
+    /// Most tokens the prefix cache keeps computed for reuse (rounded down to blocks of
+    /// 32). `None` (the default): the whole KV pool, `n_ctx × n_seq` tokens; cached
+    /// blocks no sequence uses are evicted, least recently used first, whenever a
+    /// sequence needs room, so the cache never costs memory of its own. `Some(0)` turns
+    /// it off.
+    pub prefix_cache_tokens: Option<usize>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: None, n_threads: None, n_batch: 512, n_seq: 1, device: Device::Auto }
+        EngineOptions {
+            n_ctx: None,
+            n_threads: None,
+            n_batch: 512,
+            n_seq: 1,
+            device: Device::Auto,
+            prefix_cache_tokens: None,
+        }
     }
 }
 
 impl EngineOptions {
+    /// Context per sequence.
     pub fn with_n_ctx(mut self, n: usize) -> Self {
         self.n_ctx = Some(n);
         self
     }
+    /// CPU threads.
     pub fn with_threads(mut self, n: usize) -> Self {
         self.n_threads = Some(n);
         self
     }
+    /// Most tokens per forward pass.
     pub fn with_batch(mut self, n: usize) -> Self {
         self.n_batch = n;
         self
     }
+    /// Sequences that can each hold a full context at once.
     pub fn with_n_seq(mut self, n: usize) -> Self {
         self.n_seq = n;
         self
     }
+    /// Where the model runs.
     pub fn with_device(mut self, d: Device) -> Self {
         self.device = d;
+        self
+    }
+    /// Bounds the prefix cache (see [`EngineOptions::prefix_cache_tokens`]); 0 disables it.
+    pub fn with_prefix_cache_tokens(mut self, n: usize) -> Self {
+        self.prefix_cache_tokens = Some(n);
         self
     }
 }
@@ -87,6 +112,8 @@ pub(crate) struct EngineInner {
     pub template: Option<ChatTemplate>,
     pub n_ctx: usize,
     pub load_ms: f64,
+    /// The model file's sha256 (hex), computed on first use (session files are bound to it).
+    pub sha256: OnceLock<String>,
 }
 
 /// A loaded model. Cloning is cheap (an `Arc`); sessions hold one.
@@ -125,7 +152,11 @@ impl Engine {
         let runner: Box<dyn Runner> = match opts.device {
             Device::Auto | Device::Cpu => {
                 let model = Model::load(&gguf, CpuBackend::new(n_threads))?;
-                Box::new(ModelRunner::new(model, n_ctx * opts.n_seq, opts.n_batch.min(n_ctx))?)
+                let runner = ModelRunner::new(model, n_ctx * opts.n_seq, opts.n_batch.min(n_ctx))?;
+                Box::new(match opts.prefix_cache_tokens {
+                    Some(n) => runner.with_prefix_cache(n / crate::kv::BLOCK_SIZE),
+                    None => runner,
+                })
             }
             Device::Gpu => {
                 return Err(KilnError::Backend("no GPU backend is built into this kiln yet".into()))
@@ -133,7 +164,16 @@ impl Engine {
         };
         let load_ms = t0.elapsed().as_secs_f64() * 1e3;
         Ok(Engine {
-            inner: Arc::new(EngineInner { path, gguf, runner, tokenizer, template, n_ctx, load_ms }),
+            inner: Arc::new(EngineInner {
+                path,
+                gguf,
+                runner,
+                tokenizer,
+                template,
+                n_ctx,
+                load_ms,
+                sha256: OnceLock::new(),
+            }),
         })
     }
 
@@ -142,21 +182,27 @@ impl Engine {
         Session::new(self.clone(), opts)
     }
 
+    /// The model file.
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
+    /// The parsed GGUF file.
     pub fn gguf(&self) -> &GgufFile {
         &self.inner.gguf
     }
+    /// The model's hyperparameters.
     pub fn config(&self) -> &ModelConfig {
         self.inner.runner.config()
     }
+    /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.inner.tokenizer
     }
+    /// The model's chat template, if it has one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.inner.template.as_ref()
     }
+    /// The model on its backend with the KV pool (for batch-level callers: eval, server).
     pub fn runner(&self) -> &dyn Runner {
         &*self.inner.runner
     }
@@ -168,7 +214,40 @@ impl Engine {
     pub fn load_ms(&self) -> f64 {
         self.inner.load_ms
     }
+    /// A description of the device the model runs on.
     pub fn backend_name(&self) -> String {
         self.inner.runner.backend_name()
     }
+
+    /// The sha256 of the model file, lowercase hex (hashed once, then remembered).
+    pub fn model_sha256(&self) -> Result<String> {
+        if let Some(h) = self.inner.sha256.get() {
+            return Ok(h.clone());
+        }
+        let h = sha256_file(&self.inner.path)?;
+        Ok(self.inner.sha256.get_or_init(|| h).clone())
+    }
+
+    /// Embeds `text` (tokenized as `kiln tokenize` does: BOS per the model, special tokens
+    /// parsed): hidden states after the final norm, pooled. See [`crate::embed`].
+    pub fn embed(&self, text: &str, pooling: crate::embed::Pooling) -> Result<Vec<Vec<f32>>> {
+        let ids = self.tokenizer().encode(text, true, true)?;
+        crate::embed::embed_tokens(self, &ids, pooling)
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| KilnError::io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| KilnError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -1,10 +1,24 @@
 //! `Session`: one conversation's tokens and KV sequence on an engine; append text, tokens
 //! or chat messages, then generate with streaming and cancellation.
+//!
+//! Prefix reuse: every append asks the runner for the longest prefix of the conversation
+//! it already holds (the session's own cache, or whole blocks another session or an
+//! earlier one computed, through the engine's prefix cache) and evaluates only the rest.
+//! `append_chat` re-renders the whole history with the template, so a follow-up turn
+//! evaluates only the tokens the model has not seen.
+//!
+//! Concurrency: a session is `Send` and holds only `Arc`s; many share one engine. The
+//! runner's mutex serializes forwards, so sessions generating on different threads are
+//! queued and interleave at the granularity of one forward (one token of decode, or one
+//! micro-batch of prefill): all of them progress.
 
 use std::ops::ControlFlow;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+use serde_json::json;
 
 use crate::chat::Message;
 use crate::engine::Engine;
@@ -13,9 +27,26 @@ use crate::model::{Entry, OutputKind, SeqId};
 use crate::sample::{Sampler, SamplerParams, StopMatcher};
 use crate::tokenizer::Detokenizer;
 
+/// Version of the session file format `save` writes.
+pub const SESSION_FORMAT_VERSION: u64 = 1;
+
+/// How a session handles its context. `Default`: stop with `context_full` at `n_ctx`.
 #[non_exhaustive]
 #[derive(Clone, Debug, Default)]
-pub struct SessionOptions {}
+pub struct SessionOptions {
+    /// When generation reaches `n_ctx`: `None` stops with [`FinishReason::ContextFull`];
+    /// `Some(n_keep)` shifts the context as llama.cpp does, keeping the first `n_keep`
+    /// tokens and dropping half of the rest.
+    pub context_shift: Option<usize>,
+}
+
+impl SessionOptions {
+    /// Shift the context when it fills, keeping the first `n_keep` tokens.
+    pub fn with_context_shift(mut self, n_keep: usize) -> Self {
+        self.context_shift = Some(n_keep);
+        self
+    }
+}
 
 /// How to generate. `Default`: llama.cpp's sampling defaults, until end of generation.
 #[non_exhaustive]
@@ -23,28 +54,41 @@ pub struct SessionOptions {}
 pub struct GenerateOptions {
     /// Most tokens to generate (`None`: until an end-of-generation token or the context).
     pub max_tokens: Option<usize>,
+    /// The sampler chain's settings.
     pub sampler: SamplerParams,
     /// Generation stops before any of these strings.
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// `Some(k)`: report each sampled token's log-probability under the model (raw
+    /// logits, before sampling filters) and the `k` most likely tokens'.
+    pub logprobs: Option<usize>,
 }
 
 impl GenerateOptions {
+    /// Generate at most `n` tokens.
     pub fn with_max_tokens(mut self, n: usize) -> Self {
         self.max_tokens = Some(n);
         self
     }
+    /// Sampling settings.
     pub fn with_sampler(mut self, s: SamplerParams) -> Self {
         self.sampler = s;
         self
     }
+    /// Stop strings.
     pub fn with_stop(mut self, stop: Vec<String>) -> Self {
         self.stop = stop;
         self
     }
+    /// Keep going past end-of-generation tokens.
     pub fn with_ignore_eos(mut self, yes: bool) -> Self {
         self.ignore_eos = yes;
+        self
+    }
+    /// Report log-probabilities with the `top` most likely alternatives.
+    pub fn with_logprobs(mut self, top: usize) -> Self {
+        self.logprobs = Some(top);
         self
     }
 }
@@ -52,14 +96,20 @@ impl GenerateOptions {
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
+    /// The model produced an end-of-generation token.
     Eog,
+    /// A stop string matched.
     Stop,
+    /// `max_tokens` were generated.
     Length,
+    /// The context is full (and context shift is off).
     ContextFull,
+    /// `cancel()` was called, or the callback returned `Break`.
     Cancelled,
 }
 
 impl FinishReason {
+    /// The name CLI.md and the server use.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Eog => "eog",
@@ -73,65 +123,115 @@ impl FinishReason {
 
 /// One streamed step: the sampled token and the text it completes (valid UTF-8, possibly
 /// empty while a character or a possible stop string is incomplete).
+#[non_exhaustive]
 #[derive(Debug)]
 pub struct Event<'a> {
+    /// The sampled token.
     pub token: u32,
+    /// Text released by this step.
     pub text: &'a str,
+    /// Log-probability of `token` (with `GenerateOptions::logprobs`).
+    pub logprob: Option<f32>,
+    /// The most likely tokens and their log-probabilities, best first.
+    pub top_logprobs: &'a [(u32, f32)],
 }
 
+/// Where the time went. Prompt figures cover the appends since the previous `generate`.
+#[non_exhaustive]
 #[derive(Clone, Debug, Default)]
 pub struct Timings {
+    /// Prompt tokens evaluated.
     pub prompt_n: usize,
+    /// Prompt tokens reused from the KV cache (not evaluated).
+    pub prompt_cached: usize,
+    /// Milliseconds evaluating the prompt.
     pub prompt_ms: f64,
+    /// Tokens generated.
     pub gen_n: usize,
+    /// Milliseconds generating.
     pub gen_ms: f64,
 }
 
+/// The result of one `generate`.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct Summary {
     /// Every sampled token, including a final end-of-generation token.
     pub ids: Vec<u32>,
     /// The generated text, without control tokens, cut before a matched stop string.
     pub text: String,
+    /// Why generation ended.
     pub finish_reason: FinishReason,
+    /// Prompt and generation timings.
     pub timings: Timings,
 }
 
+/// Cancels a session's `append_*` or `generate` from any thread: the work stops at the
+/// next forward boundary (one micro-batch of prefill, or one token).
+#[derive(Clone, Debug)]
+pub struct CancelHandle(Arc<AtomicBool>);
+
+impl CancelHandle {
+    /// Asks the session to stop. The request stays pending until a call consumes it.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    /// Withdraws a pending request.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+    /// Whether a request is pending.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// One conversation on an engine. See the module docs for prefix reuse and concurrency.
 pub struct Session {
     engine: Engine,
+    opts: SessionOptions,
     seq: SeqId,
-    /// Tokens whose keys and values are in the KV cache.
+    /// The conversation: every token appended or sampled. The KV sequence holds a prefix
+    /// of it (all but a final sampled token, usually).
     tokens: Vec<u32>,
-    /// Sampled tokens not yet evaluated (the last one of a finished generation).
-    pending: Vec<u32>,
+    /// Chat history, when the conversation is driven by `append_chat`.
+    history: Vec<Message>,
+    /// Logits after the last token, when the KV holds all of `tokens`.
     logits: Option<Vec<f32>>,
     cancel: Arc<AtomicBool>,
-    prompt_timing: (usize, f64),
+    timings: Timings,
+    n_evaluated: usize,
 }
 
 impl Session {
-    pub(crate) fn new(engine: Engine, _opts: SessionOptions) -> Result<Self> {
+    pub(crate) fn new(engine: Engine, opts: SessionOptions) -> Result<Self> {
         let seq = engine.runner().new_seq();
         Ok(Session {
             engine,
+            opts,
             seq,
             tokens: Vec::new(),
-            pending: Vec::new(),
+            history: Vec::new(),
             logits: None,
             cancel: Arc::new(AtomicBool::new(false)),
-            prompt_timing: (0, 0.0),
+            timings: Timings::default(),
+            n_evaluated: 0,
         })
     }
 
+    /// The engine this session runs on.
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
 
     /// Every token of the conversation so far.
     pub fn tokens(&self) -> Vec<u32> {
-        let mut t = self.tokens.clone();
-        t.extend(&self.pending);
-        t
+        self.tokens.clone()
+    }
+
+    /// The chat history (`append_chat` messages and the replies generated after them).
+    pub fn history(&self) -> &[Message] {
+        &self.history
     }
 
     /// Logits after the last evaluated token.
@@ -139,81 +239,147 @@ impl Session {
         self.logits.as_deref()
     }
 
-    /// A flag that, set from any thread, stops `append_*` and `generate` at the next step.
-    pub fn cancel_handle(&self) -> Arc<AtomicBool> {
-        self.cancel.clone()
+    /// Tokens this session has run through the model so far (prompt and generated; tokens
+    /// reused from the KV or prefix cache are not counted).
+    pub fn n_evaluated(&self) -> usize {
+        self.n_evaluated
+    }
+
+    /// A handle that cancels this session's work from another thread.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        CancelHandle(self.cancel.clone())
+    }
+
+    /// Cancels from this thread (see [`CancelHandle::cancel`]).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+
+    /// Forgets the conversation (the prefix cache may still hold its blocks).
+    pub fn reset(&mut self) {
+        self.tokens.clear();
+        self.history.clear();
+        self.logits = None;
+        self.engine.runner().truncate_seq(self.seq, 0);
     }
 
     /// Tokenizes `text` (special tokens parsed; BOS first when the model wants one and the
-    /// session is empty) and evaluates it.
+    /// session is empty), appends and evaluates it. Returns the new tokens.
     pub fn append_text(&mut self, text: &str) -> Result<Vec<u32>> {
-        let tok = self.engine.tokenizer().clone();
-        let at_start = self.tokens.is_empty() && self.pending.is_empty();
-        let mut ids = tok.encode(text, false, true)?;
-        if at_start && tok.add_bos() {
-            if let Some(bos) = tok.bos() {
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
-            }
-        }
+        let ids = self.encode(text, self.tokens.is_empty())?;
         self.append_tokens(&ids)?;
         Ok(ids)
     }
 
-    /// Renders `messages` with the model's chat template (generation prompt added) and
-    /// evaluates them.
+    fn encode(&self, text: &str, at_start: bool) -> Result<Vec<u32>> {
+        let tok = self.engine.tokenizer();
+        let mut ids = tok.encode(text, false, true)?;
+        if let Some(bos) = tok.bos().filter(|_| at_start && tok.add_bos()) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Adds `messages` to the chat history, renders the whole history with the model's
+    /// chat template (generation prompt added) and evaluates what the KV does not hold
+    /// yet. Returns the tokens of the whole rendered conversation.
     pub fn append_chat(&mut self, messages: &[Message]) -> Result<Vec<u32>> {
         let tpl = self
             .engine
             .chat_template()
             .ok_or_else(|| KilnError::Template("the model has no chat template".into()))?;
-        let text = tpl.render(messages, true, None)?;
-        self.append_text(&text)
+        let mut history = self.history.clone();
+        history.extend_from_slice(messages);
+        let text = tpl.render(&history, true, None)?;
+        let ids = self.encode(&text, true)?;
+        self.set_tokens(ids.clone())?;
+        self.history = history;
+        Ok(ids)
     }
 
-    /// Evaluates `ids` after the conversation so far (in `n_batch` chunks), keeping the
-    /// logits of the last one.
+    /// Appends `ids` to the conversation and evaluates them (in micro-batches), keeping
+    /// the logits of the last one.
     pub fn append_tokens(&mut self, ids: &[u32]) -> Result<()> {
-        let mut all = std::mem::take(&mut self.pending);
+        let mut all = self.tokens.clone();
         all.extend_from_slice(ids);
-        if all.is_empty() {
-            return Ok(());
-        }
+        self.set_tokens(all)
+    }
+
+    /// Makes `target` the conversation, reusing the longest prefix the runner holds and
+    /// evaluating the rest. A cancel request stops between micro-batches, leaving the
+    /// conversation set and the request pending for `generate` to report.
+    fn set_tokens(&mut self, target: Vec<u32>) -> Result<()> {
         let n_ctx = self.engine.n_ctx();
-        if self.tokens.len() + all.len() > n_ctx {
-            self.pending = all[..all.len() - ids.len()].to_vec();
+        if target.len() > n_ctx {
             return Err(KilnError::invalid(format!(
-                "prompt of {} tokens does not fit the context ({} used of {n_ctx})",
-                all.len(),
-                self.tokens.len()
+                "the prompt has {} tokens, more than the context ({n_ctx})",
+                target.len()
             )));
         }
+        let n_vocab = self.engine.config().n_vocab;
+        if let Some(&bad) = target.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(KilnError::invalid(format!("token id {bad} is outside the vocabulary ({n_vocab})")));
+        }
+        if target.is_empty() {
+            self.reset();
+            return Ok(());
+        }
+        if target == self.tokens && self.logits.is_some() {
+            return Ok(());
+        }
+        self.tokens = target;
+        self.logits = None;
+        self.prefill()
+    }
+
+    /// Evaluates the part of the conversation the KV sequence lacks.
+    fn prefill(&mut self) -> Result<()> {
         let t0 = Instant::now();
         let runner = self.engine.runner();
+        let n = self.tokens.len();
+        let kept = runner.reuse_prefix(self.seq, &self.tokens[..n - 1]);
+        self.timings.prompt_cached += kept;
         let chunk = runner.n_ubatch();
-        for (ci, part) in all.chunks(chunk).enumerate() {
-            if self.cancel.load(Ordering::Relaxed) {
-                return Err(KilnError::invalid("cancelled"));
+        let mut at = kept;
+        while at < n {
+            if self.cancel.load(Ordering::SeqCst) {
+                break;
             }
-            let last_chunk = (ci + 1) * chunk >= all.len();
-            let entries: Vec<Entry> = part
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| Entry { seq: self.seq, token: t, output: last_chunk && i + 1 == part.len() })
+            let end = (at + chunk).min(n);
+            let entries: Vec<Entry> = (at..end)
+                .map(|i| Entry { seq: self.seq, token: self.tokens[i], output: i + 1 == n })
                 .collect();
             let out = runner.decode(&entries, OutputKind::Logits)?;
-            self.tokens.extend_from_slice(part);
-            if last_chunk {
+            self.n_evaluated += end - at;
+            self.timings.prompt_n += end - at;
+            if end == n {
                 self.logits = Some(out);
             }
+            at = end;
         }
-        self.prompt_timing = (all.len(), t0.elapsed().as_secs_f64() * 1e3);
+        self.timings.prompt_ms += t0.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+
+    /// Drops half the tokens after the first `n_keep` (llama.cpp's context shift).
+    fn shift(&mut self, n_keep: usize) -> Result<()> {
+        let kv = self.engine.runner().seq_len(self.seq);
+        let n_keep = n_keep.min(kv.saturating_sub(1));
+        let n_discard = (kv - n_keep) / 2;
+        if n_discard == 0 {
+            return Err(KilnError::invalid("context shift: nothing to discard"));
+        }
+        self.engine.runner().shift_seq(self.seq, n_keep, n_discard)?;
+        self.n_evaluated += kv - n_keep - n_discard;
+        self.tokens.drain(n_keep..n_keep + n_discard);
         Ok(())
     }
 
     /// Samples up to `opts.max_tokens` tokens, calling `on_event` for each; the callback
-    /// can stop early with `ControlFlow::Break`.
+    /// can stop early with `ControlFlow::Break`. In a chat (after `append_chat`), the reply
+    /// joins the history as an assistant message.
     pub fn generate(
         &mut self,
         opts: &GenerateOptions,
@@ -222,80 +388,155 @@ impl Session {
         let n_vocab = self.engine.config().n_vocab;
         let tok = self.engine.tokenizer().clone();
         let mut sampler = Sampler::new(opts.sampler.clone(), n_vocab)?;
-        for &t in self.tokens.iter().chain(&self.pending) {
+        for &t in &self.tokens {
             sampler.accept(t);
         }
-        if self.logits.is_none() || !self.pending.is_empty() {
-            self.append_tokens(&[])?;
+        if self.logits.is_none() && !self.tokens.is_empty() && !self.cancel.load(Ordering::SeqCst) {
+            self.prefill()?;
         }
         let mut detok = Detokenizer::new(tok.clone(), false);
         let mut stop = StopMatcher::new(opts.stop.clone());
-        let (prompt_n, prompt_ms) = std::mem::take(&mut self.prompt_timing);
+        let mut timings = std::mem::take(&mut self.timings);
         let t0 = Instant::now();
         let mut ids = Vec::new();
         let mut text = String::new();
+        let mut top = Vec::new();
         let n_ctx = self.engine.n_ctx();
+        let engine = self.engine.clone();
+        let runner = engine.runner();
         let finish = loop {
+            if self.cancel.swap(false, Ordering::SeqCst) {
+                break FinishReason::Cancelled;
+            }
             if opts.max_tokens.is_some_and(|m| ids.len() >= m) {
                 break FinishReason::Length;
             }
-            if self.cancel.swap(false, Ordering::Relaxed) {
-                break FinishReason::Cancelled;
-            }
-            if self.tokens.len() + self.pending.len() >= n_ctx {
-                break FinishReason::ContextFull;
+            if self.tokens.len() >= n_ctx {
+                match self.opts.context_shift {
+                    Some(n_keep) => self.shift(n_keep)?,
+                    None => break FinishReason::ContextFull,
+                }
             }
             let logits =
                 self.logits.as_deref().ok_or_else(|| KilnError::invalid("nothing to continue from"))?;
+            let logprob = opts.logprobs.map(|k| log_probs(logits, k, &mut top));
             let id = sampler.sample(logits);
+            let logprob = logprob.map(|lse| logits[id as usize] - lse);
             sampler.accept(id);
             ids.push(id);
+            self.tokens.push(id);
+            self.logits = None;
             if tok.is_eog(id) && !opts.ignore_eos {
-                self.pending.push(id);
                 break FinishReason::Eog;
             }
             let piece = detok.push(id);
             let (safe, matched) = stop.push(&piece);
             text.push_str(&safe);
-            let flow = on_event(&Event { token: id, text: &safe });
+            let flow = on_event(&Event { token: id, text: &safe, logprob, top_logprobs: &top });
             if matched {
-                self.pending.push(id);
                 break FinishReason::Stop;
             }
             if flow.is_break() {
-                self.pending.push(id);
                 break FinishReason::Cancelled;
             }
-            if opts.max_tokens.is_some_and(|m| ids.len() >= m) || self.tokens.len() + 1 >= n_ctx {
+            let last = opts.max_tokens.is_some_and(|m| ids.len() >= m)
+                || (self.tokens.len() >= n_ctx && self.opts.context_shift.is_none());
+            if last {
                 // Do not spend a forward on logits nobody will read.
-                self.pending.push(id);
                 continue;
             }
-            let out = self
-                .engine
-                .runner()
-                .decode(&[Entry { seq: self.seq, token: id, output: true }], OutputKind::Logits)?;
-            self.tokens.push(id);
+            let out =
+                runner.decode(&[Entry { seq: self.seq, token: id, output: true }], OutputKind::Logits)?;
+            self.n_evaluated += 1;
             self.logits = Some(out);
         };
         if finish != FinishReason::Stop {
-            let rest = stop.finish();
-            let tail = detok.finish();
-            let mut flushed = rest;
-            flushed.push_str(&tail);
+            let mut flushed = stop.finish();
+            flushed.push_str(&detok.finish());
             if !flushed.is_empty() {
                 text.push_str(&flushed);
-                let _ = on_event(&Event { token: *ids.last().unwrap_or(&0), text: &flushed });
+                let ev = Event {
+                    token: *ids.last().unwrap_or(&0),
+                    text: &flushed,
+                    logprob: None,
+                    top_logprobs: &[],
+                };
+                let _ = on_event(&ev);
             }
         }
-        let gen_ms = t0.elapsed().as_secs_f64() * 1e3;
-        Ok(Summary {
-            ids: ids.clone(),
-            text,
-            finish_reason: finish,
-            timings: Timings { prompt_n, prompt_ms, gen_n: ids.len(), gen_ms },
-        })
+        if !self.history.is_empty() {
+            self.history.push(Message::assistant(text.clone()));
+        }
+        timings.gen_n = ids.len();
+        timings.gen_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok(Summary { ids, text, finish_reason: finish, timings })
     }
+
+    /// Writes the conversation (tokens and chat history) to `path`: a JSON file of format
+    /// version [`SESSION_FORMAT_VERSION`], bound to the model file's sha256. The KV cache
+    /// is not stored; `restore` recomputes it, bit-identical by batch invariance.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let doc = json!({
+            "format": "kiln-session",
+            "version": SESSION_FORMAT_VERSION,
+            "model_sha256": self.engine.model_sha256()?,
+            "tokens": self.tokens,
+            "history": self.history,
+        });
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{doc}\n")).map_err(|e| KilnError::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| KilnError::io(path, e))
+    }
+
+    /// Replaces this session's conversation with the one saved in `path` and evaluates it
+    /// (reusing what the KV and prefix cache hold). Errors, changing nothing, when the file
+    /// is not a session file of a known version or was saved with another model.
+    pub fn restore(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bad = |msg: String| KilnError::invalid(format!("{}: {msg}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| KilnError::io(path, e))?;
+        let doc: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not a session file ({e})")))?;
+        if doc["format"] != "kiln-session" {
+            return Err(bad("not a kiln session file".into()));
+        }
+        let version = doc["version"].as_u64().unwrap_or(0);
+        if version != SESSION_FORMAT_VERSION {
+            return Err(bad(format!(
+                "session format version {version}, this kiln reads {SESSION_FORMAT_VERSION}"
+            )));
+        }
+        let want = doc["model_sha256"].as_str().unwrap_or("");
+        let have = self.engine.model_sha256()?;
+        if want != have {
+            return Err(bad(format!("saved with model sha256 {want}, but this model is {have}")));
+        }
+        let tokens: Vec<u32> =
+            serde_json::from_value(doc["tokens"].clone()).map_err(|e| bad(format!("tokens: {e}")))?;
+        let history: Vec<Message> =
+            serde_json::from_value(doc["history"].clone()).map_err(|e| bad(format!("history: {e}")))?;
+        self.set_tokens(tokens)?;
+        self.history = history;
+        Ok(())
+    }
+}
+
+/// Log-sum-exp of `logits`, and the `k` best tokens' log-probabilities into `top`.
+fn log_probs(logits: &[f32], k: usize, top: &mut Vec<(u32, f32)>) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    top.clear();
+    if k > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        top.extend(idx.iter().map(|&i| (i, logits[i as usize] - lse)));
+    }
+    lse
 }
 
 impl Drop for Session {

@@ -230,6 +230,10 @@ fn gemma3_perplexity_sliding_window() {
     let e = engine(&GEMMA3, 1024);
     let r = kiln::eval::perplexity(&e, &tokens, 1024, None).unwrap();
     let want = fx["ppl"].as_f64().unwrap();
-    eprintln!("gemma3 ctx 1024: kiln {:.4}, llama.cpp {want:.4} ({:+.2}%)", r.ppl, 100.0 * (r.ppl - want) / want);
+    eprintln!(
+        "gemma3 ctx 1024: kiln {:.4}, llama.cpp {want:.4} ({:+.2}%)",
+        r.ppl,
+        100.0 * (r.ppl - want) / want
+    );
     assert!((r.ppl - want).abs() / want <= 0.02);
 }

@@ -12,17 +12,22 @@ use support::*;
 
 fn check(preset: &str) {
     let fx = fixture_json(&format!("synth/{preset}.json"));
-    let want: Vec<f32> = fx["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    let want: Vec<f32> =
+        fx["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
     let prompt = ids(&fx["prompt_ids"]);
     let dir = std::env::temp_dir().join(format!("kiln-synth-{}-{preset}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{preset}.gguf"));
     synth::preset(preset).unwrap().build().unwrap().write_file(&path).unwrap();
-    let e = Engine::load(path.to_str().unwrap(), EngineOptions::default().with_n_ctx(256).with_threads(2)).unwrap();
+    let e = Engine::load(path.to_str().unwrap(), EngineOptions::default().with_n_ctx(256).with_threads(2))
+        .unwrap();
     let r = e.runner();
     let seq = r.new_seq();
-    let entries: Vec<Entry> =
-        prompt.iter().enumerate().map(|(i, &t)| Entry { seq, token: t, output: i + 1 == prompt.len() }).collect();
+    let entries: Vec<Entry> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Entry { seq, token: t, output: i + 1 == prompt.len() })
+        .collect();
     let got = r.decode(&entries, OutputKind::Logits).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(got.len(), want.len(), "{preset}: n_vocab");
@@ -32,7 +37,10 @@ fn check(preset: &str) {
         .iter()
         .map(|&(id, _)| (log_softmax_at(&got, id as usize) - log_softmax_at(&want, id as usize)).abs())
         .fold(0.0f64, f64::max);
-    eprintln!("{preset}: {} prompt tokens, max |Δ logit| {max_abs:.5}, max |Δ logprob| over top 20 {max_lp:.5}", prompt.len());
+    eprintln!(
+        "{preset}: {} prompt tokens, max |Δ logit| {max_abs:.5}, max |Δ logprob| over top 20 {max_lp:.5}",
+        prompt.len()
+    );
     if top[0].1 - top[1].1 >= 0.05 {
         assert_eq!(argmax(&got), top[0].0, "{preset}: argmax");
     }

@@ -89,7 +89,11 @@ fn array_json(a: &Array) -> serde_json::Value {
 fn value_text(v: &Value) -> String {
     match v {
         Value::String(s) if s.len() > 80 => {
-            format!("{:?}… ({} bytes)", &s[..s.floor_char_boundary(80)], s.len())
+            format!(
+                "{:?}… ({} bytes)",
+                &s[..(0..=80).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)],
+                s.len()
+            )
         }
         Value::String(s) => format!("{s:?}"),
         Value::Array(a) if a.len() > MAX_ARRAY_SHOWN => format!("[{}; {}]", a.elem_name(), a.len()),

@@ -1,7 +1,9 @@
 //! One module per subcommand.
 
 mod bench;
+mod chat;
 mod common;
+mod embed;
 mod inspect;
 mod logits;
 mod perplexity;
@@ -29,6 +31,10 @@ pub enum Command {
     Tokenize(tokenize::Args),
     /// Fetch a catalog model into the cache; print its path.
     Pull(pull::Args),
+    /// Talk with a model, turn by turn.
+    Chat(chat::Args),
+    /// Print embeddings (hidden states after the final norm, pooled).
+    Embed(embed::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve::Args),
 }
@@ -43,6 +49,8 @@ impl Command {
             Command::Inspect(a) => inspect::run(a),
             Command::Tokenize(a) => tokenize::run(a),
             Command::Pull(a) => pull::run(a),
+            Command::Chat(a) => chat::run(a),
+            Command::Embed(a) => embed::run(a),
             Command::Serve(a) => serve::run(a),
         }
     }

@@ -1,6 +1,10 @@
 //! The KV block pool the engine owns: fixed-size blocks of KV slots for every layer, a
 //! free list, and reference counts so that sequences can share prefix blocks.
 
+pub mod prefix;
+
+pub use prefix::PrefixCache;
+
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
 
@@ -77,6 +81,25 @@ impl<B: Backend> KvPool<B> {
             table.blocks.push(b);
         }
         Ok(())
+    }
+
+    /// References held on block `b` (0: free).
+    pub fn ref_count(&self, b: u32) -> u32 {
+        self.refs[b as usize]
+    }
+
+    /// Adds a reference to one block (the prefix cache, or a sequence sharing it).
+    pub fn retain_block(&mut self, b: u32) {
+        self.refs[b as usize] += 1;
+    }
+
+    /// Drops one reference to a block; it returns to the free list when none is left.
+    pub fn release_block(&mut self, b: u32) {
+        let r = &mut self.refs[b as usize];
+        *r = r.saturating_sub(1);
+        if *r == 0 {
+            self.free.push(b);
+        }
     }
 
     /// Adds a reference to every block of `table` (a sharer of its prefix).

@@ -7,6 +7,7 @@ use super::forward::{Model, OutputKind, Scratch, UBatch};
 use super::ModelConfig;
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
+use crate::kv::{prefix, PrefixCache, BLOCK_SIZE};
 use crate::kv::{BlockTable, KvPool};
 
 /// A sequence in the runner's KV pool.
@@ -31,20 +32,98 @@ pub trait Runner: Send + Sync {
     fn free_seq(&self, seq: SeqId);
     /// Positions held by `seq`.
     fn seq_len(&self, seq: SeqId) -> usize;
-    /// Forgets positions `n..` of `seq`.
+    /// The tokens whose keys and values `seq` holds.
+    fn seq_tokens(&self, seq: SeqId) -> Vec<u32>;
+    /// Forgets positions `n..` of `seq`. When position `n` falls inside a block another
+    /// sequence or the prefix cache shares, that block is dropped too (copy-on-write by
+    /// recomputation), so `seq_len` may end up below `n`.
     fn truncate_seq(&self, seq: SeqId, n: usize);
+    /// Makes `seq` hold the longest prefix of `tokens` available without computing: its
+    /// own common prefix with `tokens`, or a longer whole-block prefix from the prefix
+    /// cache. Returns the positions kept; the caller evaluates `tokens[kept..]`.
+    fn reuse_prefix(&self, seq: SeqId, tokens: &[u32]) -> usize;
+    /// Context shift: drops positions `n_keep..n_keep + n_discard` of `seq` and moves the
+    /// later ones down, recomputing their keys and values at their new positions.
+    fn shift_seq(&self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()>;
     /// Appends `entries` to their sequences (in order) and runs the forward over them,
     /// `n_ubatch` at a time. Returns the outputs of the entries marked `output`, in order,
     /// each `n_vocab` (logits) or `n_embd` (hidden) wide. On error nothing is appended.
     fn decode(&self, entries: &[Entry], kind: OutputKind) -> Result<Vec<f32>>;
-    /// Fraction of KV blocks in use.
+    /// Fraction of KV blocks in use (blocks held only by the prefix cache count as used).
     fn kv_usage(&self) -> f32;
+    /// Blocks the prefix cache names now, and the most it may name.
+    fn prefix_cache_blocks(&self) -> (usize, usize);
+}
+
+/// One sequence: its block table, the tokens in it, and the keys of its full blocks as
+/// the prefix cache knows them.
+#[derive(Default)]
+struct Seq {
+    table: BlockTable,
+    tokens: Vec<u32>,
+    /// `chain[i]`: prefix-cache key of full block `i` (computed up to `n_tokens / 32`).
+    chain: Vec<u64>,
 }
 
 struct State<B: Backend> {
     kv: KvPool<B>,
     scratch: Scratch<B>,
-    seqs: Vec<Option<BlockTable>>,
+    seqs: Vec<Option<Seq>>,
+    cache: PrefixCache,
+}
+
+impl<B: Backend> State<B> {
+    fn seq_mut(&mut self, seq: SeqId) -> Option<&mut Seq> {
+        self.seqs.get_mut(seq as usize).and_then(Option::as_mut)
+    }
+
+    /// Truncates with copy-on-write by recomputation: a kept partial block that someone
+    /// else also references is dropped rather than written into later.
+    fn truncate(&mut self, seq: SeqId, n: usize) {
+        let Some(s) = self.seqs.get_mut(seq as usize).and_then(Option::as_mut) else { return };
+        let mut n = n.min(s.table.n_tokens);
+        if n % BLOCK_SIZE != 0 && self.kv.ref_count(s.table.blocks[n / BLOCK_SIZE]) > 1 {
+            n -= n % BLOCK_SIZE;
+        }
+        self.kv.truncate(&mut s.table, n);
+        s.table.n_tokens = n;
+        s.tokens.truncate(n);
+        s.chain.truncate(n / BLOCK_SIZE);
+    }
+
+    /// Offers the sequence's newly completed blocks to the prefix cache, then trims the
+    /// cache to its capacity.
+    fn register(&mut self, seq: SeqId) {
+        let Some(s) = self.seqs.get_mut(seq as usize).and_then(Option::as_mut) else { return };
+        let full = s.table.n_tokens / BLOCK_SIZE;
+        while s.chain.len() < full {
+            let i = s.chain.len();
+            let parent = s.chain.last().copied().unwrap_or(prefix::ROOT);
+            let chunk = &s.tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+            let block = s.table.blocks[i];
+            if self.cache.insert(parent, chunk, block) {
+                self.kv.retain_block(block);
+            }
+            s.chain.push(prefix::block_key(parent, chunk));
+        }
+        while self.cache.over_capacity() {
+            match self.cache.evict(|_| true) {
+                Some(b) => self.kv.release_block(b),
+                None => break,
+            }
+        }
+    }
+
+    /// Evicts cached blocks that nothing else holds until `need` blocks are free.
+    fn make_room(&mut self, need: usize) {
+        while self.kv.n_free_blocks() < need {
+            let kv = &self.kv;
+            match self.cache.evict(|b| kv.ref_count(b) == 1) {
+                Some(b) => self.kv.release_block(b),
+                None => break,
+            }
+        }
+    }
 }
 
 pub struct ModelRunner<B: Backend> {
@@ -54,11 +133,27 @@ pub struct ModelRunner<B: Backend> {
 }
 
 impl<B: Backend> ModelRunner<B> {
+    /// A runner with a pool of `n_slots` KV slots and a prefix cache that may name every
+    /// block of it (cached blocks nobody uses are evicted, oldest first, when the pool
+    /// runs short).
     pub fn new(model: Model<B>, n_slots: usize, n_ubatch: usize) -> Result<Self> {
         let cfg = &model.cfg;
         let kv = KvPool::new(&model.backend, cfg.n_layer, cfg.kv_dim(), n_slots)?;
         let scratch = Scratch::new(&model.backend, cfg, n_ubatch.max(1))?;
-        Ok(ModelRunner { model, n_slots, state: Mutex::new(State { kv, scratch, seqs: Vec::new() }) })
+        let cache = PrefixCache::new(kv.n_blocks);
+        Ok(ModelRunner { model, n_slots, state: Mutex::new(State { kv, scratch, seqs: Vec::new(), cache }) })
+    }
+
+    /// Bounds the prefix cache to `blocks` blocks of `BLOCK_SIZE` tokens (0 disables it).
+    pub fn with_prefix_cache(self, blocks: usize) -> Self {
+        {
+            let st = &mut *self.lock();
+            for b in st.cache.clear() {
+                st.kv.release_block(b);
+            }
+            st.cache = PrefixCache::new(blocks);
+        }
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<B>> {
@@ -87,11 +182,11 @@ impl<B: Backend> Runner for ModelRunner<B> {
         let mut st = self.lock();
         match st.seqs.iter().position(Option::is_none) {
             Some(i) => {
-                st.seqs[i] = Some(BlockTable::default());
+                st.seqs[i] = Some(Seq::default());
                 i as SeqId
             }
             None => {
-                st.seqs.push(Some(BlockTable::default()));
+                st.seqs.push(Some(Seq::default()));
                 (st.seqs.len() - 1) as SeqId
             }
         }
@@ -99,31 +194,78 @@ impl<B: Backend> Runner for ModelRunner<B> {
 
     fn free_seq(&self, seq: SeqId) {
         let st = &mut *self.lock();
-        if let Some(mut t) = st.seqs.get_mut(seq as usize).and_then(Option::take) {
-            st.kv.release(&mut t);
+        if let Some(mut s) = st.seqs.get_mut(seq as usize).and_then(Option::take) {
+            st.kv.release(&mut s.table);
         }
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
-        self.lock().seqs.get(seq as usize).and_then(Option::as_ref).map_or(0, |t| t.n_tokens)
+        self.lock().seqs.get(seq as usize).and_then(Option::as_ref).map_or(0, |s| s.table.n_tokens)
+    }
+
+    fn seq_tokens(&self, seq: SeqId) -> Vec<u32> {
+        self.lock().seqs.get(seq as usize).and_then(Option::as_ref).map_or(Vec::new(), |s| s.tokens.clone())
     }
 
     fn truncate_seq(&self, seq: SeqId, n: usize) {
+        self.lock().truncate(seq, n);
+    }
+
+    fn reuse_prefix(&self, seq: SeqId, tokens: &[u32]) -> usize {
         let st = &mut *self.lock();
-        if let Some(t) = st.seqs.get_mut(seq as usize).and_then(Option::as_mut) {
-            st.kv.truncate(t, n);
+        let Some(s) = st.seq_mut(seq) else { return 0 };
+        let own = s.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        let cached = st.cache.lookup(tokens);
+        if cached.len() * BLOCK_SIZE > own {
+            let s = st.seqs[seq as usize].as_mut().expect("checked above");
+            st.kv.release(&mut s.table);
+            for &b in &cached {
+                st.kv.retain_block(b);
+            }
+            let n = cached.len() * BLOCK_SIZE;
+            s.table = BlockTable { blocks: cached, n_tokens: n };
+            s.tokens = tokens[..n].to_vec();
+            s.chain.clear();
+            st.register(seq);
+            n
+        } else {
+            st.truncate(seq, own);
+            st.seqs[seq as usize].as_ref().map_or(0, |s| s.table.n_tokens)
         }
+    }
+
+    fn shift_seq(&self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()> {
+        let tokens = self.seq_tokens(seq);
+        if n_keep + n_discard > tokens.len() {
+            return Err(KilnError::invalid(format!(
+                "context shift: keeping {n_keep} and discarding {n_discard} of {} tokens",
+                tokens.len()
+            )));
+        }
+        let mut kept = tokens[..n_keep].to_vec();
+        kept.extend_from_slice(&tokens[n_keep + n_discard..]);
+        self.truncate_seq(seq, n_keep);
+        let have = self.seq_len(seq);
+        let entries: Vec<Entry> =
+            kept[have..].iter().map(|&token| Entry { seq, token, output: false }).collect();
+        self.decode(&entries, OutputKind::Logits).map(|_| ())
     }
 
     fn kv_usage(&self) -> f32 {
         self.lock().kv.usage()
     }
 
+    fn prefix_cache_blocks(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.cache.len(), st.cache.capacity())
+    }
+
     fn decode(&self, entries: &[Entry], kind: OutputKind) -> Result<Vec<f32>> {
         let cfg = &self.model.cfg;
         let st = &mut *self.lock();
         // Validate everything and count new positions per sequence before changing anything.
-        let mut new_len: Vec<usize> = st.seqs.iter().map(|t| t.as_ref().map_or(0, |t| t.n_tokens)).collect();
+        let mut new_len: Vec<usize> =
+            st.seqs.iter().map(|s| s.as_ref().map_or(0, |s| s.table.n_tokens)).collect();
         let mut pos = Vec::with_capacity(entries.len());
         for e in entries {
             let s = e.seq as usize;
@@ -143,19 +285,20 @@ impl<B: Backend> Runner for ModelRunner<B> {
             .seqs
             .iter()
             .zip(&new_len)
-            .filter_map(|(t, &n)| {
-                t.as_ref().map(|t| n.div_ceil(crate::kv::BLOCK_SIZE).saturating_sub(t.blocks.len()))
+            .filter_map(|(s, &n)| {
+                s.as_ref().map(|s| n.div_ceil(BLOCK_SIZE).saturating_sub(s.table.blocks.len()))
             })
             .sum();
+        st.make_room(need);
         if need > st.kv.n_free_blocks() {
             return Err(KilnError::invalid(format!(
                 "KV cache full: {need} more blocks needed, {} free",
                 st.kv.n_free_blocks()
             )));
         }
-        for (t, &n) in st.seqs.iter_mut().zip(&new_len) {
-            if let Some(t) = t {
-                st.kv.reserve(t, n)?;
+        for (s, &n) in st.seqs.iter_mut().zip(&new_len) {
+            if let Some(s) = s {
+                st.kv.reserve(&mut s.table, n)?;
             }
         }
 
@@ -175,7 +318,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
                 let outputs: Vec<u32> =
                     (start..end).filter(|&i| entries[i].output).map(|i| (i - start) as u32).collect();
                 let tables: Vec<&[u32]> =
-                    st.seqs.iter().map(|t| t.as_ref().map_or(&[][..], |t| &t.blocks[..])).collect();
+                    st.seqs.iter().map(|s| s.as_ref().map_or(&[][..], |s| &s.table.blocks[..])).collect();
                 let ub = UBatch {
                     tokens: &tokens[start..end],
                     pos: &pos[start..end],
@@ -190,17 +333,29 @@ impl<B: Backend> Runner for ModelRunner<B> {
         })();
         match result {
             Ok(()) => {
-                for (t, &n) in st.seqs.iter_mut().zip(&new_len) {
-                    if let Some(t) = t {
-                        t.n_tokens = n;
+                for e in entries {
+                    if let Some(s) = st.seq_mut(e.seq) {
+                        s.tokens.push(e.token);
                     }
+                }
+                let mut touched: Vec<SeqId> = Vec::new();
+                for (i, (s, &n)) in st.seqs.iter_mut().zip(&new_len).enumerate() {
+                    if let Some(s) = s {
+                        if s.table.n_tokens != n {
+                            s.table.n_tokens = n;
+                            touched.push(i as SeqId);
+                        }
+                    }
+                }
+                for seq in touched {
+                    st.register(seq);
                 }
                 Ok(out)
             }
             Err(e) => {
-                for t in st.seqs.iter_mut().flatten() {
-                    let n = t.n_tokens;
-                    st.kv.truncate(t, n);
+                for s in st.seqs.iter_mut().flatten() {
+                    let n = s.table.n_tokens;
+                    st.kv.truncate(&mut s.table, n);
                 }
                 Err(e)
             }

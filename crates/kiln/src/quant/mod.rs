@@ -20,6 +20,8 @@ mod simd;
 mod types;
 
 pub use simd::{cpu_tier, detected_cpu_tier, vec_dot_f16, vec_dot_fn, vec_dot_fn_for, CpuTier};
+#[cfg(target_arch = "x86_64")]
+pub use simd::{tile_kernels, tile_kernels_for, TileKernels, TILE};
 pub use types::{GgmlType, ALL_TYPES};
 
 use crate::error::{KilnError, Result};

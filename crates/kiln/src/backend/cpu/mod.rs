@@ -48,11 +48,13 @@ pub struct CpuBackend {
     pool: ThreadPool,
     /// Small f32 vectors (norm weights, biases) dequantized once at load, keyed by offset.
     vectors: std::sync::Mutex<std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>>,
+    /// Quantized activations of the current matmul, grown to the largest batch once.
+    act_buf: std::sync::Mutex<Vec<u8>>,
 }
 
 impl CpuBackend {
     pub fn new(n_threads: usize) -> Self {
-        CpuBackend { pool: ThreadPool::new(n_threads), vectors: Default::default() }
+        CpuBackend { pool: ThreadPool::new(n_threads), vectors: Default::default(), act_buf: Default::default() }
     }
 
     pub fn n_threads(&self) -> usize {
@@ -143,7 +145,8 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, rows: usize, out: &mut Vec<f32>) {
-        ops::matmul(&self.pool, w, &x[..rows * w.cols], rows, &mut out[..rows * w.rows]);
+        let mut act = self.act_buf.lock().unwrap_or_else(|e| e.into_inner());
+        ops::matmul(&self.pool, w, &x[..rows * w.cols], rows, &mut out[..rows * w.rows], &mut act);
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, b: &CpuWeight, rows: usize) {

@@ -35,40 +35,105 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
     }
 }
 
-/// Weight rows handled by one pool task.
-const ROWS_PER_TASK: usize = 16;
+/// Tokens whose quantized activations stay in L1 while a chunk of weight rows passes over
+/// them (prefill); each weight row is then read from cache once per tile.
+const TOKEN_TILE: usize = 8;
 
-/// `out[t, r] = dot(w[r], x[t])` with `x` quantized to the weight's dot type first.
-pub fn matmul(pool: &ThreadPool, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32]) {
+/// Weight rows per pool task: enough tasks per thread to balance load (and to absorb a
+/// descheduled thread on a busy machine), few enough that claiming stays cheap, for a
+/// 576-row projection and a 151,936-row vocabulary alike.
+fn rows_per_task(n_rows: usize, n_threads: usize) -> usize {
+    if n_threads <= 1 {
+        return n_rows.max(1);
+    }
+    (n_rows / (n_threads * 8)).clamp(4, 1024).next_multiple_of(4)
+}
+
+/// `out[t, r] = dot(w[r], x[t])` with `x` quantized to the weight's dot type first (into
+/// `act_buf`, grown once and reused). Each `(t, r)` is one call of the same dot kernel, so
+/// a row's result does not depend on the batch it is in.
+pub fn matmul(pool: &ThreadPool, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32], act_buf: &mut Vec<u8>) {
     let k = w.cols;
     let vdt = w.ty.vec_dot_type();
     let act_row = vdt.row_size(k).expect("weight rows are whole blocks");
-    let quantized: Vec<u8>;
     let act: &[u8] = if vdt == GgmlType::F32 {
         bytemuck::cast_slice(x)
     } else {
-        let mut q = vec![0u8; act_row * n_tok];
-        let qp = SyncPtr(q.as_mut_ptr());
-        pool.run(n_tok, &|t| {
-            // SAFETY: each task writes its own row of `q`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(qp.get().add(t * act_row), act_row) };
-            quant::quantize_activation(vdt, &x[t * k..(t + 1) * k], dst).expect("sizes match");
-        });
-        quantized = q;
-        &quantized
+        if act_buf.len() < act_row * n_tok {
+            act_buf.resize(act_row * n_tok, 0);
+        }
+        let q = &mut act_buf[..act_row * n_tok];
+        if n_tok * k <= 1 << 14 {
+            for (src, dst) in x.chunks_exact(k).zip(q.chunks_exact_mut(act_row)) {
+                quant::quantize_activation(vdt, src, dst).expect("sizes match");
+            }
+        } else {
+            let qp = SyncPtr(q.as_mut_ptr());
+            pool.run(n_tok, &|t| {
+                // SAFETY: each task writes its own row of `q`.
+                let dst = unsafe { std::slice::from_raw_parts_mut(qp.get().add(t * act_row), act_row) };
+                quant::quantize_activation(vdt, &x[t * k..(t + 1) * k], dst).expect("sizes match");
+            });
+        }
+        &act_buf[..act_row * n_tok]
     };
     let n = w.rows;
-    let dot = quant::vec_dot_fn(w.ty);
     let op = SyncPtr(out.as_mut_ptr());
-    let n_tasks = n.div_ceil(ROWS_PER_TASK);
-    pool.run(n_tasks, &|task| {
-        let r0 = task * ROWS_PER_TASK;
-        for r in r0..(r0 + ROWS_PER_TASK).min(n) {
-            let wr = w.row(r);
-            for t in 0..n_tok {
-                let v = dot(wr, &act[t * act_row..(t + 1) * act_row], k);
-                // SAFETY: element (t, r) is written by the task owning row r only.
-                unsafe { *op.get().add(t * n + r) = v };
+    let chunk = rows_per_task(n, pool.n_threads());
+    let (wb, rs) = (w.bytes(), w.row_size);
+    let act_at = |t: usize, count: usize| &act[t * act_row..(t + count) * act_row];
+    // SAFETY (both writers): element (t, r) is written by the task owning row r only.
+    let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(tk) = quant::tile_kernels(w.ty) {
+        use quant::TILE;
+        pool.run(n.div_ceil(chunk), &|task| {
+            let rows = task * chunk..((task + 1) * chunk).min(n);
+            let mut v = [0f32; TILE];
+            if n_tok < TILE {
+                // GEMV: TILE rows per call, independent accumulators.
+                for t in 0..n_tok {
+                    let mut r = rows.start;
+                    while r + TILE <= rows.end {
+                        tk.rows4(&wb[r * rs..(r + TILE) * rs], act_at(t, 1), k, &mut v);
+                        (0..TILE).for_each(|i| put(t, r + i, v[i]));
+                        r += TILE;
+                    }
+                    for r in r..rows.end {
+                        put(t, r, tk.one(&wb[r * rs..(r + 1) * rs], act_at(t, 1), k));
+                    }
+                }
+                return;
+            }
+            // GEMM: each weight row meets TILE tokens per unpacking.
+            for t0 in (0..n_tok).step_by(TOKEN_TILE) {
+                let t1 = (t0 + TOKEN_TILE).min(n_tok);
+                for r in rows.clone() {
+                    let wr = &wb[r * rs..(r + 1) * rs];
+                    let mut t = t0;
+                    while t + TILE <= t1 {
+                        tk.toks4(wr, act_at(t, TILE), k, &mut v);
+                        (0..TILE).for_each(|i| put(t + i, r, v[i]));
+                        t += TILE;
+                    }
+                    for t in t..t1 {
+                        put(t, r, tk.one(wr, act_at(t, 1), k));
+                    }
+                }
+            }
+        });
+        return;
+    }
+    let dot = quant::vec_dot_fn(w.ty);
+    pool.run(n.div_ceil(chunk), &|task| {
+        let rows = task * chunk..((task + 1) * chunk).min(n);
+        for t0 in (0..n_tok).step_by(TOKEN_TILE) {
+            let tile = t0..(t0 + TOKEN_TILE).min(n_tok);
+            for r in rows.clone() {
+                let wr = &wb[r * rs..(r + 1) * rs];
+                for t in tile.clone() {
+                    put(t, r, dot(wr, act_at(t, 1), k));
+                }
             }
         }
     });
@@ -108,11 +173,18 @@ pub fn rope_cache(p: f32, r: &RopeParams, cache: &mut [f32]) {
 }
 
 pub fn rope(x: &mut [f32], pos: &[u32], n_head: usize, head_dim: usize, r: &RopeParams) {
-    let mut cache = vec![0.0f32; r.n_rot];
+    let mut stack = [0.0f32; 256];
+    let mut heap = Vec::new();
+    let cache: &mut [f32] = if r.n_rot <= stack.len() {
+        &mut stack[..r.n_rot]
+    } else {
+        heap.resize(r.n_rot, 0.0);
+        &mut heap
+    };
     let row = n_head * head_dim;
     let offset = if r.neox { r.n_rot / 2 } else { 1 };
     for (t, &p) in pos.iter().enumerate() {
-        rope_cache(p as f32, r, &mut cache);
+        rope_cache(p as f32, r, cache);
         for h in 0..n_head {
             let head = &mut x[t * row + h * head_dim..t * row + (h + 1) * head_dim];
             for i0 in (0..r.n_rot).step_by(2) {

@@ -16,7 +16,7 @@ use super::super::kquants::scale_min_k4;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn h2f(p: *const u8) -> f32 {
+pub(super) unsafe fn h2f(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     // A broadcast, not an insert: an insert would merge into (and wait for) a live register.
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(bits as i16)))
@@ -41,13 +41,13 @@ pub(super) unsafe fn scales8(x: *const u8, xs: usize, y: *const u8, ys: usize, c
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f32_at(p: *const u8) -> f32 {
     (p as *const f32).read_unaligned()
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn loadu(p: *const u8) -> __m256i {
+pub(super) unsafe fn loadu(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
@@ -62,7 +62,7 @@ pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
@@ -72,7 +72,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 /// Eight i32 sums of four u8 x i8 products each.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_us8(ux: __m256i, sy: __m256i) -> __m256i {
+pub(super) unsafe fn dot_us8(ux: __m256i, sy: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1))
 }
 
@@ -87,7 +87,7 @@ unsafe fn dot_s8(x: __m256i, y: __m256i) -> __m256i {
 /// 16 packed bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles_32(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles_32(p: *const u8) -> __m256i {
     let t = _mm_loadu_si128(p as *const __m128i);
     _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16::<4>(t), t), _mm256_set1_epi8(0x0f))
 }
@@ -223,7 +223,7 @@ safe_wrapper!(dot_q5_1_q8_1 => q5_1_q8_1, 24, 36);
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bsum(y: *const u8, j: usize) -> i32 {
+pub(super) unsafe fn bsum(y: *const u8, j: usize) -> i32 {
     (y.add(260 + 2 * j) as *const i16).read_unaligned() as i32
 }
 

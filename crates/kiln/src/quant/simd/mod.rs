@@ -4,6 +4,11 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod tiles;
+
+#[cfg(target_arch = "x86_64")]
+pub use tiles::{TileKernels, TILE};
 
 use std::sync::OnceLock;
 
@@ -20,6 +25,8 @@ pub enum CpuTier {
     /// versions of the Q8_0/Q4_0/F16 dots measured no faster (slower for Q8_0) on the AMD
     /// EPYC (Zen 4) machines kiln is tuned on, where 512-bit ops issue as two 256-bit halves.
     Avx512,
+    /// AVX-512 VNNI (`vpdpbusd`) on top: the matmul tile kernels use it.
+    Avx512Vnni,
 }
 
 impl CpuTier {
@@ -28,11 +35,12 @@ impl CpuTier {
             CpuTier::Scalar => "scalar",
             CpuTier::Avx2 => "avx2",
             CpuTier::Avx512 => "avx512",
+            CpuTier::Avx512Vnni => "avx512vnni",
         }
     }
 
     fn from_name(s: &str) -> Option<Self> {
-        [CpuTier::Scalar, CpuTier::Avx2, CpuTier::Avx512]
+        [CpuTier::Scalar, CpuTier::Avx2, CpuTier::Avx512, CpuTier::Avx512Vnni]
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(s))
     }
@@ -51,6 +59,9 @@ fn detect() -> CpuTier {
         return CpuTier::Scalar;
     }
     if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
+        if has!("avx512vnni") {
+            return CpuTier::Avx512Vnni;
+        }
         return CpuTier::Avx512;
     }
     CpuTier::Avx2
@@ -72,7 +83,7 @@ pub fn cpu_tier() -> CpuTier {
                 Some(cap) => cap.min(detected),
                 None => {
                     eprintln!(
-                        "warning: KILN_CPU={v:?} is not scalar, avx2 or avx512; using {}",
+                        "warning: KILN_CPU={v:?} is not scalar, avx2, avx512 or avx512vnni; using {}",
                         detected.name()
                     );
                     detected
@@ -126,6 +137,22 @@ pub fn vec_dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
     let n = n.min(w.len() / 2).min(a.len() / 2);
     vec_dot_fn(GgmlType::F16)(&w[..2 * n], &a[..2 * n], n)
 }
+
+/// Matmul tile kernels (several rows or tokens per call, bit-identical to one pair at a
+/// time) for weights of `ty` on this CPU, where kiln has them.
+#[cfg(target_arch = "x86_64")]
+pub fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
+    tiles::tile_kernels(ty, cpu_tier())
+}
+
+/// [`tile_kernels`] for a given tier, capped at what the CPU supports (for tests).
+#[cfg(target_arch = "x86_64")]
+pub fn tile_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<TileKernels> {
+    tiles::tile_kernels(ty, tier.min(detected_cpu_tier()))
+}
+
+// NEON (aarch64) is the seam for an ARM tier: a `neon` module with the same `VecDotFn`
+// signatures and a `CpuTier::Neon`; nothing is claimed for it yet.
 
 type DequantizeFn = fn(&[u8], &mut [f32]);
 

@@ -1,0 +1,362 @@
+//! Matmul tiles: one kernel call computes the dots of R weight rows with T activation rows,
+//! so a decode GEMV runs R independent accumulation chains (the single-row kernel waits on
+//! one FMA chain) and a prefill GEMM unpacks each weight block once for T tokens.
+//!
+//! Every (row, token) pair goes through exactly the operations of the single-pair kernel in
+//! `avx2.rs`, in the same order, so the result is bit-identical whatever the tile shape:
+//! batch invariance (DESIGN.md) holds by construction and is tested below.
+//!
+//! The `vnni` instantiations replace `maddubs + madd` by `vpdpbusd`; the integer sums are
+//! the same (no 16-bit saturation occurs for these quant ranges), so the results too.
+
+use std::arch::x86_64::*;
+
+use super::super::kquants::scale_min_k4;
+use super::avx2::{bsum, dot_us8, f32_at, h2f, hsum_epi32, hsum_ps, loadu, nibbles_32};
+
+/// `out[r * T + t] = dot(w row r, a row t)` for `R` weight rows of `ws` bytes starting at
+/// `w` and `T` activation rows of `as_` bytes starting at `a`, `nb` blocks each.
+type Core = unsafe fn(w: *const u8, ws: usize, a: *const u8, as_: usize, nb: usize, out: *mut f32);
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u8i8<const VNNI: bool>(ux: __m256i, sy: __m256i) -> __m256i {
+    if VNNI {
+        vnni_dot(ux, sy)
+    } else {
+        dot_us8(ux, sy)
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn vnni_dot(ux: __m256i, sy: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ux, sy)
+}
+
+/// The two f16 at `p` (scale and min/sum of a block), widened.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn two_f16(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u32).read_unaligned() as i32))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_core<const R: usize, const T: usize, const VNNI: bool>(
+    x: *const u8,
+    xs: usize,
+    y: *const u8,
+    ys: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut summs = [[0f32; T]; R];
+    for i in 0..nb {
+        let mut qx = [_mm256_setzero_si256(); R];
+        let mut dmx = [_mm_setzero_ps(); R];
+        for r in 0..R {
+            let xb = x.add(r * xs + 20 * i);
+            qx[r] = nibbles_32(xb.add(4));
+            dmx[r] = two_f16(xb);
+        }
+        for t in 0..T {
+            let yb = y.add(t * ys + 36 * i);
+            let qy = loadu(yb.add(4));
+            let dsy = two_f16(yb);
+            for r in 0..R {
+                // [x.d * y.d, x.m * y.s]: the products the single-pair kernel forms.
+                let p = _mm_mul_ps(dmx[r], dsy);
+                summs[r][t] += _mm_cvtss_f32(_mm_movehdup_ps(p));
+                let s = dot_u8i8::<VNNI>(qx[r], qy);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(s), acc[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *out.add(r * T + t) = hsum_ps(acc[r][t]) + summs[r][t];
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_core<const R: usize, const T: usize, const VNNI: bool>(
+    x: *const u8,
+    xs: usize,
+    y: *const u8,
+    ys: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for i in 0..nb {
+        let mut qx = [_mm256_setzero_si256(); R];
+        let mut absx = [_mm256_setzero_si256(); R];
+        let mut dx = [_mm_setzero_ps(); R];
+        for r in 0..R {
+            let xb = x.add(r * xs + 34 * i);
+            qx[r] = loadu(xb.add(2));
+            absx[r] = _mm256_sign_epi8(qx[r], qx[r]);
+            dx[r] = two_f16(xb);
+        }
+        for t in 0..T {
+            let yb = y.add(t * ys + 34 * i);
+            let qy = loadu(yb.add(2));
+            let dy = two_f16(yb);
+            for r in 0..R {
+                let d = _mm_mul_ps(dx[r], dy);
+                // The sign moves onto y so one operand is unsigned (as `dot_s8`).
+                let s = dot_u8i8::<VNNI>(absx[r], _mm256_sign_epi8(qy, qx[r]));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(s), acc[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *out.add(r * T + t) = hsum_ps(acc[r][t]);
+        }
+    }
+}
+
+/// Q4_K with Q8_K activations: each weight superblock's scales and quants are unpacked once
+/// for the T tokens (the VNNI flag is unused: the scales multiply 16-bit pair sums).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>(
+    x: *const u8,
+    xs: usize,
+    y: *const u8,
+    ys: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut sum = [[0f32; T]; R];
+    let mut mins = [[0f32; T]; R];
+    for i in 0..nb {
+        for r in 0..R {
+            let xb = x.add(r * xs + 144 * i);
+            let scales = std::slice::from_raw_parts(xb.add(4), 12);
+            let sm: [(u8, u8); 8] = std::array::from_fn(|k| scale_min_k4(k, scales));
+            let q: [__m256i; 4] = std::array::from_fn(|j| loadu(xb.add(16 + 32 * j)));
+            let (dx, dmx) = (h2f(xb), h2f(xb.add(2)));
+            for t in 0..T {
+                let yb = y.add(t * ys + 292 * i);
+                let mut summ = 0i32;
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let ((sc1, m1), (sc2, m2)) = (sm[2 * j], sm[2 * j + 1]);
+                    summ += m1 as i32 * (bsum(yb, 4 * j) + bsum(yb, 4 * j + 1));
+                    summ += m2 as i32 * (bsum(yb, 4 * j + 2) + bsum(yb, 4 * j + 3));
+                    let lo = _mm256_and_si256(q[j], m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q[j]), m4);
+                    let p1 = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(lo, loadu(yb.add(4 + 64 * j))),
+                        _mm256_set1_epi16(sc1 as i16),
+                    );
+                    let p2 = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(hi, loadu(yb.add(36 + 64 * j))),
+                        _mm256_set1_epi16(sc2 as i16),
+                    );
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+                }
+                let dy = f32_at(yb);
+                sum[r][t] += dy * dx * hsum_epi32(sumi) as f32;
+                mins[r][t] += dy * dmx * summ as f32;
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *out.add(r * T + t) = sum[r][t] - mins[r][t];
+        }
+    }
+}
+
+/// Q6_K with Q8_K activations, unpacked once per weight superblock for the T tokens.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_core<const R: usize, const T: usize, const VNNI: bool>(
+    x: *const u8,
+    xs: usize,
+    y: *const u8,
+    ys: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+    let mut sum = [[0f32; T]; R];
+    for i in 0..nb {
+        for r in 0..R {
+            let xb = x.add(r * xs + 210 * i);
+            let sc = |j: usize| *xb.add(192 + j) as i8 as i32;
+            let hbits = |s: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(s, m2));
+            let q: [[__m256i; 4]; 2] = std::array::from_fn(|n| {
+                let (ql, qh) = (xb.add(64 * n), xb.add(128 + 32 * n));
+                let (l0, l1, h) = (loadu(ql), loadu(ql.add(32)), loadu(qh));
+                [
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), hbits(h)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), hbits(_mm256_srli_epi16::<2>(h))),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                        hbits(_mm256_srli_epi16::<4>(h)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                        hbits(_mm256_srli_epi16::<6>(h)),
+                    ),
+                ]
+            });
+            let scale: [__m256i; 8] = std::array::from_fn(|k| {
+                let s = 2 * k;
+                _mm256_set_m128i(_mm_set1_epi16(sc(s + 1) as i16), _mm_set1_epi16(sc(s) as i16))
+            });
+            let dx = h2f(xb.add(208));
+            for t in 0..T {
+                let yb = y.add(t * ys + 292 * i);
+                // The quants are stored +32; take that out through the block sums.
+                let corr: i32 = (0..16).map(|j| sc(j) * bsum(yb, j)).sum();
+                let mut sumi = _mm256_setzero_si256();
+                for n in 0..2 {
+                    let q8 = yb.add(4 + 128 * n);
+                    for k in 0..4 {
+                        let p = _mm256_maddubs_epi16(q[n][k], loadu(q8.add(32 * k)));
+                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale[4 * n + k]));
+                    }
+                }
+                sum[r][t] += f32_at(yb) * dx * (hsum_epi32(sumi) - 32 * corr) as f32;
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *out.add(r * T + t) = sum[r][t];
+        }
+    }
+}
+
+macro_rules! instances {
+    ($core:ident, $avx2:ident, $vnni:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $avx2<const R: usize, const T: usize>(
+            x: *const u8,
+            xs: usize,
+            y: *const u8,
+            ys: usize,
+            nb: usize,
+            out: *mut f32,
+        ) {
+            $core::<R, T, false>(x, xs, y, ys, nb, out)
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+        unsafe fn $vnni<const R: usize, const T: usize>(
+            x: *const u8,
+            xs: usize,
+            y: *const u8,
+            ys: usize,
+            nb: usize,
+            out: *mut f32,
+        ) {
+            $core::<R, T, true>(x, xs, y, ys, nb, out)
+        }
+    };
+}
+instances!(q4_1_core, q4_1_avx2, q4_1_vnni);
+instances!(q8_0_core, q8_0_avx2, q8_0_vnni);
+instances!(q4_k_core, q4_k_avx2, q4_k_vnni);
+instances!(q6_k_core, q6_k_avx2, q6_k_vnni);
+
+/// Tile kernels of one weight type: 1×1, 4 rows × 1 token (GEMV), 1 row × 4 tokens (GEMM).
+#[derive(Clone, Copy)]
+pub struct TileKernels {
+    one: Core,
+    rows4: Core,
+    toks4: Core,
+    /// Bytes per weight block and per activation block, and elements per block.
+    wb: usize,
+    ab: usize,
+    bs: usize,
+}
+
+/// Rows (or tokens) a wide tile covers.
+pub const TILE: usize = 4;
+
+impl TileKernels {
+    fn check(&self, w: &[u8], w_rows: usize, a: &[u8], a_rows: usize, n: usize) -> Option<usize> {
+        let nb = n / self.bs;
+        let ok = n % self.bs == 0 && w.len() >= w_rows * nb * self.wb && a.len() >= a_rows * nb * self.ab;
+        ok.then_some(nb)
+    }
+
+    /// The dot of one weight row and one activation row of `n` elements (NaN if mis-sized).
+    pub fn one(&self, w: &[u8], a: &[u8], n: usize) -> f32 {
+        let mut out = f32::NAN;
+        if let Some(nb) = self.check(w, 1, a, 1, n) {
+            // SAFETY: the tier was detected before these kernels were handed out and the
+            // slices hold the blocks read (checked above).
+            unsafe { (self.one)(w.as_ptr(), 0, a.as_ptr(), 0, nb, &mut out) };
+        }
+        out
+    }
+
+    /// `out[r] = dot(w row r, a)` for 4 consecutive weight rows (`w` holds them back to back).
+    pub fn rows4(&self, w: &[u8], a: &[u8], n: usize, out: &mut [f32; TILE]) {
+        *out = [f32::NAN; TILE];
+        if let Some(nb) = self.check(w, TILE, a, 1, n) {
+            // SAFETY: as in `one`.
+            unsafe { (self.rows4)(w.as_ptr(), nb * self.wb, a.as_ptr(), 0, nb, out.as_mut_ptr()) };
+        }
+    }
+
+    /// `out[t] = dot(w, a row t)` for 4 consecutive activation rows.
+    pub fn toks4(&self, w: &[u8], a: &[u8], n: usize, out: &mut [f32; TILE]) {
+        *out = [f32::NAN; TILE];
+        if let Some(nb) = self.check(w, 1, a, TILE, n) {
+            // SAFETY: as in `one`.
+            unsafe { (self.toks4)(w.as_ptr(), 0, a.as_ptr(), nb * self.ab, nb, out.as_mut_ptr()) };
+        }
+    }
+}
+
+/// The tile kernels for weights of `ty` at `tier`, where kiln has them.
+pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<TileKernels> {
+    use super::{CpuTier, GgmlType};
+    if tier < CpuTier::Avx2 {
+        return None;
+    }
+    let vnni = tier >= CpuTier::Avx512Vnni;
+    macro_rules! set {
+        ($avx2:ident, $vnni:ident, $wb:expr, $ab:expr, $bs:expr) => {
+            if vnni {
+                TileKernels {
+                    one: $vnni::<1, 1>,
+                    rows4: $vnni::<TILE, 1>,
+                    toks4: $vnni::<1, TILE>,
+                    wb: $wb,
+                    ab: $ab,
+                    bs: $bs,
+                }
+            } else {
+                TileKernels {
+                    one: $avx2::<1, 1>,
+                    rows4: $avx2::<TILE, 1>,
+                    toks4: $avx2::<1, TILE>,
+                    wb: $wb,
+                    ab: $ab,
+                    bs: $bs,
+                }
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_1 => Some(set!(q4_1_avx2, q4_1_vnni, 20, 36, 32)),
+        GgmlType::Q8_0 => Some(set!(q8_0_avx2, q8_0_vnni, 34, 34, 32)),
+        GgmlType::Q4_K => Some(set!(q4_k_avx2, q4_k_vnni, 144, 292, 256)),
+        GgmlType::Q6_K => Some(set!(q6_k_avx2, q6_k_vnni, 210, 292, 256)),
+        _ => None,
+    }
+}

@@ -1,0 +1,104 @@
+//! CPU kernel tiers: `KILN_CPU` caps the tier that actually runs (checked in child
+//! processes, since the tier is read once per process), and the matmul tile kernels of
+//! every tier agree with the scalar reference and are bit-identical across tile shapes.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::process::Command;
+
+use kiln::quant::{
+    cpu_tier, detected_cpu_tier, quantize_activation, quantize_row, tile_kernels_for, vec_dot, CpuTier,
+    GgmlType, TILE,
+};
+
+const ALL: [CpuTier; 4] = [CpuTier::Scalar, CpuTier::Avx2, CpuTier::Avx512, CpuTier::Avx512Vnni];
+
+/// Run by the parent test below in a child process with `KILN_CPU` set.
+#[test]
+fn child_reports_tier() {
+    if std::env::var_os("KILN_TIER_CHILD").is_some() {
+        println!("tier={}", cpu_tier().name());
+    }
+}
+
+#[test]
+fn kiln_cpu_caps_the_tier_that_runs() {
+    let exe = std::env::current_exe().unwrap();
+    for cap in ALL {
+        let out = Command::new(&exe)
+            .args(["--exact", "child_reports_tier", "--nocapture", "--test-threads=1"])
+            .env("KILN_TIER_CHILD", "1")
+            .env("KILN_CPU", cap.name())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let want = format!("tier={}", cap.min(detected_cpu_tier()).name());
+        assert!(text.contains(&want), "KILN_CPU={}: want {want}, child said {text}", cap.name());
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+    }
+}
+
+#[test]
+fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
+        let mut rng = Rng(7);
+    for (ty, n) in [(GgmlType::Q4_1, 576), (GgmlType::Q8_0, 576), (GgmlType::Q4_K, 1536), (GgmlType::Q6_K, 1536)] {
+        let at = ty.vec_dot_type();
+        let (wr, ar) = (ty.row_size(n).unwrap(), at.row_size(n).unwrap());
+        let mut w = vec![0u8; wr * TILE];
+        let mut a = vec![0u8; ar * TILE];
+        for r in 0..TILE {
+            let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+            let y: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            quantize_activation(at, &y, &mut a[r * ar..(r + 1) * ar]).unwrap();
+        }
+        let reference: Vec<f32> = (0..TILE * TILE)
+            .map(|i| vec_dot(ty, &w[(i / TILE) * wr..][..wr], &a[(i % TILE) * ar..][..ar], n))
+            .collect();
+        let mut tested = 0;
+        for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
+            let Some(tk) = tile_kernels_for(ty, tier) else {
+                assert_eq!(tier, CpuTier::Scalar, "{ty}: {tier:?} has no tile kernels");
+                continue;
+            };
+            tested += 1;
+            let mut got = vec![0f32; TILE * TILE];
+            for r in 0..TILE {
+                for t in 0..TILE {
+                    got[r * TILE + t] = tk.one(&w[r * wr..][..wr], &a[t * ar..][..ar], n);
+                }
+            }
+            let (num, den): (f64, f64) = got
+                .iter()
+                .zip(&reference)
+                .map(|(&g, &e)| (((g - e) as f64).powi(2), (e as f64).powi(2)))
+                .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+            assert!(num / den < 1e-10, "{ty} {tier:?}: NMSE {:e}", num / den);
+            let mut v = [0f32; TILE];
+            for t in 0..TILE {
+                tk.rows4(&w, &a[t * ar..][..ar], n, &mut v);
+                for r in 0..TILE {
+                    assert_eq!(v[r].to_bits(), got[r * TILE + t].to_bits(), "{ty} {tier:?} rows4");
+                }
+            }
+            for r in 0..TILE {
+                tk.toks4(&w[r * wr..][..wr], &a, n, &mut v);
+                for t in 0..TILE {
+                    assert_eq!(v[t].to_bits(), got[r * TILE + t].to_bits(), "{ty} {tier:?} toks4");
+                }
+            }
+            // Mis-sized input gives NaN, not a read out of bounds.
+            assert!(tk.one(&w[..wr - 1], &a[..ar], n).is_nan());
+        }
+        if detected_cpu_tier() >= CpuTier::Avx2 {
+            assert!(tested > 0);
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Context limits and persistence: reaching n_ctx stops with context_full or shifts the
+//! context; a saved session restores with the same greedy continuation, and refuses
+//! another model.
+
+mod support;
+
+use std::ops::ControlFlow;
+
+use kiln::sample::SamplerParams;
+use kiln::{Engine, EngineOptions, FinishReason, GenerateOptions, Message, SessionOptions};
+use support::*;
+
+fn engine(name: &str, n_ctx: usize) -> Engine {
+    let opts = EngineOptions::default().with_n_ctx(n_ctx).with_threads(2);
+    Engine::load(model(name).to_str().unwrap(), opts).unwrap()
+}
+
+fn greedy(n: usize) -> GenerateOptions {
+    GenerateOptions::default().with_sampler(SamplerParams::greedy()).with_max_tokens(n).with_ignore_eos(true)
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+#[test]
+fn reaching_n_ctx_stops_with_context_full() {
+    let e = engine(SMOLLM2.name, 64);
+    let mut s = e.session(SessionOptions::default()).unwrap();
+    let p = s.append_text("The history of the Roman empire").unwrap();
+    let sum = s.generate(&greedy(1000), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(sum.finish_reason, FinishReason::ContextFull);
+    assert_eq!(p.len() + sum.ids.len(), 64);
+}
+
+#[test]
+fn context_shift_keeps_n_keep_tokens_and_goes_on() {
+    let e = engine(SMOLLM2.name, 64);
+    let mut s = e.session(SessionOptions::default().with_context_shift(4)).unwrap();
+    let p = s.append_text("The history of the Roman empire").unwrap();
+    let sum = s.generate(&greedy(150), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(sum.finish_reason, FinishReason::Length);
+    assert_eq!(sum.ids.len(), 150);
+    let t = s.tokens();
+    assert!(t.len() <= 64);
+    assert_eq!(&t[..4], &p[..4], "the first n_keep tokens survive every shift");
+    assert_eq!(&t[t.len() - 10..], &sum.ids[140..], "the newest tokens are kept");
+    // The continuation after a shift is the model's greedy continuation of the kept tokens.
+    drop(s);
+    let mut f = e.session(SessionOptions::default()).unwrap();
+    f.append_tokens(&t[..t.len() - 1]).unwrap();
+    let next = f.generate(&greedy(1), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(next.ids[0], *t.last().unwrap());
+}
+
+#[test]
+fn restored_session_continues_with_the_same_greedy_tokens() {
+    let path = tmp("session_restore.json");
+    let e = engine(SMOLLM2.name, 512);
+    let mut s = e.session(SessionOptions::default()).unwrap();
+    s.append_chat(&[Message::user("Tell me about bees.")]).unwrap();
+    s.generate(&greedy(8), |_| ControlFlow::Continue(())).unwrap();
+    s.save(&path).unwrap();
+    let cont = s.generate(&greedy(16), |_| ControlFlow::Continue(())).unwrap();
+
+    // A fresh engine (as a new process would load it) restores and continues identically.
+    let e2 = engine(SMOLLM2.name, 512);
+    let mut r = e2.session(SessionOptions::default()).unwrap();
+    r.restore(&path).unwrap();
+    assert_eq!(r.history().len(), 2);
+    let cont2 = r.generate(&greedy(16), |_| ControlFlow::Continue(())).unwrap();
+    assert_eq!(cont.ids, cont2.ids);
+}
+
+#[test]
+fn restoring_against_another_model_fails_and_changes_nothing() {
+    let path = tmp("session_other_model.json");
+    let e = engine(SMOLLM2.name, 256);
+    let mut s = e.session(SessionOptions::default()).unwrap();
+    s.append_text("Hello").unwrap();
+    s.save(&path).unwrap();
+    let other = engine(GEMMA3.name, 256);
+    let mut r = other.session(SessionOptions::default()).unwrap();
+    r.append_text("Hi").unwrap();
+    let before = r.tokens();
+    let err = r.restore(&path).unwrap_err().to_string();
+    assert!(err.contains("sha256"), "{err}");
+    assert_eq!(r.tokens(), before);
+
+    std::fs::write(&path, r#"{"format":"kiln-session","version":99}"#).unwrap();
+    assert!(r.restore(&path).unwrap_err().to_string().contains("version 99"));
+    std::fs::write(&path, "not json").unwrap();
+    assert!(r.restore(&path).is_err());
+}
