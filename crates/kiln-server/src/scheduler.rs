@@ -280,28 +280,30 @@ impl Scheduler {
         for &t in job.prompt.iter() {
             sampler.accept(t);
         }
-        let runner = self.engine.runner();
-        // Prefix reuse: continue the idle sequence sharing the longest prefix; at least the
-        // last prompt token is evaluated again, for its logits.
+        // Prefix reuse: continue the idle sequence sharing the longest prefix (token
+        // granularity), else a new one; the runner may offer a longer whole-block prefix
+        // from its prefix cache. The last prompt token is always evaluated, for its logits.
         let best = self
             .idle
             .iter()
             .enumerate()
             .map(|(i, idle)| (common_prefix(&idle.tokens, &job.prompt), i))
             .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
-        let (seq, n_eval) = match best {
-            Some((n, i)) if n > 0 => {
-                let idle = self.idle.swap_remove(i);
-                let keep = n.min(job.prompt.len() - 1);
-                runner.truncate_seq(idle.seq, keep);
-                self.shared.metrics.prompt_tokens_cached.fetch_add(keep as u64, Ordering::Relaxed);
-                (idle.seq, keep)
-            }
+        let seq = match best {
+            Some((n, i)) if n > 0 => self.idle.swap_remove(i).seq,
             _ => {
                 self.evict_if_full();
-                (self.engine.runner().new_seq(), 0)
+                self.engine.runner().new_seq()
             }
         };
+        let runner = self.engine.runner();
+        let kept = runner.reuse_prefix(seq, &job.prompt);
+        if kept >= job.prompt.len() {
+            runner.truncate_seq(seq, job.prompt.len() - 1);
+        }
+        // Truncation may drop a shared partial block (copy-on-write by recomputation).
+        let n_eval = runner.seq_len(seq);
+        self.shared.metrics.prompt_tokens_cached.fetch_add(n_eval as u64, Ordering::Relaxed);
         self.shared.metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
         let tok = self.engine.tokenizer().clone();
         self.slots.push(Slot {
