@@ -2,7 +2,6 @@
 //! continuous-batching scheduler thread that owns the model. Routes, flags, errors and
 //! metrics are the contract of CLI.md.
 
-mod embed;
 mod error;
 mod metrics;
 mod params;

@@ -11,13 +11,13 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kiln::embed::{normalize, pool, Pooling};
 use kiln::engine::Engine;
 use kiln::model::{Entry, OutputKind, SeqId};
 use kiln::sample::{Sampler, SamplerParams, StopMatcher};
 use kiln::tokenizer::Detokenizer;
 use tokio::sync::{mpsc::UnboundedSender, oneshot};
 
-use crate::embed::mean_pool_l2;
 use crate::state::Shared;
 
 /// How long a drain lets running requests finish before cancelling them (SIGTERM must
@@ -280,30 +280,30 @@ impl Scheduler {
         for &t in job.prompt.iter() {
             sampler.accept(t);
         }
-        let runner = self.engine.runner();
-        // Prefix reuse: continue the idle sequence sharing the longest prefix; at least the
-        // last prompt token is evaluated again, for its logits.
+        // Prefix reuse: continue the idle sequence sharing the longest prefix (token
+        // granularity), else a new one; the runner may offer a longer whole-block prefix
+        // from its prefix cache. The last prompt token is always evaluated, for its logits.
         let best = self
             .idle
             .iter()
             .enumerate()
             .map(|(i, idle)| (common_prefix(&idle.tokens, &job.prompt), i))
             .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
-        let (seq, n_eval) = match best {
-            Some((n, i)) if n > 0 => {
-                let idle = self.idle.swap_remove(i);
-                let keep = n.min(job.prompt.len() - 1);
-                runner.truncate_seq(idle.seq, keep);
-                // The prefix cache may drop a shared partial block: read back what is kept.
-                let keep = runner.seq_len(idle.seq);
-                self.shared.metrics.prompt_tokens_cached.fetch_add(keep as u64, Ordering::Relaxed);
-                (idle.seq, keep)
-            }
+        let seq = match best {
+            Some((n, i)) if n > 0 => self.idle.swap_remove(i).seq,
             _ => {
                 self.evict_if_full();
-                (self.engine.runner().new_seq(), 0)
+                self.engine.runner().new_seq()
             }
         };
+        let runner = self.engine.runner();
+        let kept = runner.reuse_prefix(seq, &job.prompt);
+        if kept >= job.prompt.len() {
+            runner.truncate_seq(seq, job.prompt.len() - 1);
+        }
+        // Truncation may drop a shared partial block (copy-on-write by recomputation).
+        let n_eval = runner.seq_len(seq);
+        self.shared.metrics.prompt_tokens_cached.fetch_add(n_eval as u64, Ordering::Relaxed);
         self.shared.metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
         let tok = self.engine.tokenizer().clone();
         self.slots.push(Slot {
@@ -462,7 +462,12 @@ impl Scheduler {
         runner.free_seq(seq);
         self.shared.metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
         match res {
-            Ok(h) => work.done.push(mean_pool_l2(&h, self.engine.config().n_embd)),
+            Ok(h) => {
+                // The library's pooling, so the vectors equal `kiln embed --normalize`.
+                let mut v = pool(&h, self.engine.config().n_embd, Pooling::Mean).pop().unwrap_or_default();
+                normalize(&mut v);
+                work.done.push(v);
+            }
             Err(e) => {
                 if let Some(w) = self.embeds.pop_front() {
                     let _ = w.job.reply.send(Err(format!("embedding failed: {e}")));
