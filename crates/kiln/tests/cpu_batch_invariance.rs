@@ -28,9 +28,7 @@ fn last_logits(e: &Engine, sizes: &[usize], noise: bool) -> Vec<f32> {
             // Neighbours first, so our rows sit at other offsets of the batch.
             entries.extend((0..3).map(|i| Entry { seq: other, token: 5 + i, output: false }));
         }
-        entries.extend(
-            (at..at + n).map(|i| Entry { seq, token: toks[i], output: i + 1 == N }),
-        );
+        entries.extend((at..at + n).map(|i| Entry { seq, token: toks[i], output: i + 1 == N }));
         out = r.decode(&entries, OutputKind::Logits).unwrap();
         at += n;
     }

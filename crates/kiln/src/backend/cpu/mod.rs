@@ -54,7 +54,11 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     pub fn new(n_threads: usize) -> Self {
-        CpuBackend { pool: ThreadPool::new(n_threads), vectors: Default::default(), act_buf: Default::default() }
+        CpuBackend {
+            pool: ThreadPool::new(n_threads),
+            vectors: Default::default(),
+            act_buf: Default::default(),
+        }
     }
 
     pub fn n_threads(&self) -> usize {

@@ -52,7 +52,14 @@ fn rows_per_task(n_rows: usize, n_threads: usize) -> usize {
 /// `out[t, r] = dot(w[r], x[t])` with `x` quantized to the weight's dot type first (into
 /// `act_buf`, grown once and reused). Each `(t, r)` is one call of the same dot kernel, so
 /// a row's result does not depend on the batch it is in.
-pub fn matmul(pool: &ThreadPool, w: &CpuWeight, x: &[f32], n_tok: usize, out: &mut [f32], act_buf: &mut Vec<u8>) {
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &CpuWeight,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+    act_buf: &mut Vec<u8>,
+) {
     let k = w.cols;
     let vdt = w.ty.vec_dot_type();
     let act_row = vdt.row_size(k).expect("weight rows are whole blocks");
