@@ -119,6 +119,8 @@ const ARENA: u64 = 4 << 20;
 /// Commands recorded since the last submission, and the parameter words they read.
 pub struct Recorder {
     enc: Option<wgpu::CommandEncoder>,
+    /// One compute pass for the dispatches between copies (wgpu orders them with barriers).
+    pass: Option<wgpu::ComputePass<'static>>,
     arena: Vec<u8>,
     arena_buf: wgpu::Buffer,
     readback: Option<wgpu::Buffer>,
@@ -132,7 +134,7 @@ impl Recorder {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Recorder { enc: None, arena: Vec::new(), arena_buf, readback: None }
+        Recorder { enc: None, pass: None, arena: Vec::new(), arena_buf, readback: None }
     }
 
     fn encoder(&mut self, ctx: &Context) -> &mut wgpu::CommandEncoder {
@@ -172,8 +174,11 @@ impl Recorder {
             layout: &pipe.get_bind_group_layout(0),
             entries: &entries,
         });
-        let enc = self.encoder(ctx);
-        let mut pass = enc.begin_compute_pass(&Default::default());
+        if self.pass.is_none() {
+            let pass = self.encoder(ctx).begin_compute_pass(&Default::default()).forget_lifetime();
+            self.pass = Some(pass);
+        }
+        let pass = self.pass.as_mut().expect("made above");
         pass.set_pipeline(pipe);
         pass.set_bind_group(0, &bg, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
@@ -181,6 +186,7 @@ impl Recorder {
 
     /// Submits what was recorded (parameter words first).
     pub fn submit(&mut self, ctx: &Context) {
+        self.pass = None;
         if let Some(enc) = self.enc.take() {
             if !self.arena.is_empty() {
                 ctx.queue.write_buffer(&self.arena_buf, 0, &self.arena);
@@ -205,6 +211,7 @@ impl Recorder {
             }));
         }
         let rb = self.readback.clone().expect("made above");
+        self.pass = None;
         self.encoder(ctx).copy_buffer_to_buffer(buf, 0, &rb, 0, bytes);
         self.submit(ctx);
         let (tx, rx) = std::sync::mpsc::channel();

@@ -232,7 +232,7 @@ impl Backend for GpuBackend {
             }
             (GgmlType::F16, out.into())
         };
-        if cols % 32 != 0 && rows > 1 {
+        if !cols.is_multiple_of(32) && rows > 1 {
             return Err(err(format!("row length {cols} is not a multiple of 32")));
         }
         let row_size = ty.row_size(cols)?;
@@ -376,7 +376,7 @@ impl Backend for GpuBackend {
     fn attention(&self, q: &GpuBuf, kc: &GpuKv, vc: &GpuKv, plan: &AttnPlan, out: &mut GpuBuf) {
         self.op();
         assert!(
-            plan.head_dim <= 256 && plan.head_dim % 2 == 0,
+            plan.head_dim <= 256 && plan.head_dim.is_multiple_of(2),
             "GPU attention supports even head_dim up to 256, not {}",
             plan.head_dim
         );
