@@ -336,14 +336,7 @@ fn chat_prompt(o: &Obj, engine: &Engine) -> Result<Vec<u32>, ApiError> {
         .chat_template()
         .ok_or_else(|| ApiError::bad("the model has no chat template; use /v1/completions"))?;
     let text = tpl.render_json(&Value::Array(norm), true, None).map_err(|e| bad(e.to_string()))?;
-    let tok = engine.tokenizer();
-    let mut ids = tok.encode(&text, false, true).map_err(|e| bad(e.to_string()))?;
-    if let Some(bos) = tok.bos().filter(|_| tok.add_bos()) {
-        if ids.first() != Some(&bos) {
-            ids.insert(0, bos);
-        }
-    }
-    Ok(ids)
+    engine.tokenizer().encode_prompt(&text).map_err(|e| bad(e.to_string()))
 }
 
 /// `prompt`: a string, an array of strings, an array of token ids or an array of those.

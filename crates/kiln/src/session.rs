@@ -273,13 +273,11 @@ impl Session {
 
     fn encode(&self, text: &str, at_start: bool) -> Result<Vec<u32>> {
         let tok = self.engine.tokenizer();
-        let mut ids = tok.encode(text, false, true)?;
-        if let Some(bos) = tok.bos().filter(|_| at_start && tok.add_bos()) {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
+        if at_start {
+            tok.encode_prompt(text)
+        } else {
+            tok.encode(text, false, true)
         }
-        Ok(ids)
     }
 
     /// Adds `messages` to the chat history, renders the whole history with the model's

@@ -14,14 +14,7 @@ pub fn prompt_ids(engine: &Engine, text: &str, system: Option<&str>, raw: bool) 
                 msgs.push(Message::system(s));
             }
             msgs.push(Message::user(text));
-            let rendered = tpl.render(&msgs, true, None)?;
-            let mut ids = tok.encode(&rendered, false, true)?;
-            if let Some(bos) = tok.bos().filter(|_| tok.add_bos()) {
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
-            }
-            Ok(ids)
+            tok.encode_prompt(&tpl.render(&msgs, true, None)?)
         }
         None => {
             if !raw {

@@ -88,6 +88,19 @@ impl Tokenizer {
         self.vocab.texts.len()
     }
 
+    /// A rendered prompt (chat template output) as tokens: special tokens parsed, and BOS
+    /// first when the model adds one and the text does not already begin with it
+    /// (Hugging Face templates often write the BOS text themselves).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text, false, true)?;
+        if let Some(bos) = self.bos().filter(|_| self.add_bos()) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
     /// Token ids of `text`. With `add_special`, BOS is prepended iff [`Self::add_bos`] and EOS
     /// appended iff [`Self::add_eos`] (WordPiece: always CLS ... SEP, as llama.cpp does).
     /// With `parse_special`, texts of control tokens become those tokens; USER_DEFINED
