@@ -131,6 +131,16 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
                 let d = matmul_out(&gpu, &g, ty, n);
                 let tol = if widened(ty) { 1e-4 } else { 1e-6 };
                 compare(&format!("matmul {ty} x{n} on {}", gpu.name()), &d, &c, tol);
+                if !widened(ty) {
+                    // The same integer sums and f32 steps as the CPU: bit-identical.
+                    let bad = d.iter().zip(&c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    assert_eq!(
+                        bad,
+                        0,
+                        "matmul {ty} x{n} on {}: {bad} values differ from the CPU",
+                        gpu.name()
+                    );
+                }
                 // Row 0 alone and inside a batch: bit-identical.
                 let alone = matmul_out(&gpu, &g, ty, 1);
                 assert_eq!(alone[..ROWS], d[..ROWS], "matmul {ty}: batch of {n} changed row 0");

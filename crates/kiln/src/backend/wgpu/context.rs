@@ -26,6 +26,8 @@ pub struct Context {
     pub max_buffer: u64,
     /// Storage-buffer offset alignment for the per-op parameter words.
     pub align: u64,
+    /// Whether the driver's fma() rounds once, as the CPU's FMA does (probed at start).
+    pub fused_fma: bool,
 }
 
 fn rank(t: wgpu::DeviceType) -> u32 {
@@ -66,7 +68,7 @@ impl Context {
             ..Default::default()
         }))
         .map_err(|e| KilnError::Backend(format!("cannot open {}: {e}", info.name)))?;
-        Ok(Context {
+        let mut ctx = Context {
             device,
             queue,
             info,
@@ -74,7 +76,52 @@ impl Context {
             max_binding: limits.max_storage_buffer_binding_size as u64,
             max_buffer: limits.max_buffer_size,
             align: (limits.min_storage_buffer_offset_alignment as u64).max(4),
-        })
+            fused_fma: false,
+        };
+        ctx.fused_fma = ctx.probe_fma()?;
+        Ok(ctx)
+    }
+
+    /// Runs fma(1 + 2^-12, 1 + 2^-12, -(1 + 2^-11)): 2^-24 when fused, 0 when the
+    /// product is rounded first (Vulkan allows either; lavapipe does the latter).
+    fn probe_fma(&self) -> Result<bool> {
+        let src = "@group(0) @binding(0) var<storage, read_write> v: array<f32>;
+@compute @workgroup_size(1)
+fn main() {
+    v[3] = fma(v[0], v[1], v[2]);
+}";
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("kiln fma probe"),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipe = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("kiln fma probe"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let a = 1.0 + 2f32.powi(-12);
+        let buf =
+            self.upload(bytemuck::cast_slice(&[a, a, -(1.0 + 2f32.powi(-11)), 0.0]), "kiln fma probe")?;
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &[wgpu::BindGroupEntry { binding: 0, resource: buf.as_entire_binding() }],
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipe);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        self.queue.submit([enc.finish()]);
+        let mut rec = Recorder::new(self);
+        let mut out = [0f32; 4];
+        rec.read(self, &buf, &mut out)?;
+        Ok(out[3] != 0.0)
     }
 
     pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {

@@ -12,6 +12,16 @@ const COMMON: &str = include_str!("shaders/common.wgsl");
 const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const DEQUANT: &str = include_str!("shaders/dequant.wgsl");
+const DOT: &str = include_str!("shaders/dot.wgsl");
+const EXP: &str = include_str!("shaders/exp.wgsl");
+/// Packed 4x8 integer dot: the WGSL builtin (naga emits OpSDot where the device has it, a
+/// polyfill elsewhere), or plain shifts on the forced fallback path.
+const DOT4_PACKED: &str = "    return dot4I8Packed(a, b);";
+const DOT4_PLAIN: &str = "    var s = 0;
+    for (var i = 0u; i < 32u; i = i + 8u) {
+        s = s + extractBits(bitcast<i32>(a), i, 8u) * extractBits(bitcast<i32>(b), i, 8u);
+    }
+    return s;";
 
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,17 +86,57 @@ fn chunk_fn(ty: GgmlType) -> &'static str {
     }
 }
 
-/// The full WGSL text of a kernel (exposed for the shader-validation test).
-pub fn assemble(k: Kernel, subgroups: bool) -> String {
+/// The matmul's view of a weight type (dot.wgsl): its class (0: 32-value blocks with lane
+/// chains, 1: K superblocks, 2: floats), block bytes, and its unit functions.
+fn dot_consts(ty: GgmlType) -> String {
+    use GgmlType::*;
+    let (class, unit, sub, kscale) = match ty {
+        Q4_0 => (0, "unit_q4_0", "sub_q4_k", "kscale_q4_k"),
+        Q4_1 => (0, "unit_q4_1", "sub_q4_k", "kscale_q4_k"),
+        Q5_0 => (0, "unit_q5_0", "sub_q4_k", "kscale_q4_k"),
+        Q8_0 => (0, "unit_q8_0", "sub_q4_k", "kscale_q4_k"),
+        Q4_K => (1, "unit_q8_0", "sub_q4_k", "kscale_q4_k"),
+        Q5_K => (1, "unit_q8_0", "sub_q5_k", "kscale_q4_k"),
+        Q6_K => (1, "unit_q8_0", "sub_q6_k", "kscale_q6_k"),
+        _ => (2, "unit_q8_0", "sub_q4_k", "kscale_q4_k"),
+    };
+    format!(
+        "const CLASS: u32 = {class}u;\nconst BB: u32 = {}u;\nconst HAS_MIN: bool = {};\n\
+         const WF16: bool = {};\n\
+         fn unit_a(o: u32, xw: u32) {{\n    {unit}(o, xw);\n}}\n\
+         fn sub_k(o: u32, j: u32, xw: u32) -> vec2<i32> {{\n    return {sub}(o, j, xw);\n}}\n\
+         fn kscale(o: u32) -> vec2<f32> {{\n    return {kscale}(o);\n}}\n",
+        ty.type_size(),
+        ty == Q4_1,
+        ty == F16,
+    )
+}
+
+/// The full WGSL text of a kernel (exposed for the shader-validation test). `subgroups`
+/// false is the portable fallback: tree reductions and plain integer dots.
+/// `fused_fma`: the driver's fma() rounds once (else it is emulated from exact parts).
+pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     let (src, _) = k.source();
     let mut s = String::new();
-    s.push_str(&COMMON.replace("//REDUCE", if subgroups { REDUCE_SUBGROUP } else { REDUCE_TREE }));
+    let fma = if fused_fma { "    return fma(a, b, c);" } else { "    return fma_soft(a, b, c);" };
+    s.push_str(
+        &COMMON
+            .replace("//REDUCE", if subgroups { REDUCE_SUBGROUP } else { REDUCE_TREE })
+            .replace("//FMA", fma),
+    );
     if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::Embed(ty) = k {
         s.push_str(DEQUANT);
         s.push_str(&format!(
             "fn load_chunk(b: u32, c: u32) {{\n    wmin = 0.0;\n    {}(b, c);\n}}\n",
             chunk_fn(ty)
         ));
+    }
+    if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) = k {
+        s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
+        s.push_str(&dot_consts(ty));
+    }
+    if src.contains("exp_acc(") {
+        s.push_str(EXP);
     }
     let body = if subgroups {
         src.replace("/*SG*/", ", @builtin(subgroup_invocation_id) sgi: u32")
@@ -113,7 +163,7 @@ impl Pipelines {
                 let label = format!("{k:?}");
                 let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(&label),
-                    source: wgpu::ShaderSource::Wgsl(assemble(k, ctx.subgroups).into()),
+                    source: wgpu::ShaderSource::Wgsl(assemble(k, ctx.subgroups, ctx.fused_fma).into()),
                 });
                 Arc::new(ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&label),

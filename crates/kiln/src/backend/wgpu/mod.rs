@@ -85,15 +85,6 @@ fn f(x: f32) -> u32 {
     x.to_bits()
 }
 
-/// ggml's `rope_yarn_corr_dims`.
-fn yarn_corr_dims(r: &RopeParams) -> [f32; 2] {
-    let n_dims = r.n_rot as f32;
-    let corr = |n_rot: f32| {
-        n_dims * (r.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * r.freq_base.ln())
-    };
-    [corr(r.beta_fast).floor().max(0.0), corr(r.beta_slow).ceil().min(n_dims - 1.0)]
-}
-
 impl GpuBackend {
     /// Opens a device. `KILN_GPU_FALLBACK=1` forces the portable kernels (no subgroups).
     pub fn new(policy: AdapterPolicy) -> Result<GpuBackend> {
@@ -140,6 +131,30 @@ impl GpuBackend {
         Ok(GpuBuf { buf, len: v.len() })
     }
 
+    /// Overwrites the start of `buf` with host values (tests; flushed with the next submission).
+    #[doc(hidden)]
+    pub fn write(&self, buf: &GpuBuf, v: &[f32]) {
+        assert!(v.len() <= buf.len);
+        self.lock().submit(&self.ctx);
+        self.ctx.queue.write_buffer(&buf.buf, 0, bytemuck::cast_slice(v));
+    }
+
+    /// Overwrites a KV buffer with host f16 values (an even count; tests).
+    #[doc(hidden)]
+    pub fn write_kv(&self, kv: &GpuKv, v: &[half::f16]) {
+        self.lock().submit(&self.ctx);
+        self.ctx.queue.write_buffer(&kv.buf, 0, bytemuck::cast_slice(&v[..v.len() / 2 * 2]));
+    }
+
+    /// Reads a KV buffer back as f16 values (tests).
+    #[doc(hidden)]
+    pub fn read_kv(&self, kv: &GpuKv, n: usize) -> Vec<half::f16> {
+        let mut words = vec![0f32; n.div_ceil(2)];
+        self.lock().read(&self.ctx, &kv.buf, &mut words).expect("read-back");
+        let h: &[half::f16] = bytemuck::cast_slice(&words);
+        h[..n].to_vec()
+    }
+
     /// Picks the matmul kernel: an invocation per weight row (true, the default on software
     /// adapters) or a workgroup per row (the default on hardware GPUs).
     pub fn set_row_per_invocation(&mut self, on: bool) {
@@ -149,23 +164,6 @@ impl GpuBackend {
     /// Lowers the size weights are split at (tests of the split path).
     pub fn set_max_binding(&mut self, bytes: u64) {
         self.split_bytes = self.split_bytes.min(bytes.max(256));
-    }
-
-    /// The activations as a matmul with `ty` weights sees them (x' = d * q), for tests.
-    #[doc(hidden)]
-    pub fn rounded_activations(&self, x: &GpuBuf, ty: GgmlType, n: usize) -> Vec<f32> {
-        let mode = match ty.vec_dot_type() {
-            GgmlType::Q8_0 => 0u32,
-            GgmlType::Q8_1 => 3,
-            GgmlType::Q8_K => 1,
-            _ => 2,
-        };
-        let bs = if mode == 1 { 256 } else { 32 };
-        let act = self.act_buf(n + n / 32);
-        self.run(Kernel::Quantize, &[mode, n as u32], &[&x.buf, &act], grid(n / bs, 64));
-        let mut out = vec![0.0; n];
-        self.lock().read(&self.ctx, &act, &mut out).expect("read-back");
-        out
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Recorder> {
@@ -298,27 +296,36 @@ impl Backend for GpuBackend {
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
         self.op();
         let k = w.cols;
-        let mode = match w.ty.vec_dot_type() {
-            GgmlType::Q8_0 => Some((0u32, 32)),
-            GgmlType::Q8_1 => Some((3, 32)),
-            GgmlType::Q8_K => Some((1, 256)),
-            GgmlType::F16 => Some((2, 32)),
-            _ => None,
+        // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
+        let (mode, bs) = match w.ty.vec_dot_type() {
+            GgmlType::Q8_0 => (Some(0u32), 32),
+            GgmlType::Q8_1 => (Some(3), 32),
+            GgmlType::Q8_K => (Some(1), 256),
+            GgmlType::F16 => (Some(2), 32),
+            _ => (None, 32),
         };
+        let n = rows * k;
+        let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
         let act;
-        let sums = if mode.is_some_and(|m| m.0 == 3) { (rows * k) as u32 } else { 0 };
         let src = match mode {
-            Some((mode, bs)) => {
-                let n = rows * k;
-                act = self.act_buf(n + n / 32);
-                self.run(Kernel::Quantize, &[mode, n as u32], &[&x.buf, &act], grid(n / bs, 64));
+            Some(mode) => {
+                act = self.act_buf(n);
+                self.run(Kernel::Quantize, &[mode, rows as u32, k as u32], &[&x.buf, &act], grid(n / 4, 64));
                 &act
             }
             None => &x.buf,
         };
         for p in &w.parts {
-            let prm =
-                [p.rows as u32, k as u32, rows as u32, w.row_size as u32, w.rows as u32, p.row0 as u32, sums];
+            let prm = [
+                p.rows as u32,
+                k as u32,
+                rows as u32,
+                w.row_size as u32,
+                w.rows as u32,
+                p.row0 as u32,
+                xd,
+                xs,
+            ];
             let (kernel, mut g) = if self.row_per_invocation {
                 (Kernel::MatmulRows(w.ty), grid(p.rows, 64))
             } else {
@@ -342,28 +349,14 @@ impl Backend for GpuBackend {
 
     fn rope(&self, x: &mut GpuBuf, pos: &[u32], n_head: usize, head_dim: usize, r: &RopeParams) {
         self.op();
-        let corr = yarn_corr_dims(r);
-        let theta_scale = r.freq_base.powf(-2.0 / r.n_rot as f32);
-        let ff_off = if r.freq_factors.is_some() { 12 + pos.len() as u32 } else { 0 };
-        let mut prm = vec![
-            pos.len() as u32,
-            n_head as u32,
-            head_dim as u32,
-            r.n_rot as u32,
-            r.neox as u32,
-            f(theta_scale),
-            f(r.freq_scale),
-            f(r.ext_factor),
-            f(r.attn_factor),
-            f(corr[0]),
-            f(corr[1]),
-            ff_off,
-        ];
-        prm.extend_from_slice(pos);
-        if let Some(ff) = &r.freq_factors {
-            prm.extend(ff.iter().map(|&v| f(v)));
+        let n_rot = r.n_rot;
+        let mut prm = vec![pos.len() as u32, n_head as u32, head_dim as u32, n_rot as u32, r.neox as u32];
+        let mut cache = vec![0f32; n_rot];
+        for &p in pos {
+            r.cos_sin(p as f32, &mut cache);
+            prm.extend(cache.iter().map(|&v| f(v)));
         }
-        self.run(Kernel::Rope, &prm, &[&x.buf], grid(pos.len() * n_head * r.n_rot / 2, 64));
+        self.run(Kernel::Rope, &prm, &[&x.buf], grid(pos.len() * n_head * n_rot / 2, 64));
     }
 
     fn kv_store(&self, kc: &mut GpuKv, vc: &mut GpuKv, k: &GpuBuf, v: &GpuBuf, slots: &[u32], dim: usize) {

@@ -1,6 +1,8 @@
 // Causal attention over the f16 KV cache (GQA, sliding window, block tables): one
 // workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
-// Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256.
+// The arithmetic is the CPU backend's, step for step: queries rounded to f16, q·k in the
+// CPU's 32-chain f32 dot order, libm-faithful exp, products rounded before sums.
+// head_dim <= 256, a multiple of 8.
 // prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off;
 // per token at tok_off: pos, first_pos, table offset (into tab_off) of its sequence.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
@@ -50,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Scores are computed a tile at a time (one key per invocation); the softmax update
     // then walks the tile's keys in order with an f32 accumulator, as kiln's CPU
     // backend does (same order for every batch: batch invariance).
-    var m = -3.0e38;
+    var m = bitcast<f32>(0xff800000u);
     var ssum = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     for (var p0 = first; p0 <= pos; p0 = p0 + WG) {
@@ -58,12 +60,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if p <= pos {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
-            var dot = 0.0;
-            for (var d = 0u; d < hd; d = d + 2u) {
-                let kk = unpack2x16float(kc[(base + d) >> 1u]);
-                dot = dot + q16[d] * kk.x + q16[d + 1u] * kk.y;
+            // The CPU's dot_f32: chain c takes elements i with i % 32 == c (a tail of
+            // whole eights goes on chains 0..7), then the 4x8 registers are combined.
+            var c: array<f32, 32>;
+            let n32 = hd / 32u * 32u;
+            for (var i = 0u; i < n32; i = i + 32u) {
+                for (var l = 0u; l < 32u; l = l + 2u) {
+                    let kk = unpack2x16float(kc[(base + i + l) >> 1u]);
+                    c[l] = fma_x(q16[i + l], kk.x, c[l]);
+                    c[l + 1u] = fma_x(q16[i + l + 1u], kk.y, c[l + 1u]);
+                }
             }
-            pj[lid] = dot * scale;
+            for (var i = n32; i + 8u <= hd; i = i + 8u) {
+                for (var l = 0u; l < 8u; l = l + 2u) {
+                    let kk = unpack2x16float(kc[(base + i + l) >> 1u]);
+                    c[l] = fma_x(q16[i + l], kk.x, c[l]);
+                    c[l + 1u] = fma_x(q16[i + l + 1u], kk.y, c[l + 1u]);
+                }
+            }
+            var s8: array<f32, 8>;
+            for (var l = 0u; l < 8u; l = l + 1u) {
+                s8[l] = (c[l] + c[8u + l]) + (c[16u + l] + c[24u + l]);
+            }
+            pj[lid] = hsum8(s8) * scale;
             bj[lid] = base;
         }
         workgroupBarrier();
@@ -73,18 +92,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             var ms = 1.0;
             var vs = 1.0;
             if sc > m {
-                ms = exp(m - sc);
+                ms = exp_acc(m - sc);
                 m = sc;
+                for (var i = 0u; i < 4u; i = i + 1u) {
+                    acc[i] = nc(acc[i] * ms);
+                }
             } else {
-                vs = exp(sc - m);
+                vs = exp_acc(sc - m);
             }
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let d = lid + i * WG;
                 if d < hd {
-                    acc[i] = acc[i] * ms + kv_at(true, bj[j] + d) * vs;
+                    acc[i] = acc[i] + nc(kv_at(true, bj[j] + d) * vs);
                 }
             }
-            ssum = ssum * ms + vs;
+            ssum = nc(ssum * ms) + vs;
         }
         workgroupBarrier();
     }

@@ -14,7 +14,7 @@ fn glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let g = xa[i];
     let u = xb[i];
     if prm[1] == 0u {
-        xa[i] = g / (1.0 + exp(-g)) * u;
+        xa[i] = (g / (1.0 + exp_acc(-g))) * u;
         return;
     }
     if g <= -10.0 {

@@ -1,48 +1,135 @@
-// out[t, col0 + r] = dot(w[r], x[t]) for the rows of one weight part. One workgroup per
-// weight row and tile of up to TT tokens: the row is dequantized once per tile and each
-// token's dot is reduced in the same order whatever the tile (batch invariance).
-// prm: n_rows, k, n_tok, row_size, out_stride, col0, block sums offset (Q8_1, else 0).
+// out[t, col0 + r] = dot(w[r], x[t]) with one workgroup per weight row (hardware GPUs):
+// the invocations compute the exact integer parts of 64 units (blocks or sub-blocks) at a
+// time in parallel, then a few walk the float chains in the CPU's order (dot.wgsl), so
+// the result is bit-identical to the CPU's and independent of the batch.
+// prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> xs: array<f32>;
+@group(0) @binding(2) var<storage, read> xq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
 
 const TT: u32 = 8u;
 
+var<workgroup> u_d: array<f32, 64>;
+var<workgroup> u_m: array<f32, 64>;
+var<workgroup> u_l: array<f32, 512>;
+var<workgroup> u_i: array<vec2<i32>, 64>;
+
+fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
+    if CLASS == 0u {
+        let nb = k / 32u;
+        var acc = 0.0;
+        var summs = 0.0;
+        for (var c0 = 0u; c0 < nb; c0 = c0 + WG) {
+            let b = c0 + lid;
+            if b < nb {
+                unit_a(base + b * BB, t * k / 4u + 8u * b);
+                u_d[lid] = udw * xd(t * nb + b);
+                for (var l = 0u; l < 8u; l = l + 1u) {
+                    u_l[8u * lid + l] = f32(ls[l]);
+                }
+                if HAS_MIN {
+                    u_m[lid] = nc(umw * xs1(t * nb + b));
+                }
+            }
+            workgroupBarrier();
+            let n = min(WG, nb - c0);
+            if lid < 8u {
+                for (var u = 0u; u < n; u = u + 1u) {
+                    acc = fma_x(u_d[u], u_l[8u * u + lid], acc);
+                }
+            } else if lid == 8u && HAS_MIN {
+                for (var u = 0u; u < n; u = u + 1u) {
+                    summs = summs + u_m[u];
+                }
+            }
+            workgroupBarrier();
+        }
+        if lid < 8u {
+            u_l[lid] = acc;
+        } else if lid == 8u {
+            u_m[0] = summs;
+        }
+        workgroupBarrier();
+        var a: array<f32, 8>;
+        for (var l = 0u; l < 8u; l = l + 1u) {
+            a[l] = u_l[l];
+        }
+        let v = hsum8(a) + u_m[0];
+        workgroupBarrier();
+        return v;
+    }
+    if CLASS == 1u {
+        // Eight invocations per superblock (one per 32-value sub-block).
+        let nb = k / 256u;
+        var sum = 0.0;
+        var mins = 0.0;
+        for (var c0 = 0u; c0 < nb; c0 = c0 + 8u) {
+            let b = c0 + lid / 8u;
+            var im = vec2<i32>(0);
+            if b < nb {
+                im = sub_k(base + b * BB, lid % 8u, t * k / 4u + 64u * b);
+            }
+            u_i[lid] = im;
+            workgroupBarrier();
+            if lid < 8u && c0 + lid < nb {
+                var s = vec2<i32>(0);
+                for (var j = 0u; j < 8u; j = j + 1u) {
+                    s = s + u_i[8u * lid + j];
+                }
+                let dy = xd(t * nb + c0 + lid);
+                let ds = kscale(base + (c0 + lid) * BB);
+                u_d[lid] = nc((dy * ds.x) * f32(s.x));
+                u_m[lid] = nc((dy * ds.y) * f32(s.y));
+            }
+            workgroupBarrier();
+            if lid == 0u {
+                for (var u = 0u; u < min(8u, nb - c0); u = u + 1u) {
+                    sum = sum + u_d[u];
+                    mins = mins + u_m[u];
+                }
+            }
+        }
+        workgroupBarrier();
+        if lid == 0u {
+            u_d[0] = sum - mins;
+        }
+        workgroupBarrier();
+        let v = u_d[0];
+        workgroupBarrier();
+        return v;
+    }
+    // F16/F32: invocation l < 32 runs chain l.
+    if lid < 32u {
+        var c = 0.0;
+        for (var i = lid; i < k; i = i + 32u) {
+            c = fma_x(wfloat(base, i), bitcast<f32>(xq[t * k + i]), c);
+        }
+        u_l[lid] = c;
+    }
+    workgroupBarrier();
+    var s: array<f32, 8>;
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        s[l] = (u_l[l] + u_l[8u + l]) + (u_l[16u + l] + u_l[24u + l]);
+    }
+    let v = hsum8(s);
+    workgroupBarrier();
+    return v;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32 /*SG*/) {
-    /*SGI*/
+        @builtin(local_invocation_index) lid: u32) {
     let r = wid.y * nwg.x + wid.x;
-    let n_rows = prm[0];
-    if r >= n_rows {
+    if r >= prm[0] {
         return;
     }
-    let k = prm[1];
-    let n_tok = prm[2];
-    let base = r * prm[3];
     let t0 = wid.z * TT;
-    let tt = min(TT, n_tok - t0);
-    var acc: array<f32, 8>;
-    let nc = k / 32u;
-    for (var c = lid; c < nc; c = c + WG) {
-        load_chunk(base, c);
-        for (var t = 0u; t < tt; t = t + 1u) {
-            let xo = (t0 + t) * k + c * 32u;
-            var s = 0.0;
-            for (var i = 0u; i < 32u; i = i + 1u) {
-                s = s + wv[i] * xs[xo + i];
-            }
-            if prm[6] != 0u {
-                s = s + wmin * xs[prm[6] + (t0 + t) * nc + c];
-            }
-            acc[t] = acc[t] + s;
-        }
-    }
-    for (var t = 0u; t < tt; t = t + 1u) {
-        let v = wg_sum(acc[t], lid);
+    let tt = min(TT, prm[2] - t0);
+    for (var t = t0; t < t0 + tt; t = t + 1u) {
+        let v = dot_wg(r * prm[3], t, prm[1], lid);
         if lid == 0u {
-            ys[(t0 + t) * prm[4] + prm[5] + r] = v;
+            ys[t * prm[4] + prm[5] + r] = v;
         }
     }
 }

@@ -1,29 +1,52 @@
 // out = x / sqrt(mean(x²) + eps) * w, one workgroup per row; `w` has `wlen` values
-// (`dim`, or one head's worth for per-head norms). prm: n_rows, dim, eps, wlen.
+// (`dim`, or one head's worth for per-head norms). The CPU sums the f32 squares in f64;
+// a float-float (hi + lo) sum is as exact, so the mean rounds to the same f32.
+// prm: n_rows, dim, eps, wlen.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
 @group(0) @binding(2) var<storage, read> xs: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
 
+var<workgroup> red_lo: array<f32, 64>;
+
+// hi + lo + b as a float-float pair.
+fn ff_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let s = two_sum(a.x, b.x);
+    return two_sum(s.x, s.y + a.y + b.y);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32 /*SG*/) {
-    /*SGI*/
+        @builtin(local_invocation_index) lid: u32) {
     let r = wid.y * nwg.x + wid.x;
     if r >= prm[0] {
         return;
     }
     let dim = prm[1];
     let o = r * dim;
-    var s = 0.0;
+    var s = vec2<f32>(0.0, 0.0);
     for (var i = lid; i < dim; i = i + WG) {
         let v = xs[o + i];
-        s = s + v * v;
+        s = ff_add(s, vec2<f32>(nc(v * v), 0.0));
     }
-    let sum = wg_sum(s, lid);
-    let scale = 1.0 / sqrt(sum / f32(dim) + pf(2u));
+    red[lid] = s.x;
+    red_lo[lid] = s.y;
+    workgroupBarrier();
+    for (var h = WG / 2u; h > 0u; h = h >> 1u) {
+        if lid < h {
+            let t = ff_add(vec2<f32>(red[lid], red_lo[lid]), vec2<f32>(red[lid + h], red_lo[lid + h]));
+            red[lid] = t.x;
+            red_lo[lid] = t.y;
+        }
+        workgroupBarrier();
+    }
+    let fd = f32(dim);
+    let hi = red[0];
+    let m0 = hi / fd;
+    let mean = m0 + (fma_x(-m0, fd, hi) + red_lo[0]) / fd;
+    let scale = 1.0 / sqrt(mean + pf(2u));
     let wlen = prm[3];
     for (var i = lid; i < dim; i = i + WG) {
-        ys[o + i] = (xs[o + i] * scale) * wn[i % wlen];
+        ys[o + i] = nc(xs[o + i] * scale) * wn[i % wlen];
     }
 }

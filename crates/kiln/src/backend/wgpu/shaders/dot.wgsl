@@ -1,0 +1,211 @@
+// Quantized dot products with exactly the CPU backend's arithmetic (quant/simd/avx2.rs):
+// integer sums of i8 quants, then the same f32 operations in the same order, so each
+// output is bit-identical to the CPU's. The activation row is packed i8 words (quantize.wgsl).
+//
+// 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0): the CPU keeps eight lane accumulators; lane l
+// of block b adds fma_x(d_w * d_x, sum of products of quants 4l..4l+3, acc_l), in block order;
+// the row's dot is hsum8 of the lanes (+ the sum of d_min * s_x for Q4_1).
+// K formats (Q4_K, Q5_K, Q6_K): per superblock an exact integer sum, then
+// sum += (d_x * d_w) * f32(int), mins += (d_x * d_min) * f32(int_min), dot = sum - mins.
+// F16/F32: 32 fma chains (element i on chain i % 32), combined as the CPU's 4x8 registers.
+
+// The eight lane sums and the weight scales of the unit last computed.
+var<private> ls: array<i32, 8>;
+var<private> udw: f32;
+var<private> umw: f32;
+
+fn dot4i8(a: u32, b: u32) -> i32 {
+//DOT4
+}
+
+fn xsum4(x: u32) -> i32 {
+    return dot4i8(0x01010101u, x);
+}
+
+// Four bits to bit 4 of four bytes.
+fn spread4(b: u32) -> u32 {
+    return ((b & 1u) << 4u) | ((b & 2u) << 11u) | ((b & 4u) << 18u) | ((b & 8u) << 25u);
+}
+
+// Block at weight byte `o`, activation block at word `xw`.
+fn unit_q8_0(o: u32, xw: u32) {
+    udw = wf16(o);
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        ls[l] = dot4i8(wu32(o + 2u + 4u * l), xq[xw + l]);
+    }
+}
+
+fn unit_q4_0(o: u32, xw: u32) {
+    udw = wf16(o);
+    for (var l = 0u; l < 4u; l = l + 1u) {
+        let w = wu32(o + 2u + 4u * l);
+        let x0 = xq[xw + l];
+        let x1 = xq[xw + 4u + l];
+        ls[l] = dot4i8(w & 0x0f0f0f0fu, x0) - 8 * xsum4(x0);
+        ls[l + 4u] = dot4i8((w >> 4u) & 0x0f0f0f0fu, x1) - 8 * xsum4(x1);
+    }
+}
+
+fn unit_q4_1(o: u32, xw: u32) {
+    udw = wf16(o);
+    umw = wf16(o + 2u);
+    for (var l = 0u; l < 4u; l = l + 1u) {
+        let w = wq[(o >> 2u) + 1u + l];
+        ls[l] = dot4i8(w & 0x0f0f0f0fu, xq[xw + l]);
+        ls[l + 4u] = dot4i8((w >> 4u) & 0x0f0f0f0fu, xq[xw + 4u + l]);
+    }
+}
+
+fn unit_q5_0(o: u32, xw: u32) {
+    udw = wf16(o);
+    let qh = wu32(o + 2u);
+    for (var l = 0u; l < 4u; l = l + 1u) {
+        let w = wu32(o + 6u + 4u * l);
+        let x0 = xq[xw + l];
+        let x1 = xq[xw + 4u + l];
+        let q0 = (w & 0x0f0f0f0fu) | spread4((qh >> (4u * l)) & 15u);
+        let q1 = ((w >> 4u) & 0x0f0f0f0fu) | spread4((qh >> (16u + 4u * l)) & 15u);
+        ls[l] = dot4i8(q0, x0) - 16 * xsum4(x0);
+        ls[l + 4u] = dot4i8(q1, x1) - 16 * xsum4(x1);
+    }
+}
+
+// K formats: sub-block j (32 values) of the superblock at byte `o`, activation superblock
+// at word `xw`: (scale * dot, min * sum of x) as integers.
+fn scale_min_k4_u(j: u32, s: u32) -> vec2<u32> {
+    if j < 4u {
+        return vec2<u32>(wbyte(s + j) & 63u, wbyte(s + j + 4u) & 63u);
+    }
+    let sc = (wbyte(s + j + 4u) & 15u) | ((wbyte(s + j - 4u) >> 6u) << 4u);
+    let m = (wbyte(s + j + 4u) >> 4u) | ((wbyte(s + j) >> 6u) << 4u);
+    return vec2<u32>(sc, m);
+}
+
+fn sub_q4_k(o: u32, j: u32, xw: u32) -> vec2<i32> {
+    let sm = vec2<i32>(scale_min_k4_u(j, o + 4u));
+    let qs = ((o + 16u) >> 2u) + 8u * (j / 2u);
+    let sh = (j & 1u) * 4u;
+    var s = 0;
+    var ys = 0;
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        let x = xq[xw + 8u * j + l];
+        s = s + dot4i8((wq[qs + l] >> sh) & 0x0f0f0f0fu, x);
+        ys = ys + xsum4(x);
+    }
+    return vec2<i32>(sm.x * s, sm.y * ys);
+}
+
+fn sub_q5_k(o: u32, j: u32, xw: u32) -> vec2<i32> {
+    let sm = vec2<i32>(scale_min_k4_u(j, o + 4u));
+    let qs = ((o + 48u) >> 2u) + 8u * (j / 2u);
+    let qh = (o + 16u) >> 2u;
+    let sh = (j & 1u) * 4u;
+    var s = 0;
+    var ys = 0;
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        let x = xq[xw + 8u * j + l];
+        let q = ((wq[qs + l] >> sh) & 0x0f0f0f0fu) | (((wq[qh + l] >> j) & 0x01010101u) << 4u);
+        s = s + dot4i8(q, x);
+        ys = ys + xsum4(x);
+    }
+    return vec2<i32>(sm.x * s, sm.y * ys);
+}
+
+fn sub_q6_k(o: u32, j: u32, xw: u32) -> vec2<i32> {
+    let n = j / 4u;
+    let kq = j % 4u;
+    let ql = o + 64u * n + (kq & 1u) * 32u;
+    let nsh = (kq >> 1u) * 4u;
+    let qh = o + 128u + 32u * n;
+    let hsh = 2u * kq;
+    let sc0 = i32(extractBits(bitcast<i32>(wbyte(o + 192u + 8u * n + 2u * kq)), 0u, 8u));
+    let sc1 = i32(extractBits(bitcast<i32>(wbyte(o + 193u + 8u * n + 2u * kq)), 0u, 8u));
+    var s0 = 0;
+    var s1 = 0;
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        let x = xq[xw + 8u * j + l];
+        let q = ((wu32(ql + 4u * l) >> nsh) & 0x0f0f0f0fu) | (((wu32(qh + 4u * l) >> hsh) & 0x03030303u) << 4u);
+        let v = dot4i8(q, x) - 32 * xsum4(x);
+        if l < 4u {
+            s0 = s0 + v;
+        } else {
+            s1 = s1 + v;
+        }
+    }
+    return vec2<i32>(sc0 * s0 + sc1 * s1, 0);
+}
+
+// (d, d_min) of a K superblock.
+fn kscale_q4_k(o: u32) -> vec2<f32> {
+    return vec2<f32>(wf16(o), wf16(o + 2u));
+}
+
+fn kscale_q6_k(o: u32) -> vec2<f32> {
+    return vec2<f32>(wf16(o + 208u), 0.0);
+}
+
+// Weight element i of the F16/F32 row at byte `base`.
+fn wfloat(base: u32, i: u32) -> f32 {
+    if WF16 {
+        return unpack2x16float(wq[(base >> 2u) + (i >> 1u)] >> ((i & 1u) * 16u)).x;
+    }
+    return bitcast<f32>(wq[(base >> 2u) + i]);
+}
+
+// The activation of token t: its quants start at word t * k / 4, its block scales at
+// prm[6] + t * nb, its Q8_1 sums at prm[7] + t * nb.
+fn xd(i: u32) -> f32 {
+    return bitcast<f32>(xq[prm[6] + i]);
+}
+
+fn xs1(i: u32) -> f32 {
+    return bitcast<f32>(xq[prm[7] + i]);
+}
+
+// The whole dot of the row at byte `base` with token t, serially (one invocation).
+fn row_dot(base: u32, t: u32, k: u32) -> f32 {
+    if CLASS == 0u {
+        let nb = k / 32u;
+        var acc: array<f32, 8>;
+        var summs = 0.0;
+        for (var b = 0u; b < nb; b = b + 1u) {
+            unit_a(base + b * BB, t * k / 4u + 8u * b);
+            let d = udw * xd(t * nb + b);
+            for (var l = 0u; l < 8u; l = l + 1u) {
+                acc[l] = fma_x(d, f32(ls[l]), acc[l]);
+            }
+            if HAS_MIN {
+                summs = summs + nc(umw * xs1(t * nb + b));
+            }
+        }
+        return hsum8(acc) + summs;
+    }
+    if CLASS == 1u {
+        let nb = k / 256u;
+        var sum = 0.0;
+        var mins = 0.0;
+        for (var b = 0u; b < nb; b = b + 1u) {
+            let o = base + b * BB;
+            var im = vec2<i32>(0);
+            for (var j = 0u; j < 8u; j = j + 1u) {
+                im = im + sub_k(o, j, t * k / 4u + 64u * b);
+            }
+            let dy = xd(t * nb + b);
+            let ds = kscale(o);
+            sum = sum + nc((dy * ds.x) * f32(im.x));
+            mins = mins + nc((dy * ds.y) * f32(im.y));
+        }
+        return sum - mins;
+    }
+    var c: array<f32, 32>;
+    for (var i = 0u; i < k; i = i + 32u) {
+        for (var l = 0u; l < 32u; l = l + 1u) {
+            c[l] = fma_x(wfloat(base, i + l), bitcast<f32>(xq[t * k + i + l]), c[l]);
+        }
+    }
+    var s: array<f32, 8>;
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        s[l] = (c[l] + c[8u + l]) + (c[16u + l] + c[24u + l]);
+    }
+    return hsum8(s);
+}

@@ -1,0 +1,301 @@
+//! Every op of a real forward (smollm2) on the GPU against the CPU backend, fed the same
+//! inputs: a backend that runs each op on both, copies the CPU's inputs to the GPU first,
+//! and records the NMSE of each op's output. End-to-end differences grow through the
+//! layers from tiny per-op ones; this test names the op where they start.
+#![cfg(feature = "gpu")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use half::f16;
+use kiln::backend::cpu::CpuBackend;
+use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuKv, GpuWeight};
+use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
+use kiln::gguf::{GgufFile, TensorInfo};
+use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
+use kiln::Result;
+use support::*;
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+/// Per op: calls, worst NMSE, calls that were not bit-identical.
+type Stats = BTreeMap<String, (usize, f64, usize)>;
+
+struct Mirror {
+    cpu: CpuBackend,
+    gpu: GpuBackend,
+    stats: Arc<Mutex<Stats>>,
+    /// None: every GPU op is fed the CPU's inputs (per-op NMSE). Some(ops): the GPU runs on
+    /// its own state, except that the named ops are computed by the CPU kernels on the
+    /// GPU's state (what the logits would be if those GPU ops matched the CPU bit for bit).
+    free: Option<Vec<&'static str>>,
+}
+
+impl Mirror {
+    /// Makes the GPU copy of `b` equal to the CPU's.
+    fn sync(&self, b: &(Vec<f32>, GpuBuf)) {
+        if self.free.is_none() {
+            self.gpu.write(&b.1, &b.0);
+        }
+    }
+
+    /// In free mode with `op` named: the GPU's copy as host values.
+    fn exact(&self, op: &str) -> bool {
+        self.free.as_ref().is_some_and(|f| f.contains(&op))
+    }
+
+    fn host(&self, b: &(Vec<f32>, GpuBuf)) -> Vec<f32> {
+        let mut v = vec![0.0; b.0.len()];
+        self.gpu.read(&b.1, &mut v);
+        v
+    }
+
+    fn host_kv(&self, b: &(Vec<f16>, GpuKv)) -> Vec<f16> {
+        self.gpu.read_kv(&b.1, b.0.len())
+    }
+
+    fn check(&self, op: &str, b: &(Vec<f32>, GpuBuf), len: usize) {
+        if self.free.is_some() {
+            return;
+        }
+        let mut g = vec![0.0; len];
+        self.gpu.read(&b.1, &mut g);
+        let e = nmse(&g, &b.0[..len]);
+        let differs = g.iter().zip(&b.0[..len]).any(|(x, y)| x.to_bits() != y.to_bits());
+        let mut s = self.stats.lock().unwrap();
+        let r = s.entry(op.to_string()).or_default();
+        r.0 += 1;
+        r.1 = r.1.max(e);
+        r.2 += differs as usize;
+    }
+}
+
+fn ty_name(w: &GpuWeight) -> &'static str {
+    w.ty.name()
+}
+
+impl Backend for Mirror {
+    type Weight = (<CpuBackend as Backend>::Weight, GpuWeight);
+    type Buf = (Vec<f32>, GpuBuf);
+    type Kv = (Vec<f16>, GpuKv);
+
+    fn name(&self) -> String {
+        format!("mirror of {}", self.gpu.name())
+    }
+    fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Self::Weight> {
+        Ok((self.cpu.load_weight(gguf, t)?, self.gpu.load_weight(gguf, t)?))
+    }
+    fn weight_shape(&self, w: &Self::Weight) -> (usize, usize) {
+        self.gpu.weight_shape(&w.1)
+    }
+    fn alloc(&self, len: usize) -> Result<Self::Buf> {
+        Ok((self.cpu.alloc(len)?, self.gpu.alloc(len)?))
+    }
+    fn alloc_kv(&self, len: usize) -> Result<Self::Kv> {
+        Ok((self.cpu.alloc_kv(len)?, self.gpu.alloc_kv(len)?))
+    }
+    fn read(&self, buf: &Self::Buf, out: &mut [f32]) {
+        self.cpu.read(&buf.0, out);
+        let mut g = vec![0.0; out.len()];
+        self.gpu.read(&buf.1, &mut g);
+        let e = nmse(&g, out);
+        let mut s = self.stats.lock().unwrap();
+        let r = s.entry("read (logits)".into()).or_default();
+        r.0 += 1;
+        r.1 = r.1.max(e);
+        r.2 += (e > 0.0) as usize;
+    }
+    fn embed(&self, table: &Self::Weight, ids: &[u32], scale: f32, out: &mut Self::Buf) -> Result<()> {
+        self.cpu.embed(&table.0, ids, scale, &mut out.0)?;
+        self.gpu.embed(&table.1, ids, scale, &mut out.1)?;
+        self.check("embed", out, ids.len() * table.0.cols);
+        Ok(())
+    }
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.sync(x);
+        self.cpu.rms_norm(&x.0, &w.0, eps, rows, dim, &mut out.0);
+        if self.exact("rms_norm") {
+            let mut o = self.host(out);
+            self.cpu.rms_norm(&self.host(x), &w.0, eps, rows, dim, &mut o);
+            self.gpu.write(&out.1, &o);
+        } else {
+            self.gpu.rms_norm(&x.1, &w.1, eps, rows, dim, &mut out.1);
+        }
+        self.check("rms_norm", out, rows * dim);
+    }
+    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, rows: usize, out: &mut Self::Buf) {
+        self.sync(x);
+        self.cpu.matmul(&w.0, &x.0, rows, &mut out.0);
+        if self.exact("matmul") {
+            let mut o = self.host(out);
+            self.cpu.matmul(&w.0, &self.host(x), rows, &mut o);
+            self.gpu.write(&out.1, &o);
+        } else {
+            self.gpu.matmul(&w.1, &x.1, rows, &mut out.1);
+        }
+        self.check(&format!("matmul {} x{}", ty_name(&w.1), rows.min(2)), out, rows * w.1.rows);
+    }
+    fn add_bias(&self, x: &mut Self::Buf, b: &Self::Weight, rows: usize) {
+        self.sync(x);
+        self.cpu.add_bias(&mut x.0, &b.0, rows);
+        self.gpu.add_bias(&mut x.1, &b.1, rows);
+        self.check("add_bias", x, rows * b.1.cols);
+    }
+    fn rope(&self, x: &mut Self::Buf, pos: &[u32], n_head: usize, head_dim: usize, rope: &RopeParams) {
+        self.sync(x);
+        self.cpu.rope(&mut x.0, pos, n_head, head_dim, rope);
+        if self.exact("rope") {
+            let mut o = self.host(x);
+            self.cpu.rope(&mut o, pos, n_head, head_dim, rope);
+            self.gpu.write(&x.1, &o);
+        } else {
+            self.gpu.rope(&mut x.1, pos, n_head, head_dim, rope);
+        }
+        self.check("rope", x, pos.len() * n_head * head_dim);
+    }
+    fn kv_store(
+        &self,
+        kc: &mut Self::Kv,
+        vc: &mut Self::Kv,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        slots: &[u32],
+        dim: usize,
+    ) {
+        self.sync(k);
+        self.sync(v);
+        self.cpu.kv_store(&mut kc.0, &mut vc.0, &k.0, &v.0, slots, dim);
+        self.gpu.kv_store(&mut kc.1, &mut vc.1, &k.1, &v.1, slots, dim);
+        for (name, c) in [("kv_store k", &*kc), ("kv_store v", &*vc)] {
+            let g = self.gpu.read_kv(&c.1, c.0.len());
+            let differs = slots.iter().any(|&s| {
+                let r = s as usize * dim..(s as usize + 1) * dim;
+                g[r.clone()].iter().zip(&c.0[r]).any(|(a, b)| a.to_bits() != b.to_bits())
+            });
+            let mut st = self.stats.lock().unwrap();
+            let e = st.entry(name.to_string()).or_default();
+            e.0 += 1;
+            e.2 += differs as usize;
+        }
+    }
+    fn attention(&self, q: &Self::Buf, kc: &Self::Kv, vc: &Self::Kv, plan: &AttnPlan, out: &mut Self::Buf) {
+        self.sync(q);
+        if self.free.is_none() {
+            self.gpu.write_kv(&kc.1, &kc.0);
+            self.gpu.write_kv(&vc.1, &vc.0);
+        }
+        self.cpu.attention(&q.0, &kc.0, &vc.0, plan, &mut out.0);
+        if self.exact("attention") {
+            let mut o = self.host(out);
+            self.cpu.attention(&self.host(q), &self.host_kv(kc), &self.host_kv(vc), plan, &mut o);
+            self.gpu.write(&out.1, &o);
+        } else {
+            self.gpu.attention(&q.1, &kc.1, &vc.1, plan, &mut out.1);
+        }
+        self.check("attention", out, plan.pos.len() * plan.n_head * plan.head_dim);
+    }
+    fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: Activation, len: usize) {
+        self.sync(gate);
+        self.sync(up);
+        self.cpu.glu(&mut gate.0, &up.0, act, len);
+        if self.exact("glu") {
+            let mut o = self.host(gate);
+            self.cpu.glu(&mut o, &self.host(up), act, len);
+            self.gpu.write(&gate.1, &o);
+        } else {
+            self.gpu.glu(&mut gate.1, &up.1, act, len);
+        }
+        self.check("glu", gate, len);
+    }
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, scale: f32, len: usize) {
+        self.sync(x);
+        self.sync(y);
+        self.cpu.add(&mut x.0, &y.0, scale, len);
+        self.gpu.add(&mut x.1, &y.1, scale, len);
+        self.check("add", x, len);
+    }
+    fn scale(&self, x: &mut Self::Buf, s: f32, len: usize) {
+        self.sync(x);
+        self.cpu.scale(&mut x.0, s, len);
+        self.gpu.scale(&mut x.1, s, len);
+        self.check("scale", x, len);
+    }
+    fn gather_rows(&self, x: &Self::Buf, rows: &[u32], dim: usize, out: &mut Self::Buf) {
+        self.sync(x);
+        self.cpu.gather_rows(&x.0, rows, dim, &mut out.0);
+        self.gpu.gather_rows(&x.1, rows, dim, &mut out.1);
+        self.check("gather_rows", out, rows.len() * dim);
+    }
+}
+
+/// Worst per-op NMSE allowed when both backends see the same inputs.
+const OP_NMSE: f64 = 1e-13;
+
+fn mirror_run(fallback: bool) {
+    run_mirror(fallback, None);
+}
+
+fn run_mirror(fallback: bool, free: Option<Vec<&'static str>>) {
+    let gguf = Arc::new(GgufFile::open(model(SMOLLM2.name)).unwrap());
+    let gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, fallback).unwrap();
+    let stats = Arc::new(Mutex::new(Stats::new()));
+    let free_mode = free.is_some();
+    let mirror = Mirror { cpu: CpuBackend::new(2), gpu, stats: stats.clone(), free };
+    eprintln!("{}", mirror.name());
+    let runner = ModelRunner::new(Model::load(&gguf, mirror).unwrap(), 256, 64).unwrap();
+    let seq = runner.new_seq();
+    let prompt: Vec<Entry> = [1u32, 504, 3575, 282, 4649, 314, 253, 1345, 28, 2245]
+        .iter()
+        .map(|&token| Entry { seq, token, output: true })
+        .collect();
+    runner.decode(&prompt, OutputKind::Logits).unwrap();
+    for token in [30u32, 216, 1085] {
+        runner.decode(&[Entry { seq, token, output: true }], OutputKind::Logits).unwrap();
+    }
+    let s = stats.lock().unwrap();
+    let mut bad = Vec::new();
+    for (op, (n, worst, differs)) in s.iter() {
+        eprintln!("  {op:<22} {n:>5} calls  worst NMSE {worst:9.3e}  {differs:>5} not bit-identical");
+        if *worst > OP_NMSE && !free_mode && !op.starts_with("read") {
+            bad.push(op.clone());
+        }
+    }
+    assert!(bad.is_empty(), "ops over NMSE {OP_NMSE:e}: {bad:?}");
+}
+
+#[test]
+fn smollm2_ops_match_cpu_on_the_same_inputs() {
+    mirror_run(false);
+}
+
+#[test]
+fn smollm2_ops_match_cpu_on_the_same_inputs_fallback() {
+    mirror_run(true);
+}
+
+/// Which GPU ops must match the CPU bit for bit to bring the logits within the issue's
+/// bar: `KILN_MIRROR_EXACT=matmul,rms_norm` runs the experiment (a measurement, no test).
+#[test]
+fn mirror_experiment() {
+    let Ok(list) = std::env::var("KILN_MIRROR_EXACT") else {
+        eprintln!("skipping: set KILN_MIRROR_EXACT=op,op (or 'none') to measure");
+        return;
+    };
+    let ops: Vec<&'static str> =
+        list.split(',').filter(|s| *s != "none").map(|s| &*s.to_string().leak()).collect();
+    run_mirror(false, Some(ops));
+}
