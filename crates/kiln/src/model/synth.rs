@@ -34,6 +34,9 @@ pub struct SynthSpec {
     /// Extra metadata, keys without the `{arch}.` prefix.
     pub metadata: Vec<(String, Value)>,
     pub seed: u64,
+    /// Quantized matrices as random quant bits with fixed valid scales, written directly
+    /// (seconds for a 7B shape, against minutes quantizing f32 values); for speed work.
+    pub random_blocks: bool,
 }
 
 impl Default for SynthSpec {
@@ -58,6 +61,7 @@ impl Default for SynthSpec {
             rope_freqs: false,
             metadata: Vec::new(),
             seed: 1,
+            random_blocks: false,
         }
     }
 }
@@ -72,6 +76,42 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
         (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Byte offsets of the f16 scale fields of a block of `ty` and each one's multiple of the
+/// value amplitude (d so that quants span about ±amp; mins small), where known.
+fn scale_fields(ty: GgmlType) -> Option<&'static [(usize, f32)]> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 | Q5_0 | Q8_0 => &[(0, 1.0 / 8.0)],
+        Q4_1 => &[(0, 1.0 / 8.0), (2, -1.0)],
+        Q4_K | Q5_K => &[(0, 1.0 / 256.0), (2, 1.0 / 256.0)],
+        Q6_K => &[(208, 1.0 / 1024.0)],
+        _ => return None,
+    })
+}
+
+/// Random quant bits in every block, with the scale fields set to valid values.
+fn random_blocks(data: &mut [u8], block: usize, scales: &[(usize, f32)], amp: f32, rng: &mut Rng) {
+    for c in data.chunks_mut(8) {
+        let r = rng.next_u64().to_le_bytes();
+        c.copy_from_slice(&r[..c.len()]);
+    }
+    for b in data.chunks_exact_mut(block) {
+        for &(off, mul) in scales {
+            b[off..off + 2].copy_from_slice(&half::f16::from_f32(amp * mul).to_le_bytes());
+        }
     }
 }
 
@@ -192,6 +232,13 @@ impl SynthSpec {
         let amp = gain * (3.0 / cols as f32).sqrt();
         let row_size = ty.row_size(cols)?;
         let mut data = vec![0u8; row_size * rows];
+        if self.random_blocks {
+            if let Some(scales) = scale_fields(ty) {
+                random_blocks(&mut data, ty.type_size(), scales, amp, rng);
+                w.add_tensor(name, ty, &[cols as u64, rows as u64], data)?;
+                return Ok(());
+            }
+        }
         let mut vals = vec![0.0f32; cols];
         for r in 0..rows {
             vals.iter_mut().for_each(|v| *v = rng.next_f32() * amp);
@@ -279,6 +326,20 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             ],
             ..base
         },
+        "smollm2-135m-q4_1" => SynthSpec {
+            n_vocab: 49152,
+            n_embd: 576,
+            n_layer: 30,
+            n_head: 9,
+            n_head_kv: 3,
+            n_ff: 1536,
+            tied_output: true,
+            matrix_type: Q4_1,
+            embd_type: Q8_0,
+            metadata: vec![f("rope.freq_base", 1e5)],
+            random_blocks: true,
+            ..base
+        },
         "llama2-7b-q4_0" => SynthSpec {
             n_vocab: 32000,
             n_embd: 4096,
@@ -289,6 +350,7 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             matrix_type: Q4_0,
             embd_type: Q4_0,
             type_overrides: vec![("output".into(), Q6_K)],
+            random_blocks: true,
             ..base
         },
         "qwen2.5-7b-q4_k_m" => SynthSpec {
@@ -304,6 +366,7 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             embd_type: Q4_K,
             type_overrides: q4_k_m,
             metadata: vec![f("rope.freq_base", 1e6)],
+            random_blocks: true,
             ..base
         },
         "llama3-8b-q4_k_m" => SynthSpec {
@@ -317,6 +380,7 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             embd_type: Q4_K,
             type_overrides: q4_k_m,
             metadata: vec![f("rope.freq_base", 5e5)],
+            random_blocks: true,
             ..base
         },
         "qwen2.5-1.5b-q4_k_m" => SynthSpec {
@@ -333,6 +397,7 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             embd_type: Q6_K,
             type_overrides: q4_k_m,
             metadata: vec![f("rope.freq_base", 1e6)],
+            random_blocks: true,
             ..base
         },
         _ => return None,
@@ -347,6 +412,7 @@ pub const PRESETS: &[&str] = &[
     "llama3-rope-freqs-tiny",
     "llama-yarn-tiny",
     "gemma3-tiny",
+    "smollm2-135m-q4_1",
     "llama2-7b-q4_0",
     "qwen2.5-7b-q4_k_m",
     "llama3-8b-q4_k_m",

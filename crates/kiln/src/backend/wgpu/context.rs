@@ -171,6 +171,17 @@ pub struct Recorder {
     arena: Vec<u8>,
     arena_buf: wgpu::Buffer,
     readback: Option<wgpu::Buffer>,
+    /// KILN_GPU_PROFILE=1: per read-back (a decode step), what was recorded since the last.
+    profile: Option<Profile>,
+}
+
+/// Work recorded between two read-backs.
+struct Profile {
+    since: std::time::Instant,
+    dispatches: u64,
+    bind_groups: u64,
+    submissions: u64,
+    param_bytes: u64,
 }
 
 impl Recorder {
@@ -181,7 +192,14 @@ impl Recorder {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Recorder { enc: None, pass: None, arena: Vec::new(), arena_buf, readback: None }
+        let profile = std::env::var("KILN_GPU_PROFILE").is_ok_and(|v| v == "1").then(|| Profile {
+            since: std::time::Instant::now(),
+            dispatches: 0,
+            bind_groups: 0,
+            submissions: 0,
+            param_bytes: 0,
+        });
+        Recorder { enc: None, pass: None, arena: Vec::new(), arena_buf, readback: None, profile }
     }
 
     fn encoder(&mut self, ctx: &Context) -> &mut wgpu::CommandEncoder {
@@ -225,6 +243,11 @@ impl Recorder {
             let pass = self.encoder(ctx).begin_compute_pass(&Default::default()).forget_lifetime();
             self.pass = Some(pass);
         }
+        if let Some(p) = &mut self.profile {
+            p.dispatches += 1;
+            p.bind_groups += 1;
+            p.param_bytes += bytes.len() as u64;
+        }
         let pass = self.pass.as_mut().expect("made above");
         pass.set_pipeline(pipe);
         pass.set_bind_group(0, &bg, &[]);
@@ -239,6 +262,9 @@ impl Recorder {
                 ctx.queue.write_buffer(&self.arena_buf, 0, &self.arena);
             }
             ctx.queue.submit([enc.finish()]);
+            if let Some(p) = &mut self.profile {
+                p.submissions += 1;
+            }
         }
         self.arena.clear();
     }
@@ -278,6 +304,24 @@ impl Recorder {
             out.copy_from_slice(bytemuck::cast_slice(&view));
         }
         rb.unmap();
+        if let Some(p) = &mut self.profile {
+            eprintln!(
+                "kiln gpu: {:.3} ms, {} dispatches, {} bind groups, {} submissions, {} param bytes, {} bytes read back",
+                p.since.elapsed().as_secs_f64() * 1e3,
+                p.dispatches,
+                p.bind_groups,
+                p.submissions,
+                p.param_bytes,
+                bytes
+            );
+            *p = Profile {
+                since: std::time::Instant::now(),
+                dispatches: 0,
+                bind_groups: 0,
+                submissions: 0,
+                param_bytes: 0,
+            };
+        }
         Ok(())
     }
 }

@@ -64,6 +64,9 @@ pub struct GpuBackend {
     rec: Mutex<Recorder>,
     /// Activations rounded through the weight's dot type before a matmul (grown on demand).
     act: Mutex<Option<wgpu::Buffer>>,
+    /// What the activation scratch holds: (source buffer, mode, values). Matmuls of one
+    /// input (q/k/v, gate/up) quantize it once; every other op clears this.
+    act_src: Mutex<Option<(wgpu::Buffer, u32, usize)>>,
     counts: Arc<OpCounts>,
     /// Weights larger than this are split by rows (the binding limit).
     split_bytes: u64,
@@ -103,6 +106,7 @@ impl GpuBackend {
             pipes: Pipelines::default(),
             rec,
             act: Mutex::new(None),
+            act_src: Mutex::new(None),
             counts: Arc::default(),
             split_bytes,
             row_per_invocation,
@@ -135,6 +139,7 @@ impl GpuBackend {
     #[doc(hidden)]
     pub fn write(&self, buf: &GpuBuf, v: &[f32]) {
         assert!(v.len() <= buf.len);
+        *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&buf.buf, 0, bytemuck::cast_slice(v));
     }
@@ -178,6 +183,7 @@ impl GpuBackend {
 
     fn op(&self) {
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
+        *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// The activation scratch, at least `n` values.
@@ -294,7 +300,14 @@ impl Backend for GpuBackend {
     }
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
-        self.op();
+        self.counts.ops.fetch_add(1, Ordering::Relaxed);
+        {
+            // The output may be a later matmul's input: what it held is stale then.
+            let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
+            if held.as_ref().is_some_and(|(b, _, _)| *b == out.buf) {
+                *held = None;
+            }
+        }
         let k = w.cols;
         // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
         let (mode, bs) = match w.ty.vec_dot_type() {
@@ -310,7 +323,16 @@ impl Backend for GpuBackend {
         let src = match mode {
             Some(mode) => {
                 act = self.act_buf(n);
-                self.run(Kernel::Quantize, &[mode, rows as u32, k as u32], &[&x.buf, &act], grid(n / 4, 64));
+                let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
+                if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
+                    self.run(
+                        Kernel::Quantize,
+                        &[mode, rows as u32, k as u32],
+                        &[&x.buf, &act],
+                        grid(n / 4, 64),
+                    );
+                    *held = Some((x.buf.clone(), mode, n));
+                }
                 &act
             }
             None => &x.buf,
