@@ -171,17 +171,52 @@ pub struct Recorder {
     arena: Vec<u8>,
     arena_buf: wgpu::Buffer,
     readback: Option<wgpu::Buffer>,
+    bind_groups: std::collections::HashMap<BindKey, wgpu::BindGroup>,
     /// KILN_GPU_PROFILE=1: per read-back (a decode step), what was recorded since the last.
     profile: Option<Profile>,
 }
 
-/// Work recorded between two read-backs.
+/// Bind groups kept at most (a model's decode and prefill steps need a few thousand).
+const MAX_BIND_GROUPS: usize = 16384;
+
+/// What a bind group binds: the pipeline's layout, the parameter range, the buffers.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct BindKey {
+    pipe: wgpu::ComputePipeline,
+    off: u64,
+    size: u64,
+    bufs: Vec<wgpu::Buffer>,
+}
+
+/// Work recorded between two read-backs. KILN_GPU_PROFILE=2 also runs every dispatch
+/// alone (submit and wait) and sums the wall time per kernel: slow, but it shows which
+/// kernels the GPU time goes to (each sample carries one submit-and-wait of overhead).
 struct Profile {
+    per_kernel: Option<std::collections::BTreeMap<String, (u64, std::time::Duration)>>,
     since: std::time::Instant,
+    /// Host time spent recording dispatches, and waiting for the GPU at the read-back.
+    record: std::time::Duration,
+    wait: std::time::Duration,
     dispatches: u64,
     bind_groups: u64,
     submissions: u64,
     param_bytes: u64,
+}
+
+impl Profile {
+    fn new() -> Profile {
+        let each = std::env::var("KILN_GPU_PROFILE").is_ok_and(|v| v == "2");
+        Profile {
+            per_kernel: each.then(Default::default),
+            since: std::time::Instant::now(),
+            record: Default::default(),
+            wait: Default::default(),
+            dispatches: 0,
+            bind_groups: 0,
+            submissions: 0,
+            param_bytes: 0,
+        }
+    }
 }
 
 impl Recorder {
@@ -192,14 +227,17 @@ impl Recorder {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let profile = std::env::var("KILN_GPU_PROFILE").is_ok_and(|v| v == "1").then(|| Profile {
-            since: std::time::Instant::now(),
-            dispatches: 0,
-            bind_groups: 0,
-            submissions: 0,
-            param_bytes: 0,
-        });
-        Recorder { enc: None, pass: None, arena: Vec::new(), arena_buf, readback: None, profile }
+        let profile =
+            std::env::var("KILN_GPU_PROFILE").is_ok_and(|v| v == "1" || v == "2").then(Profile::new);
+        Recorder {
+            enc: None,
+            pass: None,
+            arena: Vec::new(),
+            arena_buf,
+            readback: None,
+            bind_groups: Default::default(),
+            profile,
+        }
     }
 
     fn encoder(&mut self, ctx: &Context) -> &mut wgpu::CommandEncoder {
@@ -223,35 +261,70 @@ impl Recorder {
         let off = (self.arena.len() as u64).next_multiple_of(ctx.align);
         self.arena.resize(off as usize, 0);
         self.arena.extend_from_slice(bytes);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.arena_buf,
-                offset: off,
-                size: std::num::NonZeroU64::new(bytes.len().max(4) as u64),
-            }),
-        }];
-        for (i, b) in bufs.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+        // Bind groups are cached: a decode step repeats the same ops with the same
+        // buffers and parameter offsets, so after the first step none is created.
+        let key = BindKey {
+            pipe: pipe.clone(),
+            off,
+            size: bytes.len() as u64,
+            bufs: bufs.iter().map(|&b| b.clone()).collect(),
+        };
+        let t0 = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let created = !self.bind_groups.contains_key(&key);
+        if created {
+            if self.bind_groups.len() >= MAX_BIND_GROUPS {
+                self.bind_groups.clear();
+            }
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &self.arena_buf,
+                    offset: off,
+                    size: std::num::NonZeroU64::new(bytes.len().max(4) as u64),
+                }),
+            }];
+            for (i, b) in bufs.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+            }
+            let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipe.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            self.bind_groups.insert(key.clone(), bg);
         }
-        let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipe.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        let bg = self.bind_groups.get(&key).expect("inserted above").clone();
         if self.pass.is_none() {
             let pass = self.encoder(ctx).begin_compute_pass(&Default::default()).forget_lifetime();
             self.pass = Some(pass);
-        }
-        if let Some(p) = &mut self.profile {
-            p.dispatches += 1;
-            p.bind_groups += 1;
-            p.param_bytes += bytes.len() as u64;
         }
         let pass = self.pass.as_mut().expect("made above");
         pass.set_pipeline(pipe);
         pass.set_bind_group(0, &bg, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if let (Some(p), Some(t0)) = (&mut self.profile, t0) {
+            p.dispatches += 1;
+            p.bind_groups += created as u64;
+            p.param_bytes += bytes.len() as u64;
+            p.record += t0.elapsed();
+        }
+    }
+
+    pub fn timing_each(&self) -> bool {
+        self.profile.as_ref().is_some_and(|p| p.per_kernel.is_some())
+    }
+
+    /// Runs what was recorded and adds its wall time to `name`'s (KILN_GPU_PROFILE=2).
+    pub fn time_alone(&mut self, ctx: &Context, name: &str) {
+        let t0 = std::time::Instant::now();
+        self.submit(ctx);
+        let _ = ctx.device.poll(wgpu::PollType::wait_indefinitely());
+        let dt = t0.elapsed();
+        if let Some(m) = self.profile.as_mut().and_then(|p| p.per_kernel.as_mut()) {
+            let e = m.entry(name.to_string()).or_default();
+            e.0 += 1;
+            e.1 += dt;
+        }
     }
 
     /// Submits what was recorded (parameter words first).
@@ -291,9 +364,13 @@ impl Recorder {
         rb.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
             let _ = tx.send(r);
         });
+        let t0 = std::time::Instant::now();
         ctx.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| KilnError::Backend(format!("GPU wait failed: {e}")))?;
+        if let Some(p) = &mut self.profile {
+            p.wait += t0.elapsed();
+        }
         rx.recv()
             .map_err(|_| KilnError::Backend("GPU read-back was dropped".into()))?
             .map_err(|e| KilnError::Backend(format!("GPU read-back failed: {e}")))?;
@@ -306,21 +383,27 @@ impl Recorder {
         rb.unmap();
         if let Some(p) = &mut self.profile {
             eprintln!(
-                "kiln gpu: {:.3} ms, {} dispatches, {} bind groups, {} submissions, {} param bytes, {} bytes read back",
+                "kiln gpu: {:.3} ms (recording {:.3} ms, waiting for the GPU {:.3} ms), {} dispatches, \
+                 {} bind groups made, {} submissions, {} param bytes, {} bytes read back",
                 p.since.elapsed().as_secs_f64() * 1e3,
+                p.record.as_secs_f64() * 1e3,
+                p.wait.as_secs_f64() * 1e3,
                 p.dispatches,
                 p.bind_groups,
                 p.submissions,
                 p.param_bytes,
                 bytes
             );
-            *p = Profile {
-                since: std::time::Instant::now(),
-                dispatches: 0,
-                bind_groups: 0,
-                submissions: 0,
-                param_bytes: 0,
-            };
+            if let Some(m) = &p.per_kernel {
+                for (k, (n, t)) in m {
+                    eprintln!(
+                        "  {k:<16} {n:>5} x {:8.1} us = {:8.3} ms",
+                        t.as_secs_f64() * 1e6 / *n as f64,
+                        t.as_secs_f64() * 1e3
+                    );
+                }
+            }
+            *p = Profile::new();
         }
         Ok(())
     }

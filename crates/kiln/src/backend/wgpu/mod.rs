@@ -178,7 +178,11 @@ impl GpuBackend {
     fn run(&self, k: Kernel, params: &[u32], bufs: &[&wgpu::Buffer], groups: [u32; 3]) {
         self.counts.dispatches.fetch_add(1, Ordering::Relaxed);
         let pipe = self.pipes.get(&self.ctx, k);
-        self.lock().dispatch(&self.ctx, &pipe, params, bufs, groups);
+        let mut rec = self.lock();
+        rec.dispatch(&self.ctx, &pipe, params, bufs, groups);
+        if rec.timing_each() {
+            rec.time_alone(&self.ctx, &format!("{k:?}"));
+        }
     }
 
     fn op(&self) {
@@ -350,6 +354,10 @@ impl Backend for GpuBackend {
             ];
             let (kernel, mut g) = if self.row_per_invocation {
                 (Kernel::MatmulRows(w.ty), grid(p.rows, 64))
+            } else if kernels::lanes_type(w.ty) && w.row_size.is_multiple_of(4) {
+                (Kernel::MatmulLanes(w.ty), grid(p.rows, 16))
+            } else if kernels::klanes_type(w.ty) && w.row_size.is_multiple_of(4) {
+                (Kernel::MatmulKLanes(w.ty), grid(p.rows, 16))
             } else {
                 (Kernel::Matmul(w.ty), grid(p.rows, 1))
             };
