@@ -211,9 +211,25 @@ impl SynthSpec {
         w.set("tokenizer.ggml.add_bos_token", Value::Bool(false));
     }
 
+    /// The override whose name is the tensor's last name component ("output" is not
+    /// "attn_output"); a "+" suffix applies it only in llama.cpp's `use_more_bits` layers
+    /// (the first and last eighth, and every third between), as llama-quantize's Q4_K_M.
     fn matrix_type_of(&self, name: &str, default: GgmlType) -> GgmlType {
         let stem = name.trim_end_matches(".weight");
-        self.type_overrides.iter().find(|(s, _)| stem.ends_with(s.as_str())).map_or(default, |&(_, t)| t)
+        let last = stem.rsplit('.').next().unwrap_or(stem);
+        let layer = stem.strip_prefix("blk.").and_then(|s| s.split('.').next()).and_then(|s| s.parse().ok());
+        let n = self.n_layer;
+        let more_bits = |i: usize| i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+        for (s, t) in &self.type_overrides {
+            let (s, only_more) = match s.strip_suffix('+') {
+                Some(s) => (s, true),
+                None => (s.as_str(), false),
+            };
+            if s == last && (!only_more || layer.is_some_and(more_bits)) {
+                return *t;
+            }
+        }
+        default
     }
 
     /// A `[cols, rows]` matrix with values uniform in ±gain·sqrt(3/cols) (unit-variance outputs).
@@ -274,7 +290,7 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
     // llama-quantize's Q4_K_M mix: Q6_K for attn_v and ffn_down (about half the layers)
     // and the output; Q4_K elsewhere. Here: every layer's attn_v and ffn_down.
     let q4_k_m =
-        vec![("attn_v".to_string(), Q6_K), ("ffn_down".to_string(), Q6_K), ("output".to_string(), Q6_K)];
+        vec![("attn_v+".to_string(), Q6_K), ("ffn_down+".to_string(), Q6_K), ("output".to_string(), Q6_K)];
     Some(match name {
         "qwen3-tiny" => SynthSpec {
             arch: "qwen3".into(),

@@ -209,7 +209,8 @@ impl Backend for GpuBackend {
     fn name(&self) -> String {
         let i = &self.ctx.info;
         let path = if self.ctx.subgroups { "subgroups" } else { "fallback" };
-        format!("gpu ({}, {:?}, {path})", i.name, i.backend)
+        let fma = if self.ctx.fused_fma { "fma" } else { "emulated fma" };
+        format!("gpu ({}, {:?}, {path}, {fma})", i.name, i.backend)
     }
 
     fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<GpuWeight> {
@@ -352,16 +353,17 @@ impl Backend for GpuBackend {
                 xd,
                 xs,
             ];
-            let (kernel, mut g) = if self.row_per_invocation {
-                (Kernel::MatmulRows(w.ty), grid(p.rows, 64))
+            // Kernel, workgroups, tokens per workgroup (the kernel's TT).
+            let (kernel, mut g, tt) = if self.row_per_invocation {
+                (Kernel::MatmulRows(w.ty), grid(p.rows, 64), 8)
             } else if kernels::lanes_type(w.ty) && w.row_size.is_multiple_of(4) {
-                (Kernel::MatmulLanes(w.ty), grid(p.rows, 16))
+                (Kernel::MatmulLanes(w.ty), grid(p.rows, 16), 4)
             } else if kernels::klanes_type(w.ty) && w.row_size.is_multiple_of(4) {
-                (Kernel::MatmulKLanes(w.ty), grid(p.rows, 16))
+                (Kernel::MatmulKLanes(w.ty), grid(p.rows, 16), 8)
             } else {
-                (Kernel::Matmul(w.ty), grid(p.rows, 1))
+                (Kernel::Matmul(w.ty), grid(p.rows, 1), 8)
             };
-            g[2] = rows.div_ceil(8) as u32;
+            g[2] = rows.div_ceil(tt) as u32;
             self.run(kernel, &prm, &[&p.buf, src, &out.buf], g);
         }
     }

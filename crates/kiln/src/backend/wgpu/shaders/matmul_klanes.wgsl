@@ -12,6 +12,8 @@ const RW: u32 = 16u;
 const CB: u32 = 4u;
 const TT: u32 = 8u;
 const CW: u32 = CB * BB / 4u;
+// Words each of the 128 invocations stages per chunk.
+const PER: u32 = (RW * CW + 127u) / 128u;
 
 var<workgroup> sw: array<u32, RW * CW>;
 var<workgroup> ki: array<vec2<i32>, 512>;
@@ -55,11 +57,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var sum: array<f32, 8>;
     var mins: array<f32, 8>;
     for (var c0 = 0u; c0 < nb; c0 = c0 + CB) {
-        for (var i = lid; i < RW * CW; i = i + 128u) {
+        // All of an invocation's loads are issued before its stores (latency overlapped).
+        var tmp: array<u32, PER>;
+        for (var q = 0u; q < PER; q = q + 1u) {
+            let i = lid + 128u * q;
             let row = r0 + i / CW;
             let g = ((row * row_size + c0 * BB) >> 2u) + i % CW;
-            if row < n_rows && g < n_words {
-                sw[i] = wq[g];
+            if i < RW * CW && row < n_rows && g < n_words {
+                tmp[q] = wq[g];
+            }
+        }
+        for (var q = 0u; q < PER; q = q + 1u) {
+            let i = lid + 128u * q;
+            if i < RW * CW {
+                sw[i] = tmp[q];
             }
         }
         workgroupBarrier();

@@ -10,12 +10,18 @@
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
 
 const RW: u32 = 16u;
-const TT: u32 = 8u;
+const TT: u32 = 4u;
 // Words of one row's chunk (CB blocks of BB bytes; CB * BB is a multiple of 4).
 const CW: u32 = CB * BB / 4u;
+// Words each of the 128 invocations stages per chunk.
+const PER: u32 = (RW * CW + 127u) / 128u;
 
 var<workgroup> sw: array<u32, RW * CW>;
 var<workgroup> racc: array<f32, 128>;
+// The chunk's activation words and block scales (and Q8_1 sums) of the tile's tokens.
+var<workgroup> sx: array<u32, 8u * CB * TT>;
+var<workgroup> sxd: array<f32, CB * TT>;
+var<workgroup> sxs: array<f32, CB * TT>;
 var<workgroup> rsum: array<f32, RW>;
 
 fn sbyte_at(o: u32) -> u32 {
@@ -70,15 +76,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tt = min(TT, prm[2] - t0);
     let nb = k / 32u;
     let n_words = arrayLength(&wq);
-    var acc: array<f32, 8>;
-    var summs: array<f32, 8>;
+    var acc: array<f32, TT>;
+    var summs: array<f32, TT>;
     for (var c0 = 0u; c0 < nb; c0 = c0 + CB) {
         // Stage RW rows x CB blocks (coalesced: neighbouring invocations, neighbouring words).
-        for (var i = lid; i < RW * CW; i = i + 128u) {
+        // All of an invocation's loads are issued before its stores (latency overlapped).
+        var tmp: array<u32, PER>;
+        for (var q = 0u; q < PER; q = q + 1u) {
+            let i = lid + 128u * q;
             let row = r0 + i / CW;
             let g = ((row * row_size + c0 * BB) >> 2u) + i % CW;
-            if row < n_rows && g < n_words {
-                sw[i] = wq[g];
+            if i < RW * CW && row < n_rows && g < n_words {
+                tmp[q] = wq[g];
+            }
+        }
+        for (var q = 0u; q < PER; q = q + 1u) {
+            let i = lid + 128u * q;
+            if i < RW * CW {
+                sw[i] = tmp[q];
+            }
+        }
+        for (var i = lid; i < 8u * CB * TT; i = i + 128u) {
+            let t = i / (8u * CB);
+            let w = i % (8u * CB);
+            if t < tt && c0 + w / 8u < nb {
+                sx[i] = xq[(t0 + t) * k / 4u + 8u * c0 + w];
+            }
+        }
+        for (var i = lid; i < CB * TT; i = i + 128u) {
+            let t = i / CB;
+            let b = i % CB;
+            if t < tt && c0 + b < nb {
+                sxd[i] = xd((t0 + t) * nb + c0 + b);
+                if HAS_MIN {
+                    sxs[i] = xs1((t0 + t) * nb + c0 + b);
+                }
             }
         }
         workgroupBarrier();
@@ -91,12 +123,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                     if t >= tt {
                         break;
                     }
-                    let bx = (t0 + t) * nb + c0 + b;
-                    let x = xq[(t0 + t) * k / 4u + 8u * (c0 + b) + l];
-                    let d = dw * xd(bx);
+                    let x = sx[t * 8u * CB + 8u * b + l];
+                    let d = dw * sxd[t * CB + b];
                     acc[t] = fma_x(d, f32(lane_sum(o, l, x)), acc[t]);
                     if HAS_MIN && l == 0u {
-                        summs[t] = summs[t] + nc(s16(o + 2u) * xs1(bx));
+                        summs[t] = summs[t] + nc(s16(o + 2u) * sxs[t * CB + b]);
                     }
                 }
             }
