@@ -119,10 +119,14 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
     let g = model();
     let cpu = CpuBackend::new(2);
     let mut paths = gpus();
-    // The workgroup-per-row kernel hardware GPUs use, on both reduction paths.
-    for mut g in gpus() {
-        g.set_row_per_invocation(false);
-        paths.push(g);
+    // The workgroup-per-row kernel hardware GPUs use, and the staged lane-chain kernels,
+    // on both reduction paths.
+    for staged in [false, true] {
+        for mut g in gpus() {
+            g.set_row_per_invocation(false);
+            g.set_staged_matmul(staged);
+            paths.push(g);
+        }
     }
     for gpu in paths {
         for ty in TYPES {

@@ -72,6 +72,10 @@ pub struct GpuBackend {
     split_bytes: u64,
     /// Matmul with an invocation per weight row (chosen on software adapters).
     row_per_invocation: bool,
+    /// The staged lane-chain matmuls (matmul_lanes/klanes.wgsl) instead of a workgroup per
+    /// row: KILN_GPU_MATMUL=staged. Slower on the H200 as they stand (too few invocations
+    /// per matrix for decode: 8 per row), kept for tuning.
+    staged: bool,
 }
 
 /// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
@@ -110,6 +114,7 @@ impl GpuBackend {
             counts: Arc::default(),
             split_bytes,
             row_per_invocation,
+            staged: std::env::var("KILN_GPU_MATMUL").is_ok_and(|v| v == "staged"),
         })
     }
 
@@ -164,6 +169,11 @@ impl GpuBackend {
     /// adapters) or a workgroup per row (the default on hardware GPUs).
     pub fn set_row_per_invocation(&mut self, on: bool) {
         self.row_per_invocation = on;
+    }
+
+    /// Picks the staged lane-chain matmul kernels on hardware paths (see `staged`).
+    pub fn set_staged_matmul(&mut self, on: bool) {
+        self.staged = on;
     }
 
     /// Lowers the size weights are split at (tests of the split path).
@@ -356,9 +366,9 @@ impl Backend for GpuBackend {
             // Kernel, workgroups, tokens per workgroup (the kernel's TT).
             let (kernel, mut g, tt) = if self.row_per_invocation {
                 (Kernel::MatmulRows(w.ty), grid(p.rows, 64), 8)
-            } else if kernels::lanes_type(w.ty) && w.row_size.is_multiple_of(4) {
+            } else if self.staged && kernels::lanes_type(w.ty) && w.row_size.is_multiple_of(4) {
                 (Kernel::MatmulLanes(w.ty), grid(p.rows, 16), 4)
-            } else if kernels::klanes_type(w.ty) && w.row_size.is_multiple_of(4) {
+            } else if self.staged && kernels::klanes_type(w.ty) && w.row_size.is_multiple_of(4) {
                 (Kernel::MatmulKLanes(w.ty), grid(p.rows, 16), 8)
             } else {
                 (Kernel::Matmul(w.ty), grid(p.rows, 1), 8)
