@@ -219,7 +219,7 @@ impl SynthSpec {
         let last = stem.rsplit('.').next().unwrap_or(stem);
         let layer = stem.strip_prefix("blk.").and_then(|s| s.split('.').next()).and_then(|s| s.parse().ok());
         let n = self.n_layer;
-        let more_bits = |i: usize| i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+        let more_bits = |i: usize| i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
         for (s, t) in &self.type_overrides {
             let (s, only_more) = match s.strip_suffix('+') {
                 Some(s) => (s, true),
