@@ -40,6 +40,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
             while b < t1 && plan.seq[b] == plan.seq[a] {
                 b += 1;
             }
+            let tile = Tile { q, kc, vc, plan, h, ts: a..b, out: op };
             if plan.head_dim <= MAX_HEAD_DIM {
                 let mut scratch = Scratch::<[f32; MAX_HEAD_DIM * Q_TILE], [f32; MAX_HEAD_DIM]> {
                     q: [0.0; MAX_HEAD_DIM * Q_TILE],
@@ -47,7 +48,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
                     k: [0.0; MAX_HEAD_DIM],
                     v: [0.0; MAX_HEAD_DIM],
                 };
-                run_tile(q, kc, vc, plan, h, a..b, &mut scratch, op);
+                run_tile(&tile, &mut scratch);
             } else {
                 let hd = plan.head_dim;
                 let mut scratch = Scratch {
@@ -56,7 +57,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
                     k: vec![0.0; hd],
                     v: vec![0.0; hd],
                 };
-                run_tile(q, kc, vc, plan, h, a..b, &mut scratch, op);
+                run_tile(&tile, &mut scratch);
             }
             a = b;
         }
@@ -73,55 +74,37 @@ struct Scratch<T, R> {
     v: R,
 }
 
-/// Attention of head `h` for queries `ts` (all of one sequence).
-#[allow(clippy::too_many_arguments)]
-fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(
-    q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
-    plan: &AttnPlan,
+/// One task: head `h` for queries `ts` (all of one sequence).
+struct Tile<'a> {
+    q: &'a [f32],
+    kc: &'a [f16],
+    vc: &'a [f16],
+    plan: &'a AttnPlan<'a>,
     h: usize,
     ts: std::ops::Range<usize>,
-    s: &mut Scratch<T, R>,
-    op: SyncPtr<f32>,
-) {
+    out: SyncPtr<f32>,
+}
+
+fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(t: &Tile, s: &mut Scratch<T, R>) {
     #[cfg(target_arch = "x86_64")]
     if quant::cpu_tier() >= quant::CpuTier::Avx2 {
         // SAFETY: the CPU has AVX2, FMA and F16C.
-        return unsafe { run_tile_fma(q, kc, vc, plan, h, ts, s, op) };
+        return unsafe { run_tile_fma(t, s) };
     }
-    run_tile_body(q, kc, vc, plan, h, ts, s, op)
+    run_tile_body(t, s)
 }
 
 /// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_tile_fma<T: AsMut<[f32]>, R: AsMut<[f32]>>(
-    q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
-    plan: &AttnPlan,
-    h: usize,
-    ts: std::ops::Range<usize>,
-    s: &mut Scratch<T, R>,
-    op: SyncPtr<f32>,
-) {
-    run_tile_body(q, kc, vc, plan, h, ts, s, op)
+unsafe fn run_tile_fma<T: AsMut<[f32]>, R: AsMut<[f32]>>(t: &Tile, s: &mut Scratch<T, R>) {
+    run_tile_body(t, s)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn run_tile_body<T: AsMut<[f32]>, R: AsMut<[f32]>>(
-    q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
-    plan: &AttnPlan,
-    h: usize,
-    ts: std::ops::Range<usize>,
-    s: &mut Scratch<T, R>,
-    op: SyncPtr<f32>,
-) {
+fn run_tile_body<T: AsMut<[f32]>, R: AsMut<[f32]>>(tile: &Tile, s: &mut Scratch<T, R>) {
+    let Tile { q, kc, vc, plan, h, ref ts, out: op } = *tile;
+    let ts = ts.clone();
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
     let kvh = h / (n_head / plan.n_head_kv);
