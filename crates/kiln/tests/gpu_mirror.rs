@@ -192,6 +192,32 @@ impl Backend for Mirror {
             e.2 += differs as usize;
         }
     }
+    fn kv_shift(
+        &self,
+        kc: &mut Self::Kv,
+        vc: &mut Self::Kv,
+        src: &[u32],
+        dst: &[u32],
+        delta: i32,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    ) {
+        if self.free.is_none() {
+            self.gpu.write_kv(&kc.1, &kc.0);
+            self.gpu.write_kv(&vc.1, &vc.0);
+        }
+        self.cpu.kv_shift(&mut kc.0, &mut vc.0, src, dst, delta, n_head_kv, head_dim, rope);
+        self.gpu.kv_shift(&mut kc.1, &mut vc.1, src, dst, delta, n_head_kv, head_dim, rope);
+        if self.free.is_none() {
+            let g = self.gpu.read_kv(&kc.1, kc.0.len());
+            let differs = g.iter().zip(&kc.0).any(|(a, b)| a.to_bits() != b.to_bits());
+            let mut st = self.stats.lock().unwrap();
+            let e = st.entry("kv_shift k".to_string()).or_default();
+            e.0 += 1;
+            e.2 += differs as usize;
+        }
+    }
     fn attention(&self, q: &Self::Buf, kc: &Self::Kv, vc: &Self::Kv, plan: &AttnPlan, out: &mut Self::Buf) {
         self.sync(q);
         if self.free.is_none() {

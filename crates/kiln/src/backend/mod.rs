@@ -38,38 +38,6 @@ pub struct RopeParams {
     pub freq_factors: Option<Arc<Vec<f32>>>,
 }
 
-impl RopeParams {
-    /// The (cos, sin) pairs of position `p` for the `n_rot / 2` rotated pairs, as ggml's
-    /// `rope_cache_init` (theta stepped by repeated multiplication, YaRN ramp, libm cos/sin).
-    /// Backends that must agree bit for bit take their tables from here.
-    pub fn cos_sin(&self, p: f32, cache: &mut [f32]) {
-        let n_dims = self.n_rot as f32;
-        let corr = |n_rot: f32| {
-            n_dims * (self.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
-                / (2.0 * self.freq_base.ln())
-        };
-        let corr = [corr(self.beta_fast).floor().max(0.0), corr(self.beta_slow).ceil().min(n_dims - 1.0)];
-        let theta_scale = self.freq_base.powf(-2.0 / n_dims);
-        let mut theta = p;
-        for i0 in (0..self.n_rot).step_by(2) {
-            let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i0 / 2]);
-            let theta_extrap = theta / ff;
-            let theta_interp = self.freq_scale * theta_extrap;
-            let mut th = theta_interp;
-            let mut mscale = self.attn_factor;
-            if self.ext_factor != 0.0 {
-                let y = ((i0 / 2) as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
-                let ramp_mix = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
-                th = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
-                mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
-            }
-            cache[i0] = th.cos() * mscale;
-            cache[i0 + 1] = th.sin() * mscale;
-            theta *= theta_scale;
-        }
-    }
-}
-
 /// Which keys each query token of a batch attends to. Sequences are stored in the KV
 /// pool as block tables; token `i` sits at position `pos[i]` of sequence `seq[i]` and sees
 /// positions `pos[i] - window + 1 ..= pos[i]` of its own sequence (all earlier ones when
@@ -168,4 +136,19 @@ pub trait Backend: Send + Sync + 'static {
     fn scale(&self, x: &mut Self::Buf, s: f32, len: usize);
     /// `out[j] = x[rows[j]]` for rows of `dim` values.
     fn gather_rows(&self, x: &Self::Buf, rows: &[u32], dim: usize, out: &mut Self::Buf);
+    /// Context shift: copies the cached rows at slots `src[i]` to slots `dst[i]` (the two
+    /// sets disjoint), keys rotated by `delta` positions with `rope` (`n_head_kv` heads of
+    /// `head_dim`), values unchanged.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_shift(
+        &self,
+        k_cache: &mut Self::Kv,
+        v_cache: &mut Self::Kv,
+        src: &[u32],
+        dst: &[u32],
+        delta: i32,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    );
 }

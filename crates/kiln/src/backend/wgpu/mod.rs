@@ -395,7 +395,7 @@ impl Backend for GpuBackend {
         let mut prm = vec![pos.len() as u32, n_head as u32, head_dim as u32, n_rot as u32, r.neox as u32];
         let mut cache = vec![0f32; n_rot];
         for &p in pos {
-            r.cos_sin(p as f32, &mut cache);
+            crate::backend::cpu::rope_cache(p as f32, r, &mut cache);
             prm.extend(cache.iter().map(|&v| f(v)));
         }
         self.run(Kernel::Rope, &prm, &[&x.buf], grid(pos.len() * n_head * n_rot / 2, 64));
@@ -406,6 +406,29 @@ impl Backend for GpuBackend {
         let mut prm = vec![slots.len() as u32, dim as u32];
         prm.extend_from_slice(slots);
         self.run(Kernel::KvStore, &prm, &[&k.buf, &v.buf, &kc.buf, &vc.buf], grid(slots.len() * dim / 2, 64));
+    }
+
+    fn kv_shift(
+        &self,
+        kc: &mut GpuKv,
+        vc: &mut GpuKv,
+        src: &[u32],
+        dst: &[u32],
+        delta: i32,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    ) {
+        self.op();
+        let dim = n_head_kv * head_dim;
+        let mut cache = vec![0f32; rope.n_rot];
+        crate::backend::cpu::rope_cache(delta as f32, rope, &mut cache);
+        let mut prm =
+            vec![src.len() as u32, dim as u32, head_dim as u32, rope.n_rot as u32, rope.neox as u32];
+        prm.extend(cache.iter().map(|&v| f(v)));
+        prm.extend_from_slice(src);
+        prm.extend_from_slice(dst);
+        self.run(Kernel::KvShift, &prm, &[&kc.buf, &vc.buf], grid(src.len() * dim / 2, 64));
     }
 
     fn attention(&self, q: &GpuBuf, kc: &GpuKv, vc: &GpuKv, plan: &AttnPlan, out: &mut GpuBuf) {

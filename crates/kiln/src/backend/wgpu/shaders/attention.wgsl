@@ -1,8 +1,6 @@
 // Causal attention over the f16 KV cache (GQA, sliding window, block tables): one
 // workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
-// The arithmetic is the CPU backend's, step for step: queries rounded to f16, q·k in the
-// CPU's 32-chain f32 dot order, libm-faithful exp, products rounded before sums.
-// head_dim <= 256, a multiple of 8.
+// Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256.
 // prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off;
 // per token at tok_off: pos, first_pos, table offset (into tab_off) of its sequence.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
@@ -23,6 +21,35 @@ fn kv_at(buf_is_v: bool, e: u32) -> f32 {
         w = kc[e >> 1u];
     }
     return unpack2x16float(w >> ((e & 1u) * 16u)).x;
+}
+
+// q·k summed in the CPU's order (ggml's AVX-512 ggml_vec_dot_f16): per lane l of 16,
+// four accumulators over blocks of 64 combined as (a0 + a2) + (a1 + a3), then a halving
+// tree. Products of f16 values are exact, so this reproduces the CPU's score.
+fn dot_ggml(base: u32, hd: u32) -> f32 {
+    let np = hd / 64u * 64u;
+    var x: array<f32, 16>;
+    for (var l = 0u; l < 16u; l = l + 1u) {
+        var a = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+        for (var c = 0u; c < np; c = c + 64u) {
+            for (var j = 0u; j < 4u; j = j + 1u) {
+                let e = c + j * 16u + l;
+                a[j] = fma_x(q16[e], kv_at(false, base + e), a[j]);
+            }
+        }
+        x[l] = (a[0] + a[2]) + (a[1] + a[3]);
+    }
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        x[l] = x[l + 8u] + x[l];
+    }
+    for (var l = 0u; l < 4u; l = l + 1u) {
+        x[l] = x[l + 4u] + x[l];
+    }
+    var s = (x[0] + x[2]) + (x[1] + x[3]);
+    for (var e = np; e < hd; e = e + 1u) {
+        s = s + q16[e] * kv_at(false, base + e);
+    }
+    return s;
 }
 
 @compute @workgroup_size(64)
@@ -50,8 +77,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     workgroupBarrier();
     // Scores are computed a tile at a time (one key per invocation); the softmax update
-    // then walks the tile's keys in order with an f32 accumulator, as kiln's CPU
-    // backend does (same order for every batch: batch invariance).
+    // then walks the tile's keys in order with an accumulator rounded to f16 after every
+    // rescale and every fused multiply-add, as kiln's CPU backend (and ggml's one-chunk
+    // flash attention) does: the same order for every batch (batch invariance).
     var m = bitcast<f32>(0xff800000u);
     var ssum = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -60,29 +88,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if p <= pos {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
-            // The CPU's dot_f32: chain c takes elements i with i % 32 == c (a tail of
-            // whole eights goes on chains 0..7), then the 4x8 registers are combined.
-            var c: array<f32, 32>;
-            let n32 = hd / 32u * 32u;
-            for (var i = 0u; i < n32; i = i + 32u) {
-                for (var l = 0u; l < 32u; l = l + 2u) {
-                    let kk = unpack2x16float(kc[(base + i + l) >> 1u]);
-                    c[l] = fma_x(q16[i + l], kk.x, c[l]);
-                    c[l + 1u] = fma_x(q16[i + l + 1u], kk.y, c[l + 1u]);
-                }
-            }
-            for (var i = n32; i + 8u <= hd; i = i + 8u) {
-                for (var l = 0u; l < 8u; l = l + 2u) {
-                    let kk = unpack2x16float(kc[(base + i + l) >> 1u]);
-                    c[l] = fma_x(q16[i + l], kk.x, c[l]);
-                    c[l + 1u] = fma_x(q16[i + l + 1u], kk.y, c[l + 1u]);
-                }
-            }
-            var s8: array<f32, 8>;
-            for (var l = 0u; l < 8u; l = l + 1u) {
-                s8[l] = (c[l] + c[8u + l]) + (c[16u + l] + c[24u + l]);
-            }
-            pj[lid] = hsum8(s8) * scale;
+            pj[lid] = dot_ggml(base, hd) * scale;
             bj[lid] = base;
         }
         workgroupBarrier();
@@ -91,22 +97,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let sc = pj[j];
             var ms = 1.0;
             var vs = 1.0;
-            if sc > m {
+            let new_max = sc > m;
+            if new_max {
                 ms = exp_acc(m - sc);
                 m = sc;
-                for (var i = 0u; i < 4u; i = i + 1u) {
-                    acc[i] = nc(acc[i] * ms);
-                }
             } else {
                 vs = exp_acc(sc - m);
             }
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let d = lid + i * WG;
                 if d < hd {
-                    acc[i] = acc[i] + nc(kv_at(true, bj[j] + d) * vs);
+                    var a = acc[i];
+                    if new_max {
+                        a = f16r(nc(a * ms));
+                    }
+                    acc[i] = f16r(fma_x(kv_at(true, bj[j] + d), vs, a));
                 }
             }
-            ssum = nc(ssum * ms) + vs;
+            ssum = fma_x(ssum, ms, vs);
         }
         workgroupBarrier();
     }

@@ -1,7 +1,7 @@
 // Rotary embedding with the cos/sin pairs of each token's position computed on the host
 // exactly as the CPU backend's rope cache (libm cos/sin: the GPU's differ by ulps, which
-// moves later Q8 roundings). One invocation per (token, head, rotated pair); the products
-// are rounded before the sums, as on the CPU.
+// moves later Q8 roundings). One invocation per (token, head, rotated pair); one product
+// is fused into an fma, as the CPU (and GCC's build of ggml) does.
 // prm: n_tok, n_head, head_dim, n_rot, neox, then per token n_rot values (cos, sin)...
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read_write> xa: array<f32>;
@@ -34,6 +34,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let x0 = xa[i0];
     let x1 = xa[i1];
-    xa[i0] = nc(x0 * cs) - nc(x1 * sn);
-    xa[i1] = nc(x0 * sn) + nc(x1 * cs);
+    xa[i0] = fma_x(x0, cs, -nc(x1 * sn));
+    xa[i1] = fma_x(x0, sn, nc(x1 * cs));
 }
