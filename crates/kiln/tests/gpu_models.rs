@@ -159,3 +159,29 @@ fn forward_runs_no_op_on_the_cpu() {
     assert!(ops >= 10 * n_layer, "{ops} ops for {n_layer} layers");
     assert!(dispatches >= ops, "{ops} ops but {dispatches} dispatches");
 }
+
+/// `kiln run --device gpu --temp 0` on smollm2 (a session's incremental decode): the ids
+/// equal llama.cpp's oracle up to its first near-tie (capped at 16 steps: lavapipe is slow).
+#[test]
+fn smollm2_gpu_greedy_matches_llama_cpp() {
+    use kiln::sample::SamplerParams;
+    use kiln::session::{GenerateOptions, SessionOptions};
+    let oracle = fixture_json(&format!("oracle/{}/greedy.json", SMOLLM2.stem));
+    let e = engine(&SMOLLM2, Device::Gpu);
+    for case in oracle["cases"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["ids"]);
+        let margins: Vec<f32> =
+            case["margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let n = margins.iter().position(|&x| x < SMOLLM2.tau()).unwrap_or(want.len()).min(16);
+        let mut s = e.session(SessionOptions::default()).unwrap();
+        s.append_tokens(&prompt).unwrap();
+        let opts = GenerateOptions::default()
+            .with_max_tokens(n)
+            .with_sampler(SamplerParams::greedy())
+            .with_ignore_eos(true);
+        let got = s.generate(&opts, |_| std::ops::ControlFlow::Continue(())).unwrap().ids;
+        assert_eq!(got[..n], want[..n], "{:?}: GPU greedy ids differ from llama.cpp's", case["prompt"]);
+        eprintln!("  {:?}: {n} greedy ids identical to llama.cpp's", case["prompt"].as_str().unwrap());
+    }
+}
