@@ -102,6 +102,16 @@ fn scale_fields(ty: GgmlType) -> Option<&'static [(usize, f32)]> {
     })
 }
 
+/// A `[cols, rows]` matrix of `ty` as random quant bits with valid scales (values of about
+/// ±`amp`), where the type's scale fields are known (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K,
+/// Q6_K): weights for speed measurements.
+pub fn random_matrix(ty: GgmlType, cols: usize, rows: usize, amp: f32, seed: u64) -> Option<Vec<u8>> {
+    let scales = scale_fields(ty)?;
+    let mut data = vec![0u8; ty.row_size(cols).ok()? * rows];
+    random_blocks(&mut data, ty.type_size(), scales, amp, &mut Rng(seed));
+    Some(data)
+}
+
 /// Random quant bits in every block, with the scale fields set to valid values.
 fn random_blocks(data: &mut [u8], block: usize, scales: &[(usize, f32)], amp: f32, rng: &mut Rng) {
     for c in data.chunks_mut(8) {
