@@ -1,8 +1,10 @@
 //! Continuous batching. One thread owns the model's runner (the forward is CPU-bound and
 //! blocking); requests arrive over a bounded channel (its capacity is the waiting queue).
 //! Each step builds ONE `decode` call across every active sequence: one token for each
-//! running request plus chunks of new prompts, up to `n_ubatch` entries; then it samples,
-//! streams the pieces back over per-request channels, and admits or retires requests.
+//! running request plus chunks of new prompts up to the step's token budget (`-b`); then
+//! it samples, streams the pieces back over per-request channels, and admits or retires
+//! requests. Every kernel of the forward computes a token's row the same way whatever the
+//! batch (DESIGN.md), so a step may be any size and greedy outputs stay batch invariant.
 //! A finished sequence stays in the KV pool as a cached prefix until its place is needed.
 
 use std::collections::VecDeque;
@@ -23,12 +25,6 @@ use crate::state::Shared;
 /// How long a drain lets running requests finish before cancelling them (SIGTERM must
 /// end within 5 s).
 const DRAIN_GRACE: Duration = Duration::from_millis(3500);
-
-/// Most entries in one forward. The CPU attention, like ggml's, switches from its f16
-/// "one chunk" numerics to its f32 tiled path at 64 queries per micro-batch; staying below
-/// keeps every token on the same path whatever its neighbours, so a request's greedy output
-/// is the same alone or batched (prompts are chunked to fit).
-pub const MAX_STEP_ENTRIES: usize = 63;
 
 pub struct GenJob {
     pub prompt: Arc<Vec<u32>>,
@@ -131,6 +127,8 @@ pub struct Scheduler {
     shared: Arc<Shared>,
     parallel: usize,
     n_ctx: usize,
+    /// Most entries in one step: every running request's decode token, then prompt chunks.
+    step_tokens: usize,
     slots: Vec<Slot>,
     embeds: VecDeque<EmbedWork>,
     idle: Vec<Idle>,
@@ -146,6 +144,7 @@ impl Scheduler {
         shared: Arc<Shared>,
         parallel: usize,
         n_ctx: usize,
+        step_tokens: usize,
     ) -> Self {
         Scheduler {
             engine,
@@ -153,6 +152,7 @@ impl Scheduler {
             shared,
             parallel,
             n_ctx,
+            step_tokens: step_tokens.max(1),
             slots: Vec::new(),
             embeds: VecDeque::new(),
             idle: Vec::new(),
@@ -340,16 +340,20 @@ impl Scheduler {
 
     /// One batched forward over every active generation.
     fn step(&mut self) {
-        let runner = self.engine.runner();
-        let budget = runner.n_ubatch().clamp(1, MAX_STEP_ENTRIES);
-        // Running requests first (one token each, rotated when they exceed the budget),
-        // then prompt chunks in arrival order.
+        let t0 = Instant::now();
+        // Decode tokens first (rotated, for fairness when they alone exceed the budget),
+        // then prompt chunks in arrival order with what the budget leaves.
+        let budget = self.step_tokens;
         let n = self.slots.len();
         self.rotate = (self.rotate + 1) % n.max(1);
         let mut order: Vec<usize> = (0..n).map(|k| (k + self.rotate) % n).collect();
-        order.sort_by_key(|&i| self.slots[i].tokens.len() - self.slots[i].n_eval > 1);
-        let mut entries = Vec::with_capacity(budget);
-        let mut owners = Vec::new();
+        order.sort_by_key(|&i| {
+            let s = &self.slots[i];
+            let prompt = s.tokens.len() - s.n_eval > 1;
+            (prompt, prompt.then_some(s.job.enqueued))
+        });
+        let mut entries = Vec::with_capacity(budget.min(n + 64));
+        let mut owners = Vec::with_capacity(n);
         for &i in &order {
             let s = &mut self.slots[i];
             let take = (s.tokens.len() - s.n_eval).min(budget - entries.len());
@@ -365,7 +369,9 @@ impl Scheduler {
         if entries.is_empty() {
             return;
         }
+        let runner = self.engine.runner();
         self.shared.metrics.observe_batch(self.slots.iter().filter(|s| s.feeding > 0).count());
+        let t_fwd = Instant::now();
         let out = match runner.decode(&entries, OutputKind::Logits) {
             Ok(out) => out,
             Err(e) => {
@@ -384,6 +390,7 @@ impl Scheduler {
                 return;
             }
         };
+        let t_sample = Instant::now();
         for s in &mut self.slots {
             s.n_eval += s.feeding;
             s.feeding = 0;
@@ -400,6 +407,8 @@ impl Scheduler {
             let s = self.slots.swap_remove(i);
             self.keep_idle(s.seq, &s.tokens[..s.n_eval]);
         }
+        let end = Instant::now();
+        self.shared.metrics.observe_step(entries.len(), t_fwd - t0, t_sample - t_fwd, end - t_sample);
     }
 
     /// Samples slot `i`'s next token from `logits` and streams it; true when it finished.
