@@ -128,13 +128,13 @@ pub struct Scheduler {
     parallel: usize,
     n_ctx: usize,
     /// Most entries in one step: every running request's decode token, then prompt chunks.
+    /// At least `parallel`, so every running request decodes each step and every prompt
+    /// being evaluated gets at least one token.
     step_tokens: usize,
     slots: Vec<Slot>,
     embeds: VecDeque<EmbedWork>,
     idle: Vec<Idle>,
     clock: u64,
-    /// Where the decode order starts this step (fairness past the step budget).
-    rotate: usize,
 }
 
 impl Scheduler {
@@ -152,12 +152,11 @@ impl Scheduler {
             shared,
             parallel,
             n_ctx,
-            step_tokens: step_tokens.max(1),
+            step_tokens: step_tokens.max(parallel).max(1),
             slots: Vec::new(),
             embeds: VecDeque::new(),
             idle: Vec::new(),
             clock: 0,
-            rotate: 0,
         }
     }
 
@@ -341,12 +340,10 @@ impl Scheduler {
     /// One batched forward over every active generation.
     fn step(&mut self) {
         let t0 = Instant::now();
-        // Decode tokens first (rotated, for fairness when they alone exceed the budget),
-        // then prompt chunks in arrival order with what the budget leaves.
+        // Decode tokens first, then prompt chunks in arrival order with what the budget leaves.
         let budget = self.step_tokens;
         let n = self.slots.len();
-        self.rotate = (self.rotate + 1) % n.max(1);
-        let mut order: Vec<usize> = (0..n).map(|k| (k + self.rotate) % n).collect();
+        let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&i| {
             let s = &self.slots[i];
             let prompt = s.tokens.len() - s.n_eval > 1;
