@@ -370,7 +370,6 @@ impl Session {
             return Err(KilnError::invalid("context shift: nothing to discard"));
         }
         self.engine.runner().shift_seq(self.seq, n_keep, n_discard)?;
-        self.n_evaluated += kv - n_keep - n_discard;
         self.tokens.drain(n_keep..n_keep + n_discard);
         Ok(())
     }
@@ -409,11 +408,13 @@ impl Session {
             if opts.max_tokens.is_some_and(|m| ids.len() >= m) {
                 break FinishReason::Length;
             }
-            if self.tokens.len() >= n_ctx {
-                match self.opts.context_shift {
-                    Some(n_keep) => self.shift(n_keep)?,
-                    None => break FinishReason::ContextFull,
-                }
+            // The next token goes to position `tokens.len()`. Like llama.cpp, a shifting
+            // session shifts once that token would take the last free cell, so the same
+            // greedy run gives the same text as llama.cpp's `--context-shift`.
+            match self.opts.context_shift {
+                Some(n_keep) if self.tokens.len() + 1 >= n_ctx => self.shift(n_keep)?,
+                None if self.tokens.len() >= n_ctx => break FinishReason::ContextFull,
+                _ => {}
             }
             let logits =
                 self.logits.as_deref().ok_or_else(|| KilnError::invalid("nothing to continue from"))?;

@@ -47,11 +47,10 @@ fn mean_pooling_matches_llama_embedding() {
         let nb: f64 = want.iter().map(|&b| b as f64 * b as f64).sum::<f64>().sqrt();
         let cos = dot / (na * nb);
         eprintln!("{text:?}: max abs {max_abs:.5}, cosine {cos:.7}");
-        // The issue asks for 1e-3 max abs; kiln is not there yet. Token 0's row matches to
-        // 5e-8, later rows drift through attention numerics (llama.cpp's own -fa on vs off
-        // differ by 0.2 max abs on these texts, the model has activations near 17), so this
-        // asserts what holds today and prints the figures.
-        assert!(cos > 0.999, "{text:?}: cosine {cos}");
-        assert!(max_abs < 0.5, "{text:?}: max abs {max_abs}");
+        // kiln mirrors ggml's arithmetic on the AVX2 tier and up (activation quantization,
+        // flash-attention f16 accumulator, vector expf, FMA contractions): bit-identical
+        // here. llama.cpp's own -fa on/off spread on these texts is ~0.5 max abs.
+        assert!(cos > 0.999_999, "{text:?}: cosine {cos}");
+        assert!(max_abs < 1e-3, "{text:?}: max abs {max_abs}");
     }
 }

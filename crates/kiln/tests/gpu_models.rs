@@ -2,10 +2,13 @@
 //! logits close after every prompt token and decode step, greedy ids identical up to the
 //! CPU's first near-tie (top-2 margin < 0.25), and no op of the forward on the CPU.
 //!
-//! The kernels mirror the CPU's arithmetic (layer 0 agrees to NMSE ~1e-14), but the GPU's
-//! exp differs from libm's by an ulp at times; where that moves an activation across a
-//! Q8 rounding boundary the difference grows through the layers, to logits NMSE ~2e-3 on
-//! smollm2 (measured). MAX_NMSE bounds that; the greedy ids are the sharp check.
+//! The kernels mirror the CPU's arithmetic (layer 0 agrees to NMSE ~1e-14; attention sums
+//! q·k in the CPU's order and accumulates in f16 like it), but the GPU's exp differs from
+//! libm's by an ulp at times, and the subgroup matmul sums in another order; where that
+//! moves an activation across a Q8 or f16 rounding boundary the difference grows through
+//! the layers, to logits NMSE 1.5e-2 on smollm2's subgroup path (measured; the CPU's f16
+//! attention accumulator, which makes it bit-identical to llama.cpp, amplifies such steps
+//! more than the f32 one did). MAX_NMSE bounds that; the greedy ids are the sharp check.
 #![cfg(feature = "gpu")]
 
 mod support;
@@ -19,7 +22,7 @@ use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
 use support::*;
 
 const TAU: f32 = 0.25;
-const MAX_NMSE: f64 = 1e-2;
+const MAX_NMSE: f64 = 3e-2;
 
 fn engine(m: &RealModel, device: Device) -> Engine {
     let opts = EngineOptions::default().with_n_ctx(256).with_batch(64).with_threads(2).with_device(device);

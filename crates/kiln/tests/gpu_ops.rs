@@ -347,3 +347,63 @@ fn every_op_records_gpu_work() {
     let (ops, dispatches) = gpu.counts().get();
     assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
 }
+
+/// Keys and values moved by a context shift (rotated by `delta`), read back through
+/// attention over the destination slots.
+fn shifted_attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, rope: &RopeParams) -> Vec<f32> {
+    let (n_head, n_kv, hd) = (4, 2, 64);
+    let kv_dim = n_kv * hd;
+    let mut kc = b.alloc_kv(4 * 32 * kv_dim).unwrap();
+    let mut vc = b.alloc_kv(4 * 32 * kv_dim).unwrap();
+    let src: Vec<u32> = (32..32 + 40).collect();
+    for chunk in src.chunks(16 * K / kv_dim) {
+        let k = input(b, g, "x", 16, 16 * K);
+        let v = input(b, g, "y", 16, 16 * K);
+        b.kv_store(&mut kc, &mut vc, &k, &v, chunk, kv_dim);
+    }
+    // Positions 12..40 move down by 12 into blocks 2 and 3 (disjoint from the sources).
+    let dst: Vec<u32> = (64..64 + 28).collect();
+    b.kv_shift(&mut kc, &mut vc, &src[12..], &dst, -12, n_kv, hd, rope);
+    let tables: [&[u32]; 1] = [&[2]];
+    let pos = [27u32, 5];
+    let q = input(b, g, "gate", 2, 2 * K);
+    let plan = AttnPlan {
+        pos: &pos,
+        seq: &[0, 0],
+        tables: &tables,
+        block_size: 32,
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: hd,
+        scale: 0.125,
+        window: None,
+    };
+    let mut out = b.alloc(2 * n_head * hd).unwrap();
+    b.attention(&q, &kc, &vc, &plan, &mut out);
+    read(b, &out, 2 * n_head * hd)
+}
+
+#[test]
+fn kv_shift_matches_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for gpu in gpus() {
+        for (neox, n_rot) in [(false, 64), (true, 64), (true, 32)] {
+            let rope = RopeParams {
+                n_rot,
+                neox,
+                freq_base: 10000.0,
+                freq_scale: 1.0,
+                ext_factor: 0.0,
+                attn_factor: 1.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                n_ctx_orig: 4096,
+                freq_factors: None,
+            };
+            let c = shifted_attention_out(&cpu, &g, &rope);
+            let d = shifted_attention_out(&gpu, &g, &rope);
+            compare(&format!("kv_shift neox {neox} n_rot {n_rot} on {}", gpu.name()), &d, &c, 1e-6);
+        }
+    }
+}

@@ -136,4 +136,19 @@ pub trait Backend: Send + Sync + 'static {
     fn scale(&self, x: &mut Self::Buf, s: f32, len: usize);
     /// `out[j] = x[rows[j]]` for rows of `dim` values.
     fn gather_rows(&self, x: &Self::Buf, rows: &[u32], dim: usize, out: &mut Self::Buf);
+    /// Context shift: copies the cached rows at slots `src[i]` to slots `dst[i]` (the two
+    /// sets disjoint), keys rotated by `delta` positions with `rope` (`n_head_kv` heads of
+    /// `head_dim`), values unchanged.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_shift(
+        &self,
+        k_cache: &mut Self::Kv,
+        v_cache: &mut Self::Kv,
+        src: &[u32],
+        dst: &[u32],
+        delta: i32,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    );
 }

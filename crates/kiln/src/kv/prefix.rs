@@ -124,6 +124,13 @@ impl PrefixCache {
         self.map.remove(&key).map(|c| c.block)
     }
 
+    /// Removes the entry naming `block`, if any (its contents are about to change); the
+    /// caller then drops the cache's reference.
+    pub fn forget(&mut self, block: u32) -> bool {
+        let key = self.map.iter().find(|(_, c)| c.block == block).map(|(k, _)| *k);
+        key.and_then(|k| self.map.remove(&k)).is_some()
+    }
+
     /// Whether the cache holds more blocks than its capacity.
     pub fn over_capacity(&self) -> bool {
         self.map.len() > self.capacity

@@ -85,6 +85,14 @@ impl<B: Backend> Scratch<B> {
 }
 
 impl<B: Backend> Model<B> {
+    /// Layer `il`'s RoPE as a pure rotation (no YaRN magnitude scaling), for moving cached
+    /// keys to other positions in a context shift.
+    pub fn shift_rope(&self, il: usize) -> RopeParams {
+        let mut r = self.rope[il].clone();
+        r.attn_factor = if r.ext_factor != 0.0 { 1.0 / (1.0 + 0.1 * (1.0 / r.freq_scale).ln()) } else { 1.0 };
+        r
+    }
+
     pub fn load(gguf: &Arc<GgufFile>, backend: B) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;
         let weights = Weights::load(gguf, &cfg, &backend)?;

@@ -43,7 +43,8 @@ pub trait Runner: Send + Sync {
     /// cache. Returns the positions kept; the caller evaluates `tokens[kept..]`.
     fn reuse_prefix(&self, seq: SeqId, tokens: &[u32]) -> usize;
     /// Context shift: drops positions `n_keep..n_keep + n_discard` of `seq` and moves the
-    /// later ones down, recomputing their keys and values at their new positions.
+    /// later ones down, their cached keys rotated to the new positions (as llama.cpp does:
+    /// nothing is recomputed, so those keys and values still reflect the dropped tokens).
     fn shift_seq(&self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()>;
     /// Appends `entries` to their sequences (in order) and runs the forward over them,
     /// `n_ubatch` at a time. Returns the outputs of the entries marked `output`, in order,
@@ -63,6 +64,9 @@ struct Seq {
     tokens: Vec<u32>,
     /// `chain[i]`: prefix-cache key of full block `i` (computed up to `n_tokens / 32`).
     chain: Vec<u64>,
+    /// Blocks from this index on hold shifted keys and values, which depend on dropped
+    /// tokens: they are never offered to the prefix cache.
+    shifted_from: Option<usize>,
 }
 
 struct State<B: Backend> {
@@ -89,13 +93,16 @@ impl<B: Backend> State<B> {
         s.table.n_tokens = n;
         s.tokens.truncate(n);
         s.chain.truncate(n / BLOCK_SIZE);
+        if s.shifted_from.is_some_and(|b| n <= b * BLOCK_SIZE) {
+            s.shifted_from = None;
+        }
     }
 
     /// Offers the sequence's newly completed blocks to the prefix cache, then trims the
     /// cache to its capacity.
     fn register(&mut self, seq: SeqId) {
         let Some(s) = self.seqs.get_mut(seq as usize).and_then(Option::as_mut) else { return };
-        let full = s.table.n_tokens / BLOCK_SIZE;
+        let full = (s.table.n_tokens / BLOCK_SIZE).min(s.shifted_from.unwrap_or(usize::MAX));
         while s.chain.len() < full {
             let i = s.chain.len();
             let parent = s.chain.last().copied().unwrap_or(prefix::ROOT);
@@ -235,20 +242,68 @@ impl<B: Backend> Runner for ModelRunner<B> {
     }
 
     fn shift_seq(&self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()> {
-        let tokens = self.seq_tokens(seq);
-        if n_keep + n_discard > tokens.len() {
+        let st = &mut *self.lock();
+        let n = st.seq_mut(seq).map_or(0, |s| s.table.n_tokens);
+        if n_keep + n_discard > n {
             return Err(KilnError::invalid(format!(
-                "context shift: keeping {n_keep} and discarding {n_discard} of {} tokens",
-                tokens.len()
+                "context shift: keeping {n_keep} and discarding {n_discard} of {n} tokens"
             )));
         }
-        let mut kept = tokens[..n_keep].to_vec();
-        kept.extend_from_slice(&tokens[n_keep + n_discard..]);
-        self.truncate_seq(seq, n_keep);
-        let have = self.seq_len(seq);
-        let entries: Vec<Entry> =
-            kept[have..].iter().map(|&token| Entry { seq, token, output: false }).collect();
-        self.decode(&entries, OutputKind::Logits).map(|_| ())
+        if n_discard == 0 {
+            return Ok(());
+        }
+        let (new_len, first) = (n - n_discard, n_keep / BLOCK_SIZE);
+        // Blocks about to be rewritten leave the prefix cache; a block another sequence
+        // still shares is replaced by a fresh one (copy-on-write).
+        let old = st.seqs[seq as usize].as_ref().expect("checked above").table.clone();
+        let mut table = old.clone();
+        table.blocks.truncate(new_len.div_ceil(BLOCK_SIZE));
+        for i in first..table.blocks.len() {
+            let b = table.blocks[i];
+            if st.kv.ref_count(b) > 1 && st.cache.forget(b) {
+                st.kv.release_block(b);
+            }
+            if st.kv.ref_count(b) > 1 {
+                st.make_room(1);
+                let mut fresh = BlockTable::default();
+                st.kv.reserve(&mut fresh, BLOCK_SIZE)?;
+                table.blocks[i] = fresh.blocks[0];
+            }
+        }
+        // Rounds of `n_discard` positions: a round writes slots the next round reads from,
+        // and reads only slots no earlier round wrote.
+        let cfg = &self.model.cfg;
+        let b = &self.model.backend;
+        let copy: Vec<(u32, u32)> = (first * BLOCK_SIZE..n_keep)
+            .map(|q| (old.slot(q), table.slot(q)))
+            .filter(|(s, d)| s != d)
+            .collect();
+        let mut rounds = vec![(copy, 0)];
+        for r0 in (n_keep..new_len).step_by(n_discard) {
+            let moves = (r0..(r0 + n_discard).min(new_len)).map(|q| (old.slot(q + n_discard), table.slot(q)));
+            rounds.push((moves.collect(), -(n_discard as i32)));
+        }
+        for (il, (kc, vc)) in st.kv.layers.iter_mut().enumerate() {
+            let rope = self.model.shift_rope(il);
+            for (moves, delta) in &rounds {
+                if !moves.is_empty() {
+                    let (src, dst): (Vec<u32>, Vec<u32>) = moves.iter().copied().unzip();
+                    b.kv_shift(kc, vc, &src, &dst, *delta, cfg.n_head_kv, cfg.head_dim, &rope);
+                }
+            }
+        }
+        for (i, &ob) in old.blocks.iter().enumerate() {
+            if table.blocks.get(i) != Some(&ob) {
+                st.kv.release_block(ob);
+            }
+        }
+        let s = st.seq_mut(seq).expect("checked above");
+        table.n_tokens = new_len;
+        s.table = table;
+        s.tokens.drain(n_keep..n_keep + n_discard);
+        s.chain.truncate(first);
+        s.shifted_from = Some(first);
+        Ok(())
     }
 
     fn kv_usage(&self) -> f32 {

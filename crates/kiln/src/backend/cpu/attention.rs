@@ -1,20 +1,22 @@
-//! Causal attention over the f16 KV cache with an online softmax per query: queries
-//! rounded to f16 for the K dot product (as ggml's flash-attention path), an f32 output
-//! accumulator. (ggml's one-chunk path keeps that accumulator in f16; mirroring it was
-//! tried and flipped a 0.44-margin token of the smollm2 greedy oracle, so kiln keeps f32,
-//! the same for every batch size: batch invariance.)
+//! Causal attention over the f16 KV cache with an online softmax per query, in the
+//! arithmetic of ggml's one-chunk flash-attention path (llama.cpp's CPU default): queries
+//! rounded to f16, the K dot summed in ggml's order, keys taken one at a time in ascending
+//! position, and the output accumulated in f16 (rounded after every rescale and every
+//! fused multiply-add), the sum of weights with an FMA. On short prompts this makes kiln's
+//! hidden states bit-identical to llama.cpp's (tests/embed_oracle.rs); kiln uses it for
+//! every batch size, so results do not depend on batching (batch invariance).
 //!
 //! Flash-style tiling: one task takes a head and a tile of consecutive queries of the same
 //! sequence, and widens each K/V row to f32 once for the whole tile. Every query still
 //! sees its keys in ascending position with the same arithmetic, so its result does not
-//! depend on the tile (batch invariance). Scratch lives on the task's stack: no allocation.
+//! depend on the tile. Scratch lives on the task's stack: no allocation.
 
 use half::f16;
 
 use super::ops::SyncPtr;
 use super::pool::ThreadPool;
 use crate::backend::AttnPlan;
-use crate::quant::{self, GgmlType, VecDotFn};
+use crate::quant::{self, GgmlType};
 
 /// Queries per task; their accumulators and one K/V row stay in L1.
 const Q_TILE: usize = 8;
@@ -25,7 +27,6 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
     let n_head = plan.n_head;
     let n_tok = plan.pos.len();
     let n_tiles = n_tok.div_ceil(Q_TILE);
-    let dot = quant::vec_dot_fn(GgmlType::F32);
     let op = SyncPtr(out.as_mut_ptr());
     pool.run(n_tiles * n_head, &|task| {
         // Heads vary fastest: a decode step's heads spread over the threads.
@@ -39,6 +40,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
             while b < t1 && plan.seq[b] == plan.seq[a] {
                 b += 1;
             }
+            let tile = Tile { q, kc, vc, plan, h, ts: a..b, out: op };
             if plan.head_dim <= MAX_HEAD_DIM {
                 let mut scratch = Scratch::<[f32; MAX_HEAD_DIM * Q_TILE], [f32; MAX_HEAD_DIM]> {
                     q: [0.0; MAX_HEAD_DIM * Q_TILE],
@@ -46,7 +48,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
                     k: [0.0; MAX_HEAD_DIM],
                     v: [0.0; MAX_HEAD_DIM],
                 };
-                run_tile(q, kc, vc, plan, h, a..b, dot, &mut scratch, op);
+                run_tile(&tile, &mut scratch);
             } else {
                 let hd = plan.head_dim;
                 let mut scratch = Scratch {
@@ -55,7 +57,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
                     k: vec![0.0; hd],
                     v: vec![0.0; hd],
                 };
-                run_tile(q, kc, vc, plan, h, a..b, dot, &mut scratch, op);
+                run_tile(&tile, &mut scratch);
             }
             a = b;
         }
@@ -72,19 +74,37 @@ struct Scratch<T, R> {
     v: R,
 }
 
-/// Attention of head `h` for queries `ts` (all of one sequence).
-#[allow(clippy::too_many_arguments)]
-fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(
-    q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
-    plan: &AttnPlan,
+/// One task: head `h` for queries `ts` (all of one sequence).
+struct Tile<'a> {
+    q: &'a [f32],
+    kc: &'a [f16],
+    vc: &'a [f16],
+    plan: &'a AttnPlan<'a>,
     h: usize,
     ts: std::ops::Range<usize>,
-    dot: VecDotFn,
-    s: &mut Scratch<T, R>,
-    op: SyncPtr<f32>,
-) {
+    out: SyncPtr<f32>,
+}
+
+fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(t: &Tile, s: &mut Scratch<T, R>) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { run_tile_fma(t, s) };
+    }
+    run_tile_body(t, s)
+}
+
+/// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_tile_fma<T: AsMut<[f32]>, R: AsMut<[f32]>>(t: &Tile, s: &mut Scratch<T, R>) {
+    run_tile_body(t, s)
+}
+
+#[inline(always)]
+fn run_tile_body<T: AsMut<[f32]>, R: AsMut<[f32]>>(tile: &Tile, s: &mut Scratch<T, R>) {
+    let Tile { q, kc, vc, plan, h, ref ts, out: op } = *tile;
+    let ts = ts.clone();
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
     let kvh = h / (n_head / plan.n_head_kv);
@@ -107,26 +127,25 @@ fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(
         let base = plan.slot(seq, p) * kv_dim + kvh * hd;
         widen(&kc[base..base + hd], kr);
         widen(&vc[base..base + hd], vr);
-        let kb: &[u8] = bytemuck::cast_slice(kr);
         for (j, t) in ts.clone().enumerate() {
             if p < plan.first_pos(t) || p > plan.pos[t] {
                 continue;
             }
             let qj = &qs[j * hd..(j + 1) * hd];
-            let score = dot(bytemuck::cast_slice(qj), kb, hd) * plan.scale;
+            let score = dot_f16(qj, kr) * plan.scale;
             let a = &mut acc[j * hd..(j + 1) * hd];
             let (ms, vs);
             if score > m[j] {
                 ms = (m[j] - score).exp();
                 vs = 1.0;
                 m[j] = score;
-                a.iter_mut().for_each(|a| *a *= ms);
+                scale_f16(a, ms);
             } else {
                 ms = 1.0;
                 vs = (score - m[j]).exp();
             }
-            a.iter_mut().zip(vr.iter()).for_each(|(a, &x)| *a += x * vs);
-            sum[j] = sum[j] * ms + vs;
+            mad_f16(a, vr, vs);
+            sum[j] = sum[j].mul_add(ms, vs); // GCC contracts ggml's `S*ms + vs`
         }
     }
     for (j, t) in ts.enumerate() {
@@ -152,6 +171,59 @@ fn round_f16(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
 }
 
+/// The dot product of f16 values (held as f32) summed in the order of ggml's
+/// `ggml_vec_dot_f16` on AVX-512: four 16-lane accumulators over blocks of 64, a fixed
+/// reduction tree, the tail added in f64. Products of f16 values are exact in f32.
+fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { simd::dot_f16(q, k) };
+    }
+    let np = q.len() / 64 * 64;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                *a += q[i + j * 16 + l] * k[i + j * 16 + l];
+            }
+        }
+    }
+    let x: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    reduce16(x, &q[np..], &k[np..])
+}
+
+/// `_mm512_reduce_add_ps` (halves, then quarters, then pairs), then the f64 tail.
+fn reduce16(x: [f32; 16], qt: &[f32], kt: &[f32]) -> f32 {
+    let t1: [f32; 8] = std::array::from_fn(|l| x[l + 8] + x[l]);
+    let t2: [f32; 4] = std::array::from_fn(|l| t1[l + 4] + t1[l]);
+    let mut sum = ((t2[0] + t2[2]) + (t2[1] + t2[3])) as f64;
+    for (&a, &b) in qt.iter().zip(kt) {
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
+/// `acc = f16(acc * s)`: the f16 accumulator's rescale.
+fn scale_f16(acc: &mut [f32], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::scale_f16(acc, s) };
+    }
+    acc.iter_mut().for_each(|a| *a = f16::from_f32(*a * s).to_f32());
+}
+
+/// `acc = f16(fma(v, s, acc))`: one key's contribution to the f16 accumulator.
+fn mad_f16(acc: &mut [f32], v: &[f32], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::mad_f16(acc, v, s) };
+    }
+    acc.iter_mut().zip(v).for_each(|(a, &x)| *a = f16::from_f32(x.mul_add(s, *a)).to_f32());
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
@@ -171,5 +243,51 @@ mod simd {
             _mm256_storeu_ps(c.as_mut_ptr(), round8(_mm256_loadu_ps(c.as_ptr())));
         }
         c.into_remainder().iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
+        let np = q.len() / 64 * 64;
+        // Lanes 0-7 and 8-15 of ggml's four 16-lane accumulators.
+        let mut lo = [_mm256_setzero_ps(); 4];
+        let mut hi = [_mm256_setzero_ps(); 4];
+        for i in (0..np).step_by(64) {
+            for j in 0..4 {
+                let (qp, kp) = (q.as_ptr().add(i + j * 16), k.as_ptr().add(i + j * 16));
+                lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp), _mm256_loadu_ps(kp), lo[j]);
+                hi[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8)), _mm256_loadu_ps(kp.add(8)), hi[j]);
+            }
+        }
+        let xl = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
+        let xh = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
+        let mut x = [0f32; 16];
+        _mm256_storeu_ps(x.as_mut_ptr(), xl);
+        _mm256_storeu_ps(x.as_mut_ptr().add(8), xh);
+        super::reduce16(x, &q[np..], &k[np..])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scale_f16(acc: &mut [f32], s: f32) {
+        let vs = _mm256_set1_ps(s);
+        let mut c = acc.chunks_exact_mut(8);
+        for c in &mut c {
+            let a = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), vs);
+            _mm256_storeu_ps(c.as_mut_ptr(), round8(a));
+        }
+        c.into_remainder().iter_mut().for_each(|a| *a = f16::from_f32(*a * s).to_f32());
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mad_f16(acc: &mut [f32], v: &[f32], s: f32) {
+        let vs = _mm256_set1_ps(s);
+        let mut c = acc.chunks_exact_mut(8);
+        let mut x = v.chunks_exact(8);
+        for (c, x) in (&mut c).zip(&mut x) {
+            let a = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr()), vs, _mm256_loadu_ps(c.as_ptr()));
+            _mm256_storeu_ps(c.as_mut_ptr(), round8(a));
+        }
+        for (a, &x) in c.into_remainder().iter_mut().zip(x.remainder()) {
+            *a = f16::from_f32(x.mul_add(s, *a)).to_f32();
+        }
     }
 }

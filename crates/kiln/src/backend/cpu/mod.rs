@@ -3,7 +3,9 @@
 
 mod attention;
 mod ops;
+pub use ops::rope_cache;
 pub mod pool;
+mod vexp;
 
 use std::sync::Arc;
 
@@ -208,6 +210,29 @@ impl Backend for CpuBackend {
         for (j, &r) in rows.iter().enumerate() {
             let r = r as usize;
             out[j * dim..(j + 1) * dim].copy_from_slice(&x[r * dim..(r + 1) * dim]);
+        }
+    }
+
+    fn kv_shift(
+        &self,
+        kc: &mut Vec<f16>,
+        vc: &mut Vec<f16>,
+        src: &[u32],
+        dst: &[u32],
+        delta: i32,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    ) {
+        let dim = n_head_kv * head_dim;
+        let mut row = vec![0f32; dim];
+        for (&s, &d) in src.iter().zip(dst) {
+            let (s, d) = (s as usize * dim, d as usize * dim);
+            row.iter_mut().zip(&kc[s..s + dim]).for_each(|(r, k)| *r = k.to_f32());
+            // ggml rotates the f16 cache in place the same way (rope on f16 rows).
+            ops::rope(&mut row, &[delta], n_head_kv, head_dim, rope);
+            kc[d..d + dim].iter_mut().zip(&row).for_each(|(k, &r)| *k = f16::from_f32(r));
+            vc.copy_within(s..s + dim, d);
         }
     }
 }

@@ -191,7 +191,31 @@ pub fn rope_cache(p: f32, r: &RopeParams, cache: &mut [f32]) {
     }
 }
 
-pub fn rope(x: &mut [f32], pos: &[u32], n_head: usize, head_dim: usize, r: &RopeParams) {
+/// Rotates each head of every row; the rotation fuses one product into an FMA the way
+/// GCC contracts ggml's `x0*cos - x1*sin` (llama.cpp's own build), so values match it.
+pub fn rope<P: Copy + Into<f64>>(x: &mut [f32], pos: &[P], n_head: usize, head_dim: usize, r: &RopeParams) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has FMA.
+        return unsafe { rope_fma(x, pos, n_head, head_dim, r) };
+    }
+    rope_rows(x, pos, n_head, head_dim, r)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn rope_fma<P: Copy + Into<f64>>(
+    x: &mut [f32],
+    pos: &[P],
+    n_head: usize,
+    head_dim: usize,
+    r: &RopeParams,
+) {
+    rope_rows(x, pos, n_head, head_dim, r)
+}
+
+#[inline(always)]
+fn rope_rows<P: Copy + Into<f64>>(x: &mut [f32], pos: &[P], n_head: usize, head_dim: usize, r: &RopeParams) {
     let mut stack = [0.0f32; 256];
     let mut heap = Vec::new();
     let cache: &mut [f32] = if r.n_rot <= stack.len() {
@@ -203,7 +227,7 @@ pub fn rope(x: &mut [f32], pos: &[u32], n_head: usize, head_dim: usize, r: &Rope
     let row = n_head * head_dim;
     let offset = if r.neox { r.n_rot / 2 } else { 1 };
     for (t, &p) in pos.iter().enumerate() {
-        rope_cache(p as f32, r, cache);
+        rope_cache(p.into() as f32, r, cache);
         for h in 0..n_head {
             let head = &mut x[t * row + h * head_dim..t * row + (h + 1) * head_dim];
             for i0 in (0..r.n_rot).step_by(2) {
@@ -211,8 +235,8 @@ pub fn rope(x: &mut [f32], pos: &[u32], n_head: usize, head_dim: usize, r: &Rope
                 let ic = if r.neox { i0 / 2 } else { i0 };
                 let (c, s) = (cache[i0], cache[i0 + 1]);
                 let (x0, x1) = (head[ic], head[ic + offset]);
-                head[ic] = x0 * c - x1 * s;
-                head[ic + offset] = x0 * s + x1 * c;
+                head[ic] = x0.mul_add(c, -(x1 * s));
+                head[ic + offset] = x0.mul_add(s, x1 * c);
             }
         }
     }
@@ -234,11 +258,7 @@ fn gelu_table() -> &'static [f16] {
 
 pub fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
     match act {
-        Activation::Silu => {
-            for (g, &u) in gate.iter_mut().zip(up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
-        }
+        Activation::Silu => super::vexp::swiglu(gate, up),
         Activation::GeluTanh => {
             let table = gelu_table();
             for (o, &u) in gate.iter_mut().zip(up) {

@@ -373,6 +373,29 @@ impl Backend for GpuBackend {
         self.run(Kernel::KvStore, &prm, &[&k.buf, &v.buf, &kc.buf, &vc.buf], grid(slots.len() * dim / 2, 64));
     }
 
+    fn kv_shift(
+        &self,
+        kc: &mut GpuKv,
+        vc: &mut GpuKv,
+        src: &[u32],
+        dst: &[u32],
+        delta: i32,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    ) {
+        self.op();
+        let dim = n_head_kv * head_dim;
+        let mut cache = vec![0f32; rope.n_rot];
+        crate::backend::cpu::rope_cache(delta as f32, rope, &mut cache);
+        let mut prm =
+            vec![src.len() as u32, dim as u32, head_dim as u32, rope.n_rot as u32, rope.neox as u32];
+        prm.extend(cache.iter().map(|&v| f(v)));
+        prm.extend_from_slice(src);
+        prm.extend_from_slice(dst);
+        self.run(Kernel::KvShift, &prm, &[&kc.buf, &vc.buf], grid(src.len() * dim / 2, 64));
+    }
+
     fn attention(&self, q: &GpuBuf, kc: &GpuKv, vc: &GpuKv, plan: &AttnPlan, out: &mut GpuBuf) {
         self.op();
         assert!(

@@ -23,6 +23,35 @@ fn kv_at(buf_is_v: bool, e: u32) -> f32 {
     return unpack2x16float(w >> ((e & 1u) * 16u)).x;
 }
 
+// q·k summed in the CPU's order (ggml's AVX-512 ggml_vec_dot_f16): per lane l of 16,
+// four accumulators over blocks of 64 combined as (a0 + a2) + (a1 + a3), then a halving
+// tree. Products of f16 values are exact, so this reproduces the CPU's score.
+fn dot_ggml(base: u32, hd: u32) -> f32 {
+    let np = hd / 64u * 64u;
+    var x: array<f32, 16>;
+    for (var l = 0u; l < 16u; l = l + 1u) {
+        var a = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+        for (var c = 0u; c < np; c = c + 64u) {
+            for (var j = 0u; j < 4u; j = j + 1u) {
+                let e = c + j * 16u + l;
+                a[j] = fma(q16[e], kv_at(false, base + e), a[j]);
+            }
+        }
+        x[l] = (a[0] + a[2]) + (a[1] + a[3]);
+    }
+    for (var l = 0u; l < 8u; l = l + 1u) {
+        x[l] = x[l + 8u] + x[l];
+    }
+    for (var l = 0u; l < 4u; l = l + 1u) {
+        x[l] = x[l + 4u] + x[l];
+    }
+    var s = (x[0] + x[2]) + (x[1] + x[3]);
+    for (var e = np; e < hd; e = e + 1u) {
+        s = s + q16[e] * kv_at(false, base + e);
+    }
+    return s;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32 /*SG*/) {
@@ -48,8 +77,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     workgroupBarrier();
     // Scores are computed a tile at a time (one key per invocation); the softmax update
-    // then walks the tile's keys in order with an f32 accumulator, as kiln's CPU
-    // backend does (same order for every batch: batch invariance).
+    // then walks the tile's keys in order with an accumulator rounded to f16 after every
+    // rescale and every fused multiply-add, as kiln's CPU backend (and ggml's one-chunk
+    // flash attention) does: the same order for every batch (batch invariance).
     var m = -3.0e38;
     var ssum = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -58,12 +88,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if p <= pos {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
-            var dot = 0.0;
-            for (var d = 0u; d < hd; d = d + 2u) {
-                let kk = unpack2x16float(kc[(base + d) >> 1u]);
-                dot = dot + q16[d] * kk.x + q16[d + 1u] * kk.y;
-            }
-            pj[lid] = dot * scale;
+            pj[lid] = dot_ggml(base, hd) * scale;
             bj[lid] = base;
         }
         workgroupBarrier();
@@ -72,7 +97,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let sc = pj[j];
             var ms = 1.0;
             var vs = 1.0;
-            if sc > m {
+            let new_max = sc > m;
+            if new_max {
                 ms = exp(m - sc);
                 m = sc;
             } else {
@@ -81,10 +107,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let d = lid + i * WG;
                 if d < hd {
-                    acc[i] = acc[i] * ms + kv_at(true, bj[j] + d) * vs;
+                    var a = acc[i];
+                    if new_max {
+                        a = f16r(a * ms);
+                    }
+                    acc[i] = f16r(fma(kv_at(true, bj[j] + d), vs, a));
                 }
             }
-            ssum = ssum * ms + vs;
+            ssum = fma(ssum, ms, vs);
         }
         workgroupBarrier();
     }
