@@ -6,7 +6,7 @@ measured) and its ratio to a single stream, tok/s over the whole wall time, kiln
 p50, where a scheduler step's time goes, the machine's load average. Then checks: every
 request completed, greedy outputs equal the same requests run alone, peak RSS <= model +
 parallel x n_ctx KV + 64 MiB, SIGTERM exits 0; and quotes the top level against a single
-stream and kiln's own pp512 (`kiln bench`, run before and after).
+stream and kiln's own pp512 (`kiln bench`, run just before and after that level).
 
     python3 scripts/load_test.py [-m smollm2-135m] [-t 2] [-n 64] [-c 512] [--json]
 
@@ -125,7 +125,6 @@ def main():
     extra = ["--device", a.device] + (["-t", str(a.threads)] if a.threads else [])
     srv_extra = extra + (["-b", str(a.batch_size)] if a.batch_size else [])
     say = (lambda *x, **k: None) if a.json else print
-    pp_before = pp512(a.model, extra)
     srv = Server("-m", a.model, "-c", str(a.ctx), "--parallel", str(parallel), "--queue", str(2 * parallel),
                  "--alias", "load", *srv_extra)
     report = {"model": a.model, "n_tokens": a.n_tokens, "n_ctx": a.ctx, "parallel": parallel, "args": srv_extra,
@@ -143,10 +142,26 @@ def main():
         single = rates[len(rates) // 2]
         report["single_stream_tok_s"] = single
         say(f"single stream (median of {len(rates)} alone): {single:.1f} tok/s decode, load {load_avg():.2f}")
-        say("clients | done  | greedy= | decode tok/s | x single | wall tok/s | batch p50 | ms/step | tok/step | "
-            "forward | sample+stream | load")
+        say("x single: against requests run alone just before and after the level (median of 4).")
+        say("clients | done  | greedy= | decode tok/s | single | x single | wall tok/s | batch p50 | ms/step | "
+            "tok/step | forward | sample+stream | load")
         mismatches = 0
-        for c in levels:
+
+        def local_single(k):
+            """Median decode rate of two requests alone: bracketing each level in time keeps its
+            ratio honest when the machine's load drifts during the run."""
+            r = []
+            for p in (prompts[k % parallel], prompts[(k + 1) % parallel]):
+                o = {}
+                stream_one(srv.url, "load", p, a.n_tokens, o)
+                r.append((o["tokens"] - 1) / max(o["end"] - o["first"], 1e-9))
+            return r
+
+        for li, c in enumerate(levels):
+            top_level = li == len(levels) - 1
+            if top_level:
+                pp_before = pp512(a.model, extra)
+            ref = local_single(2 * li)
             m0 = srv.metrics()
             before = batch_hist(srv.get("/metrics")[1].decode())
             outs = [{} for _ in range(c)]
@@ -161,6 +176,10 @@ def main():
             after = batch_hist(srv.get("/metrics")[1].decode())
             s0, e0, ph0 = step_counters(m0)
             s1, e1, ph1 = step_counters(srv.metrics())
+            ref = sorted(ref + local_single(2 * li + 1))
+            ref_single = (ref[1] + ref[2]) / 2
+            if top_level:
+                pp_after = pp512(a.model, extra)
             steps = max(s1 - s0, 1)
             ph = {k: ph1[k] - ph0.get(k, 0) for k in ph1}
             busy = max(sum(ph.values()), 1e-9)
@@ -173,14 +192,15 @@ def main():
             window = max(o["end"] for o in outs if "end" in o) - min(o["first"] for o in outs if "first" in o)
             decode = sum(max(o.get("tokens", 0) - 1, 0) for o in outs) / max(window, 1e-9)
             lvl = {"clients": c, "completed": done, "greedy_equal": same, "tokens": tokens, "wall_s": wall,
-                   "wall_tok_s": tokens / wall, "aggregate_tok_s": decode, "x_single": decode / single,
+                   "wall_tok_s": tokens / wall, "aggregate_tok_s": decode, "single_tok_s": ref_single,
+                   "x_single": decode / ref_single,
                    "batch_size_p50": p50(before, after), "ms_per_step": 1000 * busy / steps,
                    "tokens_per_step": (e1 - e0) / steps,
                    "forward_share": ph.get("forward", 0) / busy, "sample_share": ph.get("sample", 0) / busy,
                    "load": load_avg()}
             report["levels"].append(lvl)
             say(f"{c:7d} | {done:2d}/{c:<2d} | {same:2d}/{c:<2d}   | {lvl['aggregate_tok_s']:12.1f} | "
-                f"{lvl['x_single']:8.2f} | {lvl['wall_tok_s']:10.1f} | {lvl['batch_size_p50']:9} | "
+                f"{ref_single:6.1f} | {lvl['x_single']:8.2f} | {lvl['wall_tok_s']:10.1f} | {lvl['batch_size_p50']:9} | "
                 f"{lvl['ms_per_step']:7.1f} | "
                 f"{lvl['tokens_per_step']:8.1f} | {100 * lvl['forward_share']:6.1f}% | "
                 f"{100 * lvl['sample_share']:12.1f}% | {lvl['load']:.2f}", flush=True)
@@ -193,14 +213,15 @@ def main():
         report.update(sigterm_exit=code, sigterm_s=secs)
     finally:
         srv.close()
-    pp_after = pp512(a.model, extra)
     pp = (pp_before + pp_after) / 2
-    top = report["levels"][-1]["aggregate_tok_s"]
-    report.update(pp512_tok_s=pp, pp512_before_after=[pp_before, pp_after], ratio_vs_single=top / single,
+    top_lvl = report["levels"][-1]
+    top = top_lvl["aggregate_tok_s"]
+    report.update(pp512_tok_s=pp, pp512_before_after=[pp_before, pp_after], ratio_vs_single=top_lvl["x_single"],
                   ratio_vs_pp512=top / pp)
     mib = 2**20
-    say(f"{parallel} clients: {top:.1f} tok/s decode = {top / single:.2f}x a single stream, {top / pp:.2f}x pp512 "
-        f"({pp:.1f} tok/s: {pp_before:.1f} before, {pp_after:.1f} after)")
+    say(f"{parallel} clients: {top:.1f} tok/s decode = {top_lvl['x_single']:.2f}x a single stream "
+        f"({top_lvl['single_tok_s']:.1f} around it; {single:.1f} at the start), {top / pp:.2f}x pp512 "
+        f"({pp:.1f} tok/s: `kiln bench` {pp_before:.1f} just before, {pp_after:.1f} just after)")
     say(f"peak RSS {hwm / mib:.1f} MiB (limit {limit / mib:.1f} MiB = model {model_size / mib:.1f} + "
         f"{parallel} x {a.ctx} KV {parallel * a.ctx * kv_tok / mib:.1f} + 64); greedy mismatches {mismatches}; "
         f"SIGTERM exit {report['sigterm_exit']} in {report['sigterm_s']:.2f} s")
