@@ -139,6 +139,9 @@ unsafe fn q8_0_core<const R: usize, const T: usize, const VNNI: bool>(
     nb: usize,
     out: *mut f32,
 ) {
+    if T == TILE {
+        return q8_0_core_t4::<R, VNNI>(x, xs, y, ys, nb, out);
+    }
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for i in 0..nb {
         let mut qx = [_mm256_setzero_si256(); R];
@@ -165,6 +168,45 @@ unsafe fn q8_0_core<const R: usize, const T: usize, const VNNI: bool>(
     for r in 0..R {
         for t in 0..T {
             *out.add(r * T + t) = hsum_ps(acc[r][t]);
+        }
+    }
+}
+
+/// `q8_0_core` for four tokens: the four scale products `x.d * y_t.d` formed by one
+/// multiply (lane t), each then broadcast; the same float operations per pair.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_core_t4<const R: usize, const VNNI: bool>(
+    x: *const u8,
+    xs: usize,
+    y: *const u8,
+    ys: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); TILE]; R];
+    let lane: [__m256i; TILE] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
+    for i in 0..nb {
+        let half = |p: *const u8| (p as *const i16).read_unaligned();
+        let d = |t: usize| half(y.add(t * ys + 34 * i));
+        let dy = _mm_cvtph_ps(_mm_setr_epi16(d(0), d(1), d(2), d(3), 0, 0, 0, 0));
+        let qy: [__m256i; TILE] = std::array::from_fn(|t| loadu(y.add(t * ys + 34 * i + 2)));
+        for r in 0..R {
+            let xb = x.add(r * xs + 34 * i);
+            let qx = loadu(xb.add(2));
+            let absx = _mm256_sign_epi8(qx, qx);
+            let p = _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16(half(xb))), dy));
+            for t in 0..TILE {
+                // The sign moves onto y so one operand is unsigned (as `dot_s8`).
+                let s = dot_u8i8::<VNNI>(absx, _mm256_sign_epi8(qy[t], qx));
+                let d = _mm256_permutevar8x32_ps(p, lane[t]);
+                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..TILE {
+            *out.add(r * TILE + t) = hsum_ps(acc[r][t]);
         }
     }
 }
