@@ -263,6 +263,22 @@ class Errors(unittest.TestCase):
             with self.assertRaises(openai.BadRequestError, msg=repr(messages)):
                 c.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
 
+    def test_wrong_types_on_every_route(self):
+        # Raw bodies: the client would refuse to send some of these.
+        cases = [("/v1/completions", {"prompt": 5}, "prompt"),
+                 ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+                 ("/v1/completions", {"prompt": "x", "temperature": [1]}, "temperature"),
+                 ("/v1/completions", {"prompt": "x", "stream": 1}, "stream"),
+                 ("/v1/embeddings", {"input": 5}, "input"),
+                 ("/v1/embeddings", {"input": "x", "encoding_format": 3}, "encoding_format"),
+                 ("/v1/chat/completions", {"messages": {"role": "user"}}, "messages")]
+        for path, body, field in cases:
+            status, raw, _ = SERVER.post(path, json.dumps({"model": MODEL, **body}).encode())
+            self.assertEqual(status, 400, (path, body, raw))
+            err = error_of(raw)
+            self.assertEqual(err["type"], "invalid_request_error")
+            self.assertIn(field, (err["param"] or "") + err["message"], (path, body, err))
+
     def test_unknown_model(self):
         with self.assertRaises(openai.NotFoundError) as ctx:
             client().chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
@@ -271,6 +287,11 @@ class Errors(unittest.TestCase):
     def test_huge_max_tokens(self):
         with self.assertRaises(openai.BadRequestError) as ctx:
             chat(client(), "hi", max_tokens=10**9)
+        self.assert_error(ctx, 400, param="max_tokens", code="context_length_exceeded")
+
+    def test_huge_max_tokens_completions(self):
+        with self.assertRaises(openai.BadRequestError) as ctx:
+            client().completions.create(model=MODEL, prompt="hi", max_tokens=10**9)
         self.assert_error(ctx, 400, param="max_tokens", code="context_length_exceeded")
 
     def test_prompt_beyond_context(self):
@@ -348,6 +369,61 @@ class Errors(unittest.TestCase):
             time.sleep(0.1)
         self.assertGreater(m.get('kiln_requests_total{status="499"}', 0), before)
         self.assertEqual(m["kiln_requests_running"], 0)
+
+
+class Disconnects(unittest.TestCase):
+    def test_many_disconnects_leave_the_streams_beside_them_alone(self):
+        """Four streams dropped (two mid-stream, two while queued: --parallel 4) next to two
+        greedy streams that must finish with the text they give alone."""
+        s = Server("-m", MODEL, "-c", "512", "--parallel", "4", "--queue", "16", "--alias", "dc")
+        try:
+            u = urllib.parse.urlparse(s.url)
+            keep = ["Write a haiku about rain.", "List three colours."]
+
+            def stream(prompt, max_tokens):
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+                conn.request("POST", "/v1/completions", json.dumps({
+                    "model": "dc", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                    "stream": True, "ignore_eos": True}), {"Content-Type": "application/json"})
+                return conn
+
+            def text_of(conn):
+                out = []
+                for line in conn.getresponse():
+                    line = line.decode().strip()
+                    if line.startswith("data: {"):
+                        out += [ch.get("text", "") for ch in json.loads(line[6:]).get("choices", [])]
+                conn.close()
+                return "".join(out)
+
+            alone = [text_of(stream(p, 32)) for p in keep]
+            running = [stream(f"Story number {i}: once upon a time", 400) for i in range(2)]
+            for conn in running:
+                r = conn.getresponse()
+                self.assertEqual(r.status, 200)
+                r.read1(64)
+            kept = [stream(p, 32) for p in keep]
+            time.sleep(0.3)
+            waiting = [stream(f"Story number {i}: once upon a time", 400) for i in range(2, 4)]
+            time.sleep(0.3)
+            self.assertGreaterEqual(s.metrics()["kiln_requests_waiting"], 1)
+            # Two drop while streaming beside the kept ones; two while still queued.
+            for conn in running + waiting:
+                if conn.sock:
+                    conn.sock.close()
+                conn.close()
+            self.assertEqual([text_of(c) for c in kept], alone)
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                m = s.metrics()
+                if m["kiln_requests_running"] == 0 and m["kiln_requests_waiting"] == 0:
+                    break
+                time.sleep(0.1)
+            self.assertEqual((m["kiln_requests_running"], m["kiln_requests_waiting"]), (0, 0))
+            self.assertGreaterEqual(m.get('kiln_requests_total{status="499"}', 0), 2)
+            self.assertEqual(s.get("/health")[0], 200)
+        finally:
+            s.close()
 
 
 class Batching(unittest.TestCase):

@@ -96,7 +96,7 @@ async fn run(opts: ServerOptions) -> Result<()> {
             return Ok(());
         }
     };
-    let worker = start(&app, engine, parallel, opts.queue, n_ctx)?;
+    let worker = start(&app, engine, parallel, opts.queue, n_ctx, opts.engine.n_batch)?;
     eprintln!("kiln: listening on http://{local}");
 
     shutdown_signal().await;
@@ -113,15 +113,24 @@ async fn run(opts: ServerOptions) -> Result<()> {
 
 /// Starts the scheduler thread on a loaded engine and marks `app` ready. `n_ctx` is the
 /// context of each request; the engine's KV pool must hold `parallel` of them.
+/// `step_tokens` caps one step's tokens (all decode tokens first, then prompt chunks).
 pub fn start(
     app: &App,
     engine: Engine,
     parallel: usize,
     queue: usize,
     n_ctx: usize,
+    step_tokens: usize,
 ) -> Result<std::thread::JoinHandle<()>> {
     let (tx, rx) = std::sync::mpsc::sync_channel(queue.max(1));
-    let sched = scheduler::Scheduler::new(engine.clone(), rx, app.shared.clone(), parallel.max(1), n_ctx);
+    let sched = scheduler::Scheduler::new(
+        engine.clone(),
+        rx,
+        app.shared.clone(),
+        parallel.max(1),
+        n_ctx,
+        step_tokens,
+    );
     let worker = std::thread::Builder::new()
         .name("kiln-scheduler".into())
         .spawn(move || sched.run())
@@ -140,9 +149,7 @@ fn load_engine(model: &str, opts: EngineOptions, parallel: usize) -> Result<(Eng
     let n_ctx = opts.n_ctx.unwrap_or(n_ctx_train.min(4096));
     let rounded = n_ctx.div_ceil(kiln::kv::BLOCK_SIZE) * kiln::kv::BLOCK_SIZE;
     let pool_ctx = if rounded <= n_ctx_train { rounded } else { n_ctx };
-    // No step is larger (batch invariance), so scratch for more would be wasted memory.
-    let n_batch = opts.n_batch.min(scheduler::MAX_STEP_ENTRIES);
-    let opts = opts.with_n_ctx(pool_ctx).with_n_seq(parallel).with_batch(n_batch);
+    let opts = opts.with_n_ctx(pool_ctx).with_n_seq(parallel);
     let engine = Engine::load(path.to_string_lossy(), opts)?;
     Ok((engine, n_ctx))
 }

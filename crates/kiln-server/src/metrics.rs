@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 pub struct Histogram {
     bounds: &'static [f64],
@@ -51,6 +52,11 @@ pub struct Metrics {
     /// Prompt tokens whose KV came from a cached prefix instead of a forward.
     pub prompt_tokens_cached: AtomicU64,
     pub generation_tokens: AtomicU64,
+    /// Per scheduler step: count, entries, and nanoseconds spent building the batch, in
+    /// the forward, and sampling and streaming (where the time of a step goes).
+    steps: AtomicU64,
+    step_entries: AtomicU64,
+    step_ns: [AtomicU64; 3],
     requests: Mutex<BTreeMap<u16, u64>>,
     ttft: Mutex<Histogram>,
     batch: Mutex<Histogram>,
@@ -65,6 +71,9 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             prompt_tokens_cached: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            step_entries: AtomicU64::new(0),
+            step_ns: Default::default(),
             requests: Mutex::new(BTreeMap::new()),
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             batch: Mutex::new(Histogram::new(BATCH_BOUNDS)),
@@ -89,6 +98,15 @@ impl Metrics {
     /// Sequences that took part in one batched forward.
     pub fn observe_batch(&self, n: usize) {
         lock(&self.batch).observe(n as f64);
+    }
+
+    /// One scheduler step of `entries` tokens and the time of its phases.
+    pub fn observe_step(&self, entries: usize, schedule: Duration, forward: Duration, sample: Duration) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_entries.fetch_add(entries as u64, Ordering::Relaxed);
+        for (c, d) in self.step_ns.iter().zip([schedule, forward, sample]) {
+            c.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        }
     }
 
     pub fn render(&self) -> String {
@@ -136,6 +154,19 @@ impl Metrics {
             "Tokens sampled.",
             self.generation_tokens.load(Ordering::Relaxed),
         );
+        c(&mut o, "kiln_steps_total", "Batched forward steps.", self.steps.load(Ordering::Relaxed));
+        c(
+            &mut o,
+            "kiln_step_tokens_total",
+            "Tokens (decode and prompt) in batched forward steps.",
+            self.step_entries.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(o, "# HELP kiln_step_seconds_total Scheduler step time by phase.");
+        let _ = writeln!(o, "# TYPE kiln_step_seconds_total counter");
+        for (phase, ns) in ["schedule", "forward", "sample"].iter().zip(&self.step_ns) {
+            let secs = ns.load(Ordering::Relaxed) as f64 * 1e-9;
+            let _ = writeln!(o, "kiln_step_seconds_total{{phase=\"{phase}\"}} {secs}");
+        }
         lock(&self.ttft).write(
             &mut o,
             "kiln_time_to_first_token_seconds",

@@ -1,8 +1,10 @@
 //! Continuous batching. One thread owns the model's runner (the forward is CPU-bound and
 //! blocking); requests arrive over a bounded channel (its capacity is the waiting queue).
 //! Each step builds ONE `decode` call across every active sequence: one token for each
-//! running request plus chunks of new prompts, up to `n_ubatch` entries; then it samples,
-//! streams the pieces back over per-request channels, and admits or retires requests.
+//! running request plus chunks of new prompts up to the step's token budget (`-b`); then
+//! it samples, streams the pieces back over per-request channels, and admits or retires
+//! requests. Every kernel of the forward computes a token's row the same way whatever the
+//! batch (DESIGN.md), so a step may be any size and greedy outputs stay batch invariant.
 //! A finished sequence stays in the KV pool as a cached prefix until its place is needed.
 
 use std::collections::VecDeque;
@@ -23,12 +25,6 @@ use crate::state::Shared;
 /// How long a drain lets running requests finish before cancelling them (SIGTERM must
 /// end within 5 s).
 const DRAIN_GRACE: Duration = Duration::from_millis(3500);
-
-/// Most entries in one forward. The CPU attention, like ggml's, switches from its f16
-/// "one chunk" numerics to its f32 tiled path at 64 queries per micro-batch; staying below
-/// keeps every token on the same path whatever its neighbours, so a request's greedy output
-/// is the same alone or batched (prompts are chunked to fit).
-pub const MAX_STEP_ENTRIES: usize = 63;
 
 pub struct GenJob {
     pub prompt: Arc<Vec<u32>>,
@@ -106,6 +102,8 @@ struct Slot {
     n_eval: usize,
     n_gen: usize,
     sampler: Sampler,
+    /// The sampler would only take the argmax (see [`plain_greedy`]).
+    argmax: bool,
     detok: Detokenizer,
     stop: StopMatcher,
     first_token: bool,
@@ -131,12 +129,14 @@ pub struct Scheduler {
     shared: Arc<Shared>,
     parallel: usize,
     n_ctx: usize,
+    /// Most entries in one step: every running request's decode token, then prompt chunks.
+    /// At least `parallel`, so every running request decodes each step and every prompt
+    /// being evaluated gets at least one token.
+    step_tokens: usize,
     slots: Vec<Slot>,
     embeds: VecDeque<EmbedWork>,
     idle: Vec<Idle>,
     clock: u64,
-    /// Where the decode order starts this step (fairness past the step budget).
-    rotate: usize,
 }
 
 impl Scheduler {
@@ -146,6 +146,7 @@ impl Scheduler {
         shared: Arc<Shared>,
         parallel: usize,
         n_ctx: usize,
+        step_tokens: usize,
     ) -> Self {
         Scheduler {
             engine,
@@ -153,11 +154,11 @@ impl Scheduler {
             shared,
             parallel,
             n_ctx,
+            step_tokens: step_tokens.max(parallel).max(1),
             slots: Vec::new(),
             embeds: VecDeque::new(),
             idle: Vec::new(),
             clock: 0,
-            rotate: 0,
         }
     }
 
@@ -311,6 +312,7 @@ impl Scheduler {
             seq,
             n_eval,
             n_gen: 0,
+            argmax: plain_greedy(&job.params),
             sampler,
             detok: Detokenizer::new(tok, false),
             stop: StopMatcher::new(job.stop.clone()),
@@ -340,16 +342,18 @@ impl Scheduler {
 
     /// One batched forward over every active generation.
     fn step(&mut self) {
-        let runner = self.engine.runner();
-        let budget = runner.n_ubatch().clamp(1, MAX_STEP_ENTRIES);
-        // Running requests first (one token each, rotated when they exceed the budget),
-        // then prompt chunks in arrival order.
+        let t0 = Instant::now();
+        // Decode tokens first, then prompt chunks in arrival order with what the budget leaves.
+        let budget = self.step_tokens;
         let n = self.slots.len();
-        self.rotate = (self.rotate + 1) % n.max(1);
-        let mut order: Vec<usize> = (0..n).map(|k| (k + self.rotate) % n).collect();
-        order.sort_by_key(|&i| self.slots[i].tokens.len() - self.slots[i].n_eval > 1);
-        let mut entries = Vec::with_capacity(budget);
-        let mut owners = Vec::new();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| {
+            let s = &self.slots[i];
+            let prompt = s.tokens.len() - s.n_eval > 1;
+            (prompt, prompt.then_some(s.job.enqueued))
+        });
+        let mut entries = Vec::with_capacity(budget.min(n + 64));
+        let mut owners = Vec::with_capacity(n);
         for &i in &order {
             let s = &mut self.slots[i];
             let take = (s.tokens.len() - s.n_eval).min(budget - entries.len());
@@ -365,7 +369,9 @@ impl Scheduler {
         if entries.is_empty() {
             return;
         }
+        let runner = self.engine.runner();
         self.shared.metrics.observe_batch(self.slots.iter().filter(|s| s.feeding > 0).count());
+        let t_fwd = Instant::now();
         let out = match runner.decode(&entries, OutputKind::Logits) {
             Ok(out) => out,
             Err(e) => {
@@ -384,6 +390,7 @@ impl Scheduler {
                 return;
             }
         };
+        let t_sample = Instant::now();
         for s in &mut self.slots {
             s.n_eval += s.feeding;
             s.feeding = 0;
@@ -400,6 +407,8 @@ impl Scheduler {
             let s = self.slots.swap_remove(i);
             self.keep_idle(s.seq, &s.tokens[..s.n_eval]);
         }
+        let end = Instant::now();
+        self.shared.metrics.observe_step(entries.len(), t_fwd - t0, t_sample - t_fwd, end - t_sample);
     }
 
     /// Samples slot `i`'s next token from `logits` and streams it; true when it finished.
@@ -412,7 +421,7 @@ impl Scheduler {
             self.shared.metrics.observe_ttft(s.job.enqueued.elapsed().as_secs_f64());
         }
         let lp = s.job.logprobs.map(|n| logprob(logits, n));
-        let id = s.sampler.sample(logits);
+        let id = if s.argmax { argmax(logits) } else { s.sampler.sample(logits) };
         s.sampler.accept(id);
         s.n_gen += 1;
         self.shared.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
@@ -483,6 +492,25 @@ impl Scheduler {
     }
 }
 
+/// Whether `Sampler::sample` reduces to the argmax of the raw logits: greedy, no typical
+/// filter, no biases, no penalties. Then the server takes the argmax itself, without the
+/// sampler copying the whole vocabulary into candidates for each token (6% of a
+/// 32-request step, and a vocabulary-sized buffer per running request).
+fn plain_greedy(p: &SamplerParams) -> bool {
+    p.temp <= 0.0 && p.typical_p >= 1.0 && p.logit_bias.is_empty() && !p.penalties_enabled()
+}
+
+/// The sampler's greedy choice: the highest logit by `total_cmp`, the lowest id on ties.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate().skip(1) {
+        if l.total_cmp(&logits[best]).is_gt() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -503,4 +531,40 @@ fn logprob(logits: &[f32], n: usize) -> (f32, Vec<(u32, f32)>) {
     idx.sort_by(by_logit);
     let top = idx.into_iter().map(|i| (i, (logits[i as usize] as f64 - lse) as f32)).collect();
     (lse as f32, top)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shortcut picks what the sampler picks, ties and extremes included.
+    #[test]
+    fn argmax_equals_the_greedy_sampler() {
+        let params = SamplerParams::greedy();
+        assert!(plain_greedy(&params));
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..200 {
+            let n = 1 + (next() % 300) as usize;
+            // Few distinct values, so ties are common; some rounds hold infinities.
+            let mut logits: Vec<f32> = (0..n).map(|_| (next() % 7) as f32 - 3.0).collect();
+            if round % 5 == 0 {
+                let i = (next() % n as u64) as usize;
+                logits[i] = if round % 10 == 0 { f32::INFINITY } else { f32::NEG_INFINITY };
+            }
+            let mut sampler = Sampler::new(params.clone(), n).unwrap();
+            assert_eq!(argmax(&logits), sampler.sample(&logits), "{logits:?}");
+        }
+        let mut biased = SamplerParams::greedy();
+        biased.logit_bias = vec![(1, 5.0)];
+        assert!(!plain_greedy(&biased));
+        let mut penalized = SamplerParams::greedy();
+        penalized.repeat_penalty = 1.1;
+        assert!(!plain_greedy(&penalized));
+    }
 }

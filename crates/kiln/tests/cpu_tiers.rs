@@ -96,6 +96,14 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
                     assert_eq!(v[t].to_bits(), got[r * TILE + t].to_bits(), "{ty} {tier:?} toks4");
                 }
             }
+            let mut v2 = [0f32; 2 * TILE];
+            for r in [0, 2] {
+                tk.rows2_toks4(&w[r * wr..][..2 * wr], &a, n, &mut v2);
+                for i in 0..2 * TILE {
+                    let want = got[(r + i / TILE) * TILE + i % TILE];
+                    assert_eq!(v2[i].to_bits(), want.to_bits(), "{ty} {tier:?} rows2_toks4");
+                }
+            }
             // Mis-sized input gives NaN, not a read out of bounds.
             assert!(tk.one(&w[..wr - 1], &a[..ar], n).is_nan());
         }

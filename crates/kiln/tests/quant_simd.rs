@@ -174,3 +174,46 @@ fn f16_dequantize_exact_for_every_value() {
     dequantize_row(GgmlType::F16, &shifted[1..], &mut out2).unwrap();
     assert!(out.iter().zip(&out2).all(|(a, b)| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()));
 }
+
+/// ggml's x86 activation quantization written out plainly: `127 / amax`, round half to
+/// even, d (and d * sum for Q8_1) as f16.
+fn q8_act_reference(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let (bytes, off) = if ty == GgmlType::Q8_1 { (36, 4) } else { (34, 2) };
+    let mut out = vec![0u8; x.len() / 32 * bytes];
+    for (xb, b) in x.chunks_exact(32).zip(out.chunks_exact_mut(bytes)) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in b[off..].iter_mut().zip(xb) {
+            let qi = ((v * id).round_ties_even() as i32).clamp(-128, 127);
+            *q = qi as i8 as u8;
+            sum += qi;
+        }
+        let d = amax / 127.0;
+        b[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        if ty == GgmlType::Q8_1 {
+            b[2..4].copy_from_slice(&half::f16::from_f32(d * sum as f32).to_le_bytes());
+        }
+    }
+    out
+}
+
+/// The activation quantizers (SIMD where the CPU has it) give exactly ggml's bytes: random
+/// rows, an all-zero block, exact halves (ties) and a block whose amax is negative.
+#[test]
+fn activation_quantization_is_bit_exact() {
+    let mut rng = Rng(0x0bad_cafe_f00d_d00d);
+    let mut x: Vec<f32> = (0..32 * 64).map(|_| rng.normal(3.0)).collect();
+    x[..32].fill(0.0);
+    for (i, v) in x[32..64].iter_mut().enumerate() {
+        *v = if i == 0 { 127.0 } else { (i as f32 - 16.0) + 0.5 };
+    }
+    for (i, v) in x[64..96].iter_mut().enumerate() {
+        *v = if i == 5 { -50.0 } else { i as f32 * 0.25 };
+    }
+    for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+        let mut got = vec![0u8; ty.row_size(x.len()).unwrap()];
+        quantize_activation(ty, &x, &mut got).unwrap();
+        assert_eq!(got, q8_act_reference(ty, &x), "{ty}");
+    }
+}

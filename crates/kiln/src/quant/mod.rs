@@ -102,7 +102,7 @@ pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<
         _ => return Err(KilnError::unsupported("activation type", ty.name())),
     };
     check_len(ty, dst.len(), src.len())?;
-    f(src, dst);
+    simd::simd_quantize_activation(ty).unwrap_or(f)(src, dst);
     Ok(())
 }
 

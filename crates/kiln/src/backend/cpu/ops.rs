@@ -112,20 +112,32 @@ pub fn matmul(
                 }
                 return;
             }
-            // GEMM: each weight row meets TILE tokens per unpacking.
+            // GEMM: each weight row meets TILE tokens per unpacking, two rows at a time so
+            // the pair shares each activation block's loads.
+            let mut v2 = [0f32; 2 * TILE];
             for t0 in (0..n_tok).step_by(TOKEN_TILE) {
                 let t1 = (t0 + TOKEN_TILE).min(n_tok);
-                for r in rows.clone() {
-                    let wr = &wb[r * rs..(r + 1) * rs];
+                let mut r = rows.start;
+                while r < rows.end {
+                    let nr = if r + 2 <= rows.end { 2 } else { 1 };
+                    let wr = &wb[r * rs..(r + nr) * rs];
                     let mut t = t0;
                     while t + TILE <= t1 {
-                        tk.toks4(wr, act_at(t, TILE), k, &mut v);
-                        (0..TILE).for_each(|i| put(t + i, r, v[i]));
+                        if nr == 2 {
+                            tk.rows2_toks4(wr, act_at(t, TILE), k, &mut v2);
+                            (0..2 * TILE).for_each(|i| put(t + i % TILE, r + i / TILE, v2[i]));
+                        } else {
+                            tk.toks4(wr, act_at(t, TILE), k, &mut v);
+                            (0..TILE).for_each(|i| put(t + i, r, v[i]));
+                        }
                         t += TILE;
                     }
                     for t in t..t1 {
-                        put(t, r, tk.one(wr, act_at(t, 1), k));
+                        for i in 0..nr {
+                            put(t, r + i, tk.one(&wr[i * rs..(i + 1) * rs], act_at(t, 1), k));
+                        }
                     }
+                    r += nr;
                 }
             }
         });

@@ -410,3 +410,50 @@ pub(super) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     // SAFETY: only called for the Avx2 tier; n elements fit both slices.
     unsafe { f16_to_f32_row(src.as_ptr(), dst.as_mut_ptr(), n) }
 }
+
+// ---------------------------------------------------------------- activations
+
+/// One 32-value block as `legacy::quantize_block_x86` (ggml's AVX2 `quantize_row_q8_0/1`):
+/// the same absmax, the same `127 / amax` multiply, round half to even, saturation to i8;
+/// so the bytes are identical to the scalar path. Returns d and the sum of the quants.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_block_32(x: *const f32, qs: *mut u8) -> (f32, i32) {
+    let sign = _mm256_set1_ps(-0.0);
+    let v: [__m256; 4] = std::array::from_fn(|k| _mm256_loadu_ps(x.add(8 * k)));
+    let m = v.iter().fold(_mm256_setzero_ps(), |m, &v| _mm256_max_ps(m, _mm256_andnot_ps(sign, v)));
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let q: [__m256i; 4] = std::array::from_fn(|k| {
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[k], id));
+        _mm256_cvtps_epi32(r)
+    });
+    let sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    // The saturating packs interleave 128-bit lanes; the permute puts the bytes in order.
+    let p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(qs as *mut __m256i, p);
+    (d, sum)
+}
+
+/// Q8_0 activations (d, 32 quants per block), bit-identical to the scalar path.
+pub(super) fn quantize_q8_0_act(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        // SAFETY: only called for the Avx2 tier; the block holds 32 values and 32 quants.
+        let (d, _) = unsafe { quantize_block_32(x.as_ptr(), b[2..].as_mut_ptr()) };
+        super::super::put_f16(b, 0, d);
+    }
+}
+
+/// Q8_1 activations (d, d * sum, 32 quants per block), bit-identical to the scalar path.
+pub(super) fn quantize_q8_1_act(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
+        // SAFETY: as above.
+        let (d, sum) = unsafe { quantize_block_32(x.as_ptr(), b[4..].as_mut_ptr()) };
+        super::super::put_f16(b, 0, d);
+        super::super::put_f16(b, 2, d * sum as f32);
+    }
+}

@@ -166,3 +166,20 @@ pub(super) fn simd_dequantize(ty: GgmlType) -> Option<DequantizeFn> {
     let _ = ty;
     None
 }
+
+type QuantizeFn = fn(&[f32], &mut [u8]);
+
+/// The activation quantizer for `ty` on this CPU where a SIMD one exists (bit-identical to
+/// the scalar one, which mirrors ggml's x86 rounding).
+pub(super) fn simd_quantize_activation(ty: GgmlType) -> Option<QuantizeFn> {
+    #[cfg(target_arch = "x86_64")]
+    if cpu_tier() >= CpuTier::Avx2 {
+        match ty {
+            GgmlType::Q8_0 => return Some(avx2::quantize_q8_0_act),
+            GgmlType::Q8_1 => return Some(avx2::quantize_q8_1_act),
+            _ => {}
+        }
+    }
+    let _ = ty;
+    None
+}
