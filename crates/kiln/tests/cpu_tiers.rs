@@ -48,9 +48,13 @@ impl Rng {
 #[test]
 fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
     let mut rng = Rng(7);
-    for (ty, n) in
-        [(GgmlType::Q4_1, 576), (GgmlType::Q8_0, 576), (GgmlType::Q4_K, 1536), (GgmlType::Q6_K, 1536)]
-    {
+    for (ty, n) in [
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q8_0, 576),
+        (GgmlType::Q5_0, 896),
+        (GgmlType::Q4_K, 1536),
+        (GgmlType::Q6_K, 1536),
+    ] {
         let at = ty.vec_dot_type();
         let (wr, ar) = (ty.row_size(n).unwrap(), at.row_size(n).unwrap());
         let mut w = vec![0u8; wr * TILE];

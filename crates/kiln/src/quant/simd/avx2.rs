@@ -95,7 +95,7 @@ pub(super) unsafe fn nibbles_32(p: *const u8) -> __m256i {
 /// The 32 bits at `p` as 32 bytes, 0xff where the bit is set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bits_32(p: *const u8) -> __m256i {
+pub(super) unsafe fn bits_32(p: *const u8) -> __m256i {
     let x = (p as *const u32).read_unaligned();
     let spread = _mm256_set_epi64x(
         0x0303_0303_0303_0303,

@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::super::kquants::scale_min_k4;
-use super::avx2::{bsum, dot_us8, f32_at, h2f, hsum_epi32, hsum_ps, loadu, nibbles_32};
+use super::avx2::{bits_32, bsum, dot_us8, f32_at, h2f, hsum_epi32, hsum_ps, loadu, nibbles_32};
 
 /// `out[r * T + t] = dot(w row r, a row t)` for `R` weight rows of `ws` bytes starting at
 /// `w` and `T` activation rows of `as_` bytes starting at `a`, `nb` blocks each.
@@ -129,6 +129,19 @@ unsafe fn q4_1_core_t4<const R: usize, const VNNI: bool>(
     }
 }
 
+/// The signed quants of block `xb`: Q8_0's bytes, or Q5_0's nibbles with the fifth bit
+/// (`nibble | 0xf0` where the bit is clear is the nibble minus 16 as an i8).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn signed_quants<const Q5: bool>(xb: *const u8) -> __m256i {
+    if Q5 {
+        let high = _mm256_andnot_si256(bits_32(xb.add(2)), _mm256_set1_epi8(0xf0u8 as i8));
+        _mm256_or_si256(nibbles_32(xb.add(6)), high)
+    } else {
+        loadu(xb.add(2))
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_core<const R: usize, const T: usize, const VNNI: bool>(
@@ -139,17 +152,45 @@ unsafe fn q8_0_core<const R: usize, const T: usize, const VNNI: bool>(
     nb: usize,
     out: *mut f32,
 ) {
+    q0_core::<false, R, T, VNNI>(x, xs, y, ys, nb, out)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_core<const R: usize, const T: usize, const VNNI: bool>(
+    x: *const u8,
+    xs: usize,
+    y: *const u8,
+    ys: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    q0_core::<true, R, T, VNNI>(x, xs, y, ys, nb, out)
+}
+
+/// Q8_0 or Q5_0 (one f16 scale, signed quants) with Q8_0 activations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q0_core<const Q5: bool, const R: usize, const T: usize, const VNNI: bool>(
+    x: *const u8,
+    xs: usize,
+    y: *const u8,
+    ys: usize,
+    nb: usize,
+    out: *mut f32,
+) {
     if T == TILE {
-        return q8_0_core_t4::<R, VNNI>(x, xs, y, ys, nb, out);
+        return q0_core_t4::<Q5, R, VNNI>(x, xs, y, ys, nb, out);
     }
+    let wb = if Q5 { 22 } else { 34 };
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     for i in 0..nb {
         let mut qx = [_mm256_setzero_si256(); R];
         let mut absx = [_mm256_setzero_si256(); R];
         let mut dx = [_mm_setzero_ps(); R];
         for r in 0..R {
-            let xb = x.add(r * xs + 34 * i);
-            qx[r] = loadu(xb.add(2));
+            let xb = x.add(r * xs + wb * i);
+            qx[r] = signed_quants::<Q5>(xb);
             absx[r] = _mm256_sign_epi8(qx[r], qx[r]);
             dx[r] = two_f16(xb);
         }
@@ -172,11 +213,11 @@ unsafe fn q8_0_core<const R: usize, const T: usize, const VNNI: bool>(
     }
 }
 
-/// `q8_0_core` for four tokens: the four scale products `x.d * y_t.d` formed by one
+/// `q0_core` for four tokens: the four scale products `x.d * y_t.d` formed by one
 /// multiply (lane t), each then broadcast; the same float operations per pair.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_core_t4<const R: usize, const VNNI: bool>(
+unsafe fn q0_core_t4<const Q5: bool, const R: usize, const VNNI: bool>(
     x: *const u8,
     xs: usize,
     y: *const u8,
@@ -184,6 +225,7 @@ unsafe fn q8_0_core_t4<const R: usize, const VNNI: bool>(
     nb: usize,
     out: *mut f32,
 ) {
+    let wb = if Q5 { 22 } else { 34 };
     let mut acc = [[_mm256_setzero_ps(); TILE]; R];
     let lane: [__m256i; TILE] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
     for i in 0..nb {
@@ -192,8 +234,8 @@ unsafe fn q8_0_core_t4<const R: usize, const VNNI: bool>(
         let dy = _mm_cvtph_ps(_mm_setr_epi16(d(0), d(1), d(2), d(3), 0, 0, 0, 0));
         let qy: [__m256i; TILE] = std::array::from_fn(|t| loadu(y.add(t * ys + 34 * i + 2)));
         for r in 0..R {
-            let xb = x.add(r * xs + 34 * i);
-            let qx = loadu(xb.add(2));
+            let xb = x.add(r * xs + wb * i);
+            let qx = signed_quants::<Q5>(xb);
             let absx = _mm256_sign_epi8(qx, qx);
             let p = _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16(half(xb))), dy));
             for t in 0..TILE {
@@ -357,6 +399,7 @@ macro_rules! instances {
 }
 instances!(q4_1_core, q4_1_avx2, q4_1_vnni);
 instances!(q8_0_core, q8_0_avx2, q8_0_vnni);
+instances!(q5_0_core, q5_0_avx2, q5_0_vnni);
 instances!(q4_k_core, q4_k_avx2, q4_k_vnni);
 instances!(q6_k_core, q6_k_avx2, q6_k_vnni);
 
@@ -462,6 +505,7 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
     match ty {
         GgmlType::Q4_1 => Some(set!(q4_1_avx2, q4_1_vnni, 20, 36, 32)),
         GgmlType::Q8_0 => Some(set!(q8_0_avx2, q8_0_vnni, 34, 34, 32)),
+        GgmlType::Q5_0 => Some(set!(q5_0_avx2, q5_0_vnni, 22, 34, 32)),
         GgmlType::Q4_K => Some(set!(q4_k_avx2, q4_k_vnni, 144, 292, 256)),
         GgmlType::Q6_K => Some(set!(q6_k_avx2, q6_k_vnni, 210, 292, 256)),
         _ => None,
