@@ -40,9 +40,29 @@ fn rank(t: wgpu::DeviceType) -> u32 {
     }
 }
 
+/// Linux exposes every GPU a hardware Vulkan driver can drive as a device node (DRM render
+/// nodes, NVIDIA's nodes, WSL's dxg). Without one, enumerating adapters would only load the
+/// software drivers (lavapipe's LLVM: ~46 MiB resident) for `auto` to reject them.
+#[cfg(target_os = "linux")]
+fn may_have_hardware_gpu() -> bool {
+    let node = |name: &str| name == "dri" || name == "dxg" || name.starts_with("nvidia");
+    match std::fs::read_dir("/dev") {
+        Ok(dir) => dir.flatten().any(|e| node(&e.file_name().to_string_lossy())),
+        Err(_) => true,
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn may_have_hardware_gpu() -> bool {
+    true
+}
+
 impl Context {
     /// Opens the best adapter the policy allows; `force_fallback` disables subgroups.
     pub fn new(policy: AdapterPolicy, force_fallback: bool) -> Result<Context> {
+        if policy == AdapterPolicy::HardwareOnly && !may_have_hardware_gpu() {
+            return Err(KilnError::Backend("no hardware GPU adapter found".into()));
+        }
         // Vulkan on Linux and Windows, Metal on Apple, DX12 on Windows; never GL.
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
