@@ -403,18 +403,7 @@ fn kv_shift_matches_cpu() {
     let cpu = CpuBackend::new(2);
     for gpu in gpus() {
         for (neox, n_rot) in [(false, 64), (true, 64), (true, 32)] {
-            let rope = RopeParams {
-                n_rot,
-                neox,
-                freq_base: 10000.0,
-                freq_scale: 1.0,
-                ext_factor: 0.0,
-                attn_factor: 1.0,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                n_ctx_orig: 4096,
-                freq_factors: None,
-            };
+            let rope = RopeParams { n_rot, ..rope_params(neox, false, false) };
             let c = shifted_attention_out(&cpu, &g, &rope);
             let d = shifted_attention_out(&gpu, &g, &rope);
             compare(&format!("kv_shift neox {neox} n_rot {n_rot} on {}", gpu.name()), &d, &c, 1e-6);
