@@ -396,16 +396,19 @@ class Disconnects(unittest.TestCase):
                 conn.close()
                 return "".join(out)
 
-            alone = [text_of(stream(p, 32)) for p in keep]
+            # Long enough that the kept streams still hold their slots while the last two queue.
+            alone = [text_of(stream(p, 96)) for p in keep]
             running = [stream(f"Story number {i}: once upon a time", 400) for i in range(2)]
             for conn in running:
                 r = conn.getresponse()
                 self.assertEqual(r.status, 200)
                 r.read1(64)
-            kept = [stream(p, 32) for p in keep]
+            kept = [stream(p, 96) for p in keep]
             time.sleep(0.3)
             waiting = [stream(f"Story number {i}: once upon a time", 400) for i in range(2, 4)]
-            time.sleep(0.3)
+            deadline = time.time() + 5
+            while s.metrics()["kiln_requests_waiting"] < 1 and time.time() < deadline:
+                time.sleep(0.02)
             self.assertGreaterEqual(s.metrics()["kiln_requests_waiting"], 1)
             # Two drop while streaming beside the kept ones; two while still queued.
             for conn in running + waiting:
