@@ -2,20 +2,21 @@
 //! short run: `cargo run --release --example gpu_gemv [REPS]`. For each weight type and
 //! shape (Llama-2-7B / Llama-3-8B rows x cols; `[REPS [N_SHAPES]]` takes the first N), one
 //! decode row is multiplied REPS times in
-//! one submission, per kernel variant (the default workgroup per row, and the staged
-//! lane-chain kernels); prints µs per call and GB/s of weights read.
+//! one submission, per kernel variant (MatmulPath Vec, the default, and Exact); prints µs per call and GB/s of weights read.
 #[cfg(feature = "gpu")]
 fn main() {
     use std::sync::Arc;
     use std::time::Instant;
 
-    use kiln::backend::wgpu::{AdapterPolicy, GpuBackend};
+    use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
     use kiln::backend::Backend;
     use kiln::gguf::{GgufFile, GgufWriter};
     use kiln::quant::GgmlType::{self, *};
 
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(100);
-    let all = [(4096usize, 4096usize), (11008, 4096), (4096, 11008), (14336, 4096), (32000, 4096)];
+    let all =
+        [(4096usize, 4096usize), (11008, 4096), (4096, 11008), (14336, 4096), (32000, 4096), (64, 4096)];
+    // The last shape is tiny: its time is the per-dispatch floor.
     let n_shapes: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(all.len());
     let shapes = &all[..n_shapes.clamp(1, all.len())];
     let types: [GgmlType; 5] = [Q4_0, Q8_0, Q4_K, Q5_K, Q6_K];
@@ -30,7 +31,7 @@ fn main() {
     let x: Vec<f32> = (0..11008).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     w.add_f32("x", &[11008], &x).unwrap();
     let g = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
-    for staged in [false, true] {
+    for path in [MatmulPath::Vec, MatmulPath::Exact] {
         let mut b = match GpuBackend::new(AdapterPolicy::AnyGpu) {
             Ok(b) => b,
             Err(e) => {
@@ -38,9 +39,8 @@ fn main() {
                 std::process::exit(1);
             }
         };
-        b.set_row_per_invocation(false);
-        b.set_staged_matmul(staged);
-        println!("{} ({})", b.name(), if staged { "staged lane chains" } else { "workgroup per row" });
+        b.set_matmul_path(path);
+        println!("{} ({path:?})", b.name());
         for t in g.tensors.iter().filter(|t| t.name != "x") {
             let wt = b.load_weight(&g, t).unwrap();
             let (rows, cols) = b.weight_shape(&wt);

@@ -2,16 +2,18 @@
 //! logits close after every prompt token and decode step, greedy ids identical up to the
 //! CPU's first near-tie (top-2 margin < 0.25), and no op of the forward on the CPU.
 //!
-//! Every GPU kernel repeats the CPU backend's arithmetic (integer dots on the same Q8
-//! activations, the same f32 steps in the same order, exact fma, libm-faithful exp), so
-//! smollm2's logits come out bit-identical (NMSE 0, measured); MAX_NMSE is the bar.
+//! On software adapters every GPU kernel repeats the CPU backend's arithmetic (integer dots
+//! on the same Q8 activations, the same f32 steps in the same order, exact fma,
+//! libm-faithful exp), so smollm2's logits come out bit-identical (NMSE 0, measured);
+//! so do the hardware GPUs' default kernels (tested here on lavapipe); the opt-in fast
+//! matmul regroups the f32 sums (tested with a looser bar). MAX_NMSE is the bar.
 #![cfg(feature = "gpu")]
 
 mod support;
 
 use std::sync::Arc;
 
-use kiln::backend::wgpu::{AdapterPolicy, GpuBackend};
+use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
 use kiln::engine::{Device, Engine, EngineOptions};
 use kiln::gguf::GgufFile;
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
@@ -120,12 +122,10 @@ fn qwen15_gpu_matches_cpu() {
     parity(&QWEN15, "def fibonacci(n):", 8);
 }
 
-#[test]
-fn smollm2_gpu_fallback_matches_cpu() {
-    // The portable path (no subgroups), forced as KILN_GPU_FALLBACK=1 would.
+/// smollm2's prompt logits on `gpu` (a backend set up for one path) against the CPU's:
+/// within `max_nmse`, and the same top token wherever the CPU's margin is at least TAU.
+fn prompt_parity(gpu: GpuBackend, max_nmse: f64) {
     let gguf = Arc::new(GgufFile::open(model(SMOLLM2.name)).unwrap());
-    let gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, true).unwrap();
-    assert!(!gpu.subgroups());
     let cpu = engine(&SMOLLM2, Device::Cpu);
     let rg = ModelRunner::new(Model::load(&gguf, gpu).unwrap(), 256, 64).unwrap();
     let ids = cpu.tokenizer().encode("The capital of France is", true, false).unwrap();
@@ -135,12 +135,43 @@ fn smollm2_gpu_fallback_matches_cpu() {
     let lg = rg.decode(&e(sg, &ids), OutputKind::Logits).unwrap();
     let n_vocab = cpu.config().n_vocab;
     for (c, g) in lc.chunks(n_vocab).zip(lg.chunks(n_vocab)) {
-        assert!(nmse(g, c) < MAX_NMSE);
+        let e = nmse(g, c);
         let (tc, margin) = top2(c);
+        eprintln!("  logits NMSE {e:e} top {tc} {} margin {margin}", top2(g).0);
+        assert!(e < max_nmse, "logits NMSE {e:e} over {max_nmse:e}");
         if margin >= TAU {
             assert_eq!(top2(g).0, tc);
         }
     }
+}
+
+#[test]
+fn smollm2_gpu_fallback_matches_cpu() {
+    // The portable path (no subgroups), forced as KILN_GPU_FALLBACK=1 would.
+    let gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, true).unwrap();
+    assert!(!gpu.subgroups());
+    prompt_parity(gpu, MAX_NMSE);
+}
+
+#[test]
+fn smollm2_gpu_vec_matmul_stays_close_to_cpu() {
+    // The opt-in fast matmul (f32 partial sums) on both paths: each matmul is within
+    // NMSE 1e-11 of the CPU's (gpu_ops), but the differences grow through smollm2's 30
+    // layers to ~4e-3 (measured), over the 1e-4 bar that the default kernels meet
+    // (bit-identical). The greedy tokens must still agree.
+    for fallback in [false, true] {
+        let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, fallback).unwrap();
+        gpu.set_matmul_path(MatmulPath::Vec);
+        prompt_parity(gpu, 2e-2);
+    }
+}
+
+#[test]
+fn smollm2_gpu_exact_matmul_is_bit_identical() {
+    // The hardware GPUs' default matmul, run here on lavapipe.
+    let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false).unwrap();
+    gpu.set_matmul_path(MatmulPath::Exact);
+    prompt_parity(gpu, 1e-30);
 }
 
 /// Every backend op of a forward records GPU dispatches (none has a CPU path).

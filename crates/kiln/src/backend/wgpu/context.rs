@@ -80,7 +80,11 @@ impl Context {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let subgroups = !force_fallback && adapter.features().contains(wgpu::Features::SUBGROUP);
-        let features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
+        let mut features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
+        let stamps = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        if profile_level() == 2 && adapter.features().contains(stamps) {
+            features |= stamps;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: features,
@@ -176,6 +180,11 @@ fn main() {
     }
 }
 
+/// KILN_GPU_PROFILE: 0 off, 1 per step, 2 per kernel (GPU timestamps).
+fn profile_level() -> u8 {
+    std::env::var("KILN_GPU_PROFILE").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 fn desc_backends() -> wgpu::Backends {
     wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12
 }
@@ -208,11 +217,11 @@ struct BindKey {
     bufs: Vec<wgpu::Buffer>,
 }
 
-/// Work recorded between two read-backs. KILN_GPU_PROFILE=2 also runs every dispatch
-/// alone (submit and wait) and sums the wall time per kernel: slow, but it shows which
-/// kernels the GPU time goes to (each sample carries one submit-and-wait of overhead).
+/// Work recorded between two read-backs. KILN_GPU_PROFILE=2 also writes a GPU timestamp
+/// before every dispatch (where the adapter has timestamp queries inside passes) and sums
+/// the time to the next one per kernel: the kernel's run plus the barrier after it.
 struct Profile {
-    per_kernel: Option<std::collections::BTreeMap<String, (u64, std::time::Duration)>>,
+    stamps: Option<Stamps>,
     since: std::time::Instant,
     /// Host time spent recording dispatches, and waiting for the GPU at the read-back.
     record: std::time::Duration,
@@ -223,11 +232,50 @@ struct Profile {
     param_bytes: u64,
 }
 
+/// Timestamps of one step's dispatches, and the kernel each one precedes.
+struct Stamps {
+    set: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    host: wgpu::Buffer,
+    names: Vec<String>,
+    period_ns: f64,
+    per_kernel: std::collections::BTreeMap<String, (u64, f64)>,
+}
+
+/// Timestamps kept per step (a 7B decode step writes ~650).
+const STAMPS: u32 = 4096;
+
 impl Profile {
-    fn new() -> Profile {
-        let each = std::env::var("KILN_GPU_PROFILE").is_ok_and(|v| v == "2");
+    fn new(ctx: &Context, stamps: Option<Stamps>) -> Profile {
+        let stamps = stamps.or_else(|| {
+            let features = ctx.device.features();
+            (profile_level() == 2 && features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)).then(
+                || {
+                    let buf = |usage| {
+                        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some("kiln stamps"),
+                            size: STAMPS as u64 * 8,
+                            usage,
+                            mapped_at_creation: false,
+                        })
+                    };
+                    Stamps {
+                        set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                            label: Some("kiln stamps"),
+                            ty: wgpu::QueryType::Timestamp,
+                            count: STAMPS,
+                        }),
+                        resolved: buf(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+                        host: buf(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+                        names: Vec::new(),
+                        period_ns: ctx.queue.get_timestamp_period() as f64,
+                        per_kernel: Default::default(),
+                    }
+                },
+            )
+        });
         Profile {
-            per_kernel: each.then(Default::default),
+            stamps,
             since: std::time::Instant::now(),
             record: Default::default(),
             wait: Default::default(),
@@ -247,8 +295,7 @@ impl Recorder {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let profile =
-            std::env::var("KILN_GPU_PROFILE").is_ok_and(|v| v == "1" || v == "2").then(Profile::new);
+        let profile = (profile_level() > 0).then(|| Profile::new(ctx, None));
         Recorder {
             enc: None,
             pass: None,
@@ -330,20 +377,21 @@ impl Recorder {
         }
     }
 
+    /// Whether dispatches are timed one by one (KILN_GPU_PROFILE=2).
     pub fn timing_each(&self) -> bool {
-        self.profile.as_ref().is_some_and(|p| p.per_kernel.is_some())
+        self.profile.as_ref().is_some_and(|p| p.stamps.is_some())
     }
 
-    /// Runs what was recorded and adds its wall time to `name`'s (KILN_GPU_PROFILE=2).
-    pub fn time_alone(&mut self, ctx: &Context, name: &str) {
-        let t0 = std::time::Instant::now();
-        self.submit(ctx);
-        let _ = ctx.device.poll(wgpu::PollType::wait_indefinitely());
-        let dt = t0.elapsed();
-        if let Some(m) = self.profile.as_mut().and_then(|p| p.per_kernel.as_mut()) {
-            let e = m.entry(name.to_string()).or_default();
-            e.0 += 1;
-            e.1 += dt;
+    /// Writes a timestamp before the next dispatch (of kernel `name`; "" ends a step).
+    pub fn stamp(&mut self, ctx: &Context, name: String) {
+        if self.pass.is_none() {
+            let pass = self.encoder(ctx).begin_compute_pass(&Default::default()).forget_lifetime();
+            self.pass = Some(pass);
+        }
+        let Some(s) = self.profile.as_mut().and_then(|p| p.stamps.as_mut()) else { return };
+        if s.names.len() < STAMPS as usize {
+            self.pass.as_mut().expect("begun above").write_timestamp(&s.set, s.names.len() as u32);
+            s.names.push(name);
         }
     }
 
@@ -377,7 +425,20 @@ impl Recorder {
             }));
         }
         let rb = self.readback.clone().expect("made above");
+        let n_stamps = if self.timing_each() {
+            self.stamp(ctx, String::new());
+            self.profile.as_ref().and_then(|p| p.stamps.as_ref()).map_or(0, |s| s.names.len() as u32)
+        } else {
+            0
+        };
         self.pass = None;
+        if n_stamps > 0 {
+            let s = self.profile.as_ref().and_then(|p| p.stamps.as_ref()).expect("counted above");
+            let (set, resolved, host) = (s.set.clone(), s.resolved.clone(), s.host.clone());
+            let enc = self.encoder(ctx);
+            enc.resolve_query_set(&set, 0..n_stamps, &resolved, 0);
+            enc.copy_buffer_to_buffer(&resolved, 0, &host, 0, n_stamps as u64 * 8);
+        }
         self.encoder(ctx).copy_buffer_to_buffer(buf, 0, &rb, 0, bytes);
         self.submit(ctx);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -414,16 +475,27 @@ impl Recorder {
                 p.param_bytes,
                 bytes
             );
-            if let Some(m) = &p.per_kernel {
-                for (k, (n, t)) in m {
-                    eprintln!(
-                        "  {k:<16} {n:>5} x {:8.1} us = {:8.3} ms",
-                        t.as_secs_f64() * 1e6 / *n as f64,
-                        t.as_secs_f64() * 1e3
-                    );
+            if let Some(s) = p.stamps.as_mut() {
+                s.host.slice(..).map_async(wgpu::MapMode::Read, |_| ());
+                let _ = ctx.device.poll(wgpu::PollType::wait_indefinitely());
+                {
+                    let view = s.host.get_mapped_range(..n_stamps as u64 * 8).expect("mapped above");
+                    let t: &[u64] = bytemuck::cast_slice(&view);
+                    for (i, w) in t.windows(2).enumerate() {
+                        let e = s.per_kernel.entry(s.names[i].clone()).or_default();
+                        e.0 += 1;
+                        e.1 += w[1].saturating_sub(w[0]) as f64 * s.period_ns / 1e3;
+                    }
+                }
+                s.host.unmap();
+                s.names.clear();
+                let total: f64 = s.per_kernel.values().map(|v| v.1).sum();
+                eprintln!("  GPU time from the first dispatch to the read-back: {:.3} ms", total / 1e3);
+                for (k, (n, us)) in std::mem::take(&mut s.per_kernel) {
+                    eprintln!("  {k:<16} {n:>5} x {:8.2} us = {:8.3} ms", us / n as f64, us / 1e3);
                 }
             }
-            *p = Profile::new();
+            *p = Profile::new(ctx, p.stamps.take());
         }
         Ok(())
     }

@@ -26,16 +26,13 @@ const DOT4_PLAIN: &str = "    var s = 0;
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// A workgroup per weight row (hardware GPUs).
+    /// A workgroup per weight row with the CPU's exact float chains (bit-identical).
     Matmul(GgmlType),
     /// An invocation per weight row (software adapters).
     MatmulRows(GgmlType),
-    /// 32-value block formats on hardware GPUs: an invocation per lane chain, rows staged
-    /// in workgroup memory.
-    MatmulLanes(GgmlType),
-    /// K formats on hardware GPUs: rows staged in workgroup memory, eight invocations per
-    /// superblock.
-    MatmulKLanes(GgmlType),
+    /// Hardware GPUs' default: rows split over a workgroup, f32 partial sums (not
+    /// bit-identical to the CPU, still batch invariant).
+    MatmulVec(GgmlType),
     Embed(GgmlType),
     Quantize,
     RmsNorm,
@@ -57,8 +54,7 @@ impl Kernel {
         match self {
             Matmul(_) => (include_str!("shaders/matmul.wgsl"), "main"),
             MatmulRows(_) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
-            MatmulLanes(_) => (include_str!("shaders/matmul_lanes.wgsl"), "main"),
-            MatmulKLanes(_) => (include_str!("shaders/matmul_klanes.wgsl"), "main"),
+            MatmulVec(_) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
@@ -74,6 +70,9 @@ impl Kernel {
         }
     }
 }
+
+/// Weight rows per workgroup of the Vec matmul (1 measured best on the H200 for decode).
+pub const VEC_ROWS: usize = 1;
 
 /// Weight types the GPU kernels read directly; others are widened to F16 at upload.
 pub fn gpu_weight_type(ty: GgmlType) -> bool {
@@ -94,63 +93,6 @@ fn chunk_fn(ty: GgmlType) -> &'static str {
         Q5_K => "chunk_q5_k",
         _ => "chunk_q6_k",
     }
-}
-
-/// Whether the lane-staged kernel (matmul_lanes.wgsl) reads `ty`.
-pub fn lanes_type(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q8_0)
-}
-
-/// Whether the staged K kernel (matmul_klanes.wgsl) reads `ty`.
-pub fn klanes_type(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q4_K | Q5_K | Q6_K)
-}
-
-/// dot.wgsl's K sub-block and scale functions of `ty`, rewritten to read the weights from
-/// the workgroup copy (`ssub_k`, `skscale`): one source for both memories.
-fn shared_subs(ty: GgmlType) -> String {
-    use GgmlType::*;
-    let (sub, kscale) = match ty {
-        Q5_K => ("sub_q5_k", "kscale_q4_k"),
-        Q6_K => ("sub_q6_k", "kscale_q6_k"),
-        _ => ("sub_q4_k", "kscale_q4_k"),
-    };
-    let extract = |name: &str| {
-        let start = DOT.find(&format!("fn {name}(")).expect("dot.wgsl defines it");
-        let end = start + DOT[start..].find("\n}\n").expect("function ends") + 3;
-        DOT[start..end].to_string()
-    };
-    let mut out = String::new();
-    for f in ["scale_min_k4_u", sub, kscale] {
-        out.push_str(
-            &extract(f)
-                .replace("wq[", "sw[")
-                .replace("wbyte(", "sbyte_at(")
-                .replace("wu32(", "s32(")
-                .replace("wf16(", "s16(")
-                .replace("scale_min_k4_u(j", "s_scale_min_k4_u(j")
-                .replace(&format!("fn {f}("), &format!("fn s_{f}(")),
-        );
-    }
-    out.push_str(&format!(
-        "fn ssub_k(o: u32, j: u32, xw: u32) -> vec2<i32> {{\n    return s_{sub}(o, j, xw);\n}}\n\
-         fn skscale(o: u32) -> vec2<f32> {{\n    return s_{kscale}(o);\n}}\n"
-    ));
-    out
-}
-
-/// matmul_lanes.wgsl's constants: the format, its quants' offset, blocks per stage.
-fn lanes_consts(ty: GgmlType) -> String {
-    use GgmlType::*;
-    let (qtype, qs, cb) = match ty {
-        Q4_1 => (1, 4, 32),
-        Q5_0 => (5, 6, 32),
-        Q8_0 => (8, 2, 16),
-        _ => (0, 2, 32),
-    };
-    format!("const QTYPE: u32 = {qtype}u;\nconst QS: u32 = {qs}u;\nconst CB: u32 = {cb}u;\n")
 }
 
 /// The matmul's view of a weight type (dot.wgsl): its class (0: 32-value blocks with lane
@@ -191,34 +133,23 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             .replace("//REDUCE", if subgroups { REDUCE_SUBGROUP } else { REDUCE_TREE })
             .replace("//FMA", fma),
     );
-    if let Kernel::Matmul(ty)
-    | Kernel::MatmulRows(ty)
-    | Kernel::MatmulLanes(ty)
-    | Kernel::MatmulKLanes(ty)
-    | Kernel::Embed(ty) = k
-    {
+    if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::MatmulVec(ty) | Kernel::Embed(ty) = k {
         s.push_str(DEQUANT);
         s.push_str(&format!(
             "fn load_chunk(b: u32, c: u32) {{\n    wmin = 0.0;\n    {}(b, c);\n}}\n",
             chunk_fn(ty)
         ));
     }
-    if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::MatmulLanes(ty) | Kernel::MatmulKLanes(ty) =
-        k
-    {
+    if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::MatmulVec(ty) = k {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
     }
-    if let Kernel::MatmulLanes(ty) = k {
-        s.push_str(&lanes_consts(ty));
+    if let Kernel::MatmulVec(_) = k {
+        s.push_str(&format!("const NR: u32 = {VEC_ROWS}u;\n"));
     }
     if src.contains("exp_acc(") {
         s.push_str(EXP);
     }
-    let src = match k {
-        Kernel::MatmulKLanes(ty) => src.replace("//SHARED_SUBS", &shared_subs(ty)),
-        _ => src.to_string(),
-    };
     let body = if subgroups {
         src.replace("/*SG*/", ", @builtin(subgroup_invocation_id) sgi: u32")
             .replace("/*SGI*/", "g_sgi = sgi;")
@@ -226,7 +157,21 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         src.to_string()
     };
     s.push_str(&body);
-    s
+    set_opaque_flag(&s)
+}
+
+/// Inserts `g_opaque = ...` (common.wgsl's `nc`) as the first statement of every entry point.
+fn set_opaque_flag(src: &str) -> String {
+    let mut out = String::with_capacity(src.len() + 256);
+    let mut rest = src;
+    while let Some(at) = rest.find("@compute") {
+        let body = at + rest[at..].find("{\n").expect("an entry point has a body") + 2;
+        out.push_str(&rest[..body]);
+        out.push_str("    g_opaque = prm[0] == 0xffffffffu;\n");
+        rest = &rest[body..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Pipelines built on first use and kept for the backend's life.
@@ -242,16 +187,27 @@ impl Pipelines {
             .entry(k)
             .or_insert_with(|| {
                 let label = format!("{k:?}");
-                let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(&label),
                     source: wgpu::ShaderSource::Wgsl(assemble(k, ctx.subgroups, ctx.fused_fma).into()),
-                });
+                };
+                let mut checks = wgpu::ShaderRuntimeChecks::checked();
+                // Every loop of these kernels is bounded by its parameters; naga's added loop
+                // counters would keep drivers from unrolling and batching loads.
+                checks.force_loop_bounding = false;
+                // SAFETY: the kernels are ours (no infinite loops); bounds checks stay on.
+                let module = unsafe { ctx.device.create_shader_module_trusted(desc, checks) };
                 Arc::new(ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&label),
                     layout: None,
                     module: &module,
                     entry_point: Some(k.source().1),
-                    compilation_options: Default::default(),
+                    // Every kernel writes its workgroup memory before reading it: skip the
+                    // zero fill WGSL otherwise requires (a serial store loop on some drivers).
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        zero_initialize_workgroup_memory: false,
+                        ..Default::default()
+                    },
                     cache: None,
                 }))
             })

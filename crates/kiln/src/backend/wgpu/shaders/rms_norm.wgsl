@@ -23,11 +23,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let dim = prm[1];
+    let eps = pf(2u);
+    let wlen = prm[3];
     let o = r * dim;
+    // Eight values per step, loaded together: a lone workgroup (decode) is latency-bound.
     var s = vec2<f32>(0.0, 0.0);
-    for (var i = lid; i < dim; i = i + WG) {
-        let v = xs[o + i];
-        s = ff_add(s, vec2<f32>(nc(v * v), 0.0));
+    for (var i0 = lid; i0 < dim; i0 = i0 + 8u * WG) {
+        var v: array<f32, 8>;
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            v[j] = xs[o + min(i0 + j * WG, dim - 1u)];
+        }
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            if i0 + j * WG < dim {
+                s = ff_add(s, vec2<f32>(nc(v[j] * v[j]), 0.0));
+            }
+        }
     }
     red[lid] = s.x;
     red_lo[lid] = s.y;
@@ -44,9 +54,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let hi = red[0];
     let m0 = hi / fd;
     let mean = m0 + (fma_x(-m0, fd, hi) + red_lo[0]) / fd;
-    let scale = 1.0 / sqrt(mean + pf(2u));
-    let wlen = prm[3];
-    for (var i = lid; i < dim; i = i + WG) {
-        ys[o + i] = nc(xs[o + i] * scale) * wn[i % wlen];
+    let scale = 1.0 / sqrt(mean + eps);
+    for (var i0 = lid; i0 < dim; i0 = i0 + 8u * WG) {
+        var v: array<f32, 8>;
+        var w: array<f32, 8>;
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            let i = min(i0 + j * WG, dim - 1u);
+            v[j] = xs[o + i];
+            w[j] = wn[i % wlen];
+        }
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            if i0 + j * WG < dim {
+                ys[o + i0 + j * WG] = nc(v[j] * scale) * w[j];
+            }
+        }
     }
 }

@@ -1,0 +1,93 @@
+// out[t, col0 + r] = dot(w[r], x[t]), mul_mat_vec style, for hardware GPUs: a workgroup
+// takes NR weight rows (kernels.rs VEC_ROWS); invocation i sums units i, i + 64, ... of each row (a unit is a
+// 32-value block, a 32-value K sub-block, or 8 floats) in f32, and a fixed tree adds the
+// 64 partials. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
+// so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
+// pair's arithmetic never depends on the other rows or tokens: batch invariant.
+// prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word.
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> wq: array<u32>;
+@group(0) @binding(2) var<storage, read> xq: array<u32>;
+@group(0) @binding(3) var<storage, read_write> ys: array<f32>;
+
+const TT: u32 = 8u;
+
+var<workgroup> part: array<f32, 64 * NR>;
+
+// Unit u of the row at byte `base`, with token t.
+fn unit_dot(base: u32, u: u32, t: u32, k: u32) -> f32 {
+    if CLASS == 0u {
+        let nb = k / 32u;
+        unit_a(base + u * BB, t * k / 4u + 8u * u);
+        let s = ((ls[0] + ls[1]) + (ls[2] + ls[3])) + ((ls[4] + ls[5]) + (ls[6] + ls[7]));
+        var v = (udw * xd(t * nb + u)) * f32(s);
+        if HAS_MIN {
+            v = v + umw * xs1(t * nb + u);
+        }
+        return v;
+    }
+    if CLASS == 1u {
+        let nb = k / 256u;
+        let b = u / 8u;
+        let o = base + b * BB;
+        let im = sub_k(o, u % 8u, t * k / 4u + 64u * b);
+        let ds = kscale(o);
+        return xd(t * nb + b) * (ds.x * f32(im.x) - ds.y * f32(im.y));
+    }
+    var s = 0.0;
+    for (var i = 8u * u; i < 8u * u + 8u; i = i + 1u) {
+        s = fma(wfloat(base, i), bitcast<f32>(xq[t * k + i]), s);
+    }
+    return s;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    // Parameters loaded together, then a branch-free body per step, so each invocation
+    // has all its loads in flight at once (decode is latency-bound, not just bandwidth).
+    let n_rows = prm[0];
+    let k = prm[1];
+    let n_tok = prm[2];
+    let row_size = prm[3];
+    let out_stride = prm[4];
+    let col0 = prm[5];
+    let r0 = (wid.y * nwg.x + wid.x) * NR;
+    if r0 >= n_rows {
+        return;
+    }
+    var nu = k / 32u;
+    if CLASS == 2u {
+        nu = k / 8u;
+    }
+    let t0 = wid.z * TT;
+    let tt = min(TT, n_tok - t0);
+    for (var t = t0; t < t0 + tt; t = t + 1u) {
+        var acc: array<f32, NR>;
+        for (var u0 = lid; u0 < nu; u0 = u0 + 2u * WG) {
+            // Two units per step; the second is clamped and masked past the row's end.
+            let u1 = min(u0 + WG, nu - 1u);
+            let m1 = select(0.0, 1.0, u0 + WG < nu);
+            for (var r = 0u; r < NR; r = r + 1u) {
+                let base = min(r0 + r, n_rows - 1u) * row_size;
+                acc[r] = acc[r] + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
+            }
+        }
+        for (var r = 0u; r < NR; r = r + 1u) {
+            part[r * WG + lid] = acc[r];
+        }
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+            if lid < s {
+                for (var r = 0u; r < NR; r = r + 1u) {
+                    part[r * WG + lid] = part[r * WG + lid] + part[r * WG + lid + s];
+                }
+            }
+            workgroupBarrier();
+        }
+        if lid < min(NR, n_rows - r0) {
+            ys[t * out_stride + col0 + r0 + lid] = part[lid * WG];
+        }
+        workgroupBarrier();
+    }
+}
