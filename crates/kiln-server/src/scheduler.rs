@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use kiln::embed::{normalize, pool, Pooling};
 use kiln::engine::Engine;
 use kiln::model::{Entry, OutputKind, SeqId};
-use kiln::sample::{Sampler, SamplerParams, StopMatcher};
+use kiln::sample::{argmax, Sampler, SamplerParams, StopMatcher};
 use kiln::tokenizer::Detokenizer;
 use tokio::sync::{mpsc::UnboundedSender, oneshot};
 
@@ -372,7 +372,10 @@ impl Scheduler {
         let runner = self.engine.runner();
         self.shared.metrics.observe_batch(self.slots.iter().filter(|s| s.feeding > 0).count());
         let t_fwd = Instant::now();
-        let out = match runner.decode(&entries, OutputKind::Logits) {
+        // Plain greedy rows without logprobs need only their ids back from the device.
+        let ids_only = owners.iter().all(|&i| self.slots[i].argmax && self.slots[i].job.logprobs.is_none());
+        let kind = if ids_only { OutputKind::Argmax } else { OutputKind::Logits };
+        let out = match runner.decode(&entries, kind) {
             Ok(out) => out,
             Err(e) => {
                 // Not the clients' fault: fail the requests of this step, keep the others.
@@ -398,7 +401,12 @@ impl Scheduler {
         let n_vocab = self.engine.config().n_vocab;
         let mut finished = Vec::new();
         for (k, &i) in owners.iter().enumerate() {
-            if self.sample_one(i, &out[k * n_vocab..(k + 1) * n_vocab]) {
+            let done = if ids_only {
+                self.sample_one(i, &[], Some(out[k] as u32))
+            } else {
+                self.sample_one(i, &out[k * n_vocab..(k + 1) * n_vocab], None)
+            };
+            if done {
                 finished.push(i);
             }
         }
@@ -411,8 +419,9 @@ impl Scheduler {
         self.shared.metrics.observe_step(entries.len(), t_fwd - t0, t_sample - t_fwd, end - t_sample);
     }
 
-    /// Samples slot `i`'s next token from `logits` and streams it; true when it finished.
-    fn sample_one(&mut self, i: usize, logits: &[f32]) -> bool {
+    /// Samples slot `i`'s next token from `logits` (or takes `id`, the device's argmax) and
+    /// streams it; true when it finished.
+    fn sample_one(&mut self, i: usize, logits: &[f32], id: Option<u32>) -> bool {
         let n_ctx = self.n_ctx;
         let tok = self.engine.tokenizer().clone();
         let s = &mut self.slots[i];
@@ -421,7 +430,11 @@ impl Scheduler {
             self.shared.metrics.observe_ttft(s.job.enqueued.elapsed().as_secs_f64());
         }
         let lp = s.job.logprobs.map(|n| logprob(logits, n));
-        let id = if s.argmax { argmax(logits) } else { s.sampler.sample(logits) };
+        let id = match id {
+            Some(id) => id,
+            None if s.argmax => argmax(logits),
+            None => s.sampler.sample(logits),
+        };
         s.sampler.accept(id);
         s.n_gen += 1;
         self.shared.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
@@ -492,23 +505,11 @@ impl Scheduler {
     }
 }
 
-/// Whether `Sampler::sample` reduces to the argmax of the raw logits: greedy, no typical
-/// filter, no biases, no penalties. Then the server takes the argmax itself, without the
-/// sampler copying the whole vocabulary into candidates for each token (6% of a
-/// 32-request step, and a vocabulary-sized buffer per running request).
+/// The server takes the argmax itself for plain greedy requests, without the sampler
+/// copying the whole vocabulary into candidates for each token (6% of a 32-request step,
+/// and a vocabulary-sized buffer per running request).
 fn plain_greedy(p: &SamplerParams) -> bool {
-    p.temp <= 0.0 && p.typical_p >= 1.0 && p.logit_bias.is_empty() && !p.penalties_enabled()
-}
-
-/// The sampler's greedy choice: the highest logit by `total_cmp`, the lowest id on ties.
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, l) in logits.iter().enumerate().skip(1) {
-        if l.total_cmp(&logits[best]).is_gt() {
-            best = i;
-        }
-    }
-    best as u32
+    p.is_plain_greedy()
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -198,6 +198,9 @@ pub struct Session {
     history: Vec<Message>,
     /// Logits after the last token, when the KV holds all of `tokens`.
     logits: Option<Vec<f32>>,
+    /// Instead of `logits` after a plain greedy step: only the next token's id was read
+    /// back from the device (OutputKind::Argmax).
+    next_id: Option<u32>,
     cancel: Arc<AtomicBool>,
     timings: Timings,
     n_evaluated: usize,
@@ -213,6 +216,7 @@ impl Session {
             tokens: Vec::new(),
             history: Vec::new(),
             logits: None,
+            next_id: None,
             cancel: Arc::new(AtomicBool::new(false)),
             timings: Timings::default(),
             n_evaluated: 0,
@@ -234,7 +238,8 @@ impl Session {
         &self.history
     }
 
-    /// Logits after the last evaluated token.
+    /// Logits after the last evaluated token (None after a plain greedy `generate` step,
+    /// which reads back only the next token's id).
     pub fn logits(&self) -> Option<&[f32]> {
         self.logits.as_deref()
     }
@@ -260,6 +265,7 @@ impl Session {
         self.tokens.clear();
         self.history.clear();
         self.logits = None;
+        self.next_id = None;
         self.engine.runner().truncate_seq(self.seq, 0);
     }
 
@@ -329,6 +335,7 @@ impl Session {
         }
         self.tokens = target;
         self.logits = None;
+        self.next_id = None;
         self.prefill()
     }
 
@@ -354,6 +361,7 @@ impl Session {
             self.timings.prompt_n += end - at;
             if end == n {
                 self.logits = Some(out);
+                self.next_id = None;
             }
             at = end;
         }
@@ -388,7 +396,10 @@ impl Session {
         for &t in &self.tokens {
             sampler.accept(t);
         }
-        if self.logits.is_none() && !self.tokens.is_empty() && !self.cancel.load(Ordering::SeqCst) {
+        // Plain greedy decoding needs only each step's argmax, computed on the device.
+        let ids_only = opts.sampler.is_plain_greedy() && opts.logprobs.is_none();
+        let ready = self.logits.is_some() || (ids_only && self.next_id.is_some());
+        if !ready && !self.tokens.is_empty() && !self.cancel.load(Ordering::SeqCst) {
             self.prefill()?;
         }
         let mut detok = Detokenizer::new(tok.clone(), false);
@@ -416,11 +427,18 @@ impl Session {
                 None if self.tokens.len() >= n_ctx => break FinishReason::ContextFull,
                 _ => {}
             }
-            let logits =
-                self.logits.as_deref().ok_or_else(|| KilnError::invalid("nothing to continue from"))?;
-            let logprob = opts.logprobs.map(|k| log_probs(logits, k, &mut top));
-            let id = sampler.sample(logits);
-            let logprob = logprob.map(|lse| logits[id as usize] - lse);
+            let (id, logprob) = match self.next_id.take().filter(|_| ids_only) {
+                Some(id) => (id, None),
+                None => {
+                    let logits = self
+                        .logits
+                        .as_deref()
+                        .ok_or_else(|| KilnError::invalid("nothing to continue from"))?;
+                    let lse = opts.logprobs.map(|k| log_probs(logits, k, &mut top));
+                    let id = sampler.sample(logits);
+                    (id, lse.map(|lse| logits[id as usize] - lse))
+                }
+            };
             sampler.accept(id);
             ids.push(id);
             self.tokens.push(id);
@@ -444,10 +462,14 @@ impl Session {
                 // Do not spend a forward on logits nobody will read.
                 continue;
             }
-            let out =
-                runner.decode(&[Entry { seq: self.seq, token: id, output: true }], OutputKind::Logits)?;
+            let kind = if ids_only { OutputKind::Argmax } else { OutputKind::Logits };
+            let out = runner.decode(&[Entry { seq: self.seq, token: id, output: true }], kind)?;
             self.n_evaluated += 1;
-            self.logits = Some(out);
+            if ids_only {
+                self.next_id = Some(out[0] as u32);
+            } else {
+                self.logits = Some(out);
+            }
         };
         if finish != FinishReason::Stop {
             let mut flushed = stop.finish();

@@ -412,3 +412,31 @@ fn kv_shift_matches_cpu() {
         }
     }
 }
+
+#[test]
+fn argmax_matches_the_greedy_sampler() {
+    // Rows of random values, then ties (the lowest index wins), infinities and NaNs
+    // (ordered as total_cmp orders them), across both reduction paths.
+    let mut rng = Rng(7);
+    let n = 1000;
+    let mut rows: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(n)).collect();
+    let mut tie = vec![0.5f32; n];
+    tie[17] = 2.0;
+    tie[900] = 2.0;
+    rows.push(tie);
+    let mut inf = rng.vec(n);
+    inf[3] = f32::INFINITY;
+    inf[4] = f32::NAN;
+    inf[5] = -f32::NAN;
+    rows.push(inf);
+    rows.push(vec![-1.0; n]);
+    let flat: Vec<f32> = rows.concat();
+    let want: Vec<u32> = rows.iter().map(|r| kiln::sample::argmax(r)).collect();
+    assert_eq!(want[3], 17);
+    for gpu in gpus() {
+        let x = gpu.upload_f32(&flat).unwrap();
+        assert_eq!(gpu.argmax(&x, rows.len(), n), want, "{}", gpu.name());
+        // A row shorter than the workgroup.
+        assert_eq!(gpu.argmax(&x, 1, 10), vec![kiln::sample::argmax(&flat[..10])]);
+    }
+}

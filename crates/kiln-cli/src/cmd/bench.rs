@@ -128,23 +128,14 @@ fn run_once(engine: &Engine, t: &Test, rng: &mut Lcg) -> kiln::Result<u64> {
         }
         let mut token = rng.next(n_vocab);
         for _ in 0..t.n_gen {
-            let logits = runner.decode(&[Entry { seq, token, output: true }], OutputKind::Logits)?;
-            token = argmax(&logits);
+            // Greedy decoding: only the next id leaves the device.
+            let out = runner.decode(&[Entry { seq, token, output: true }], OutputKind::Argmax)?;
+            token = out[0] as u32;
         }
         Ok(t0.elapsed().as_nanos() as u64)
     })();
     runner.free_seq(seq);
     result
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Weight bytes one decode step reads: every tensor, except that an untied `token_embd`

@@ -134,6 +134,13 @@ pub trait Backend: Send + Sync + 'static {
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, scale: f32, len: usize);
     /// `x *= s` over `len` values.
     fn scale(&self, x: &mut Self::Buf, s: f32, len: usize);
+    /// The index of the largest value of each of `rows` rows of `n` (by `total_cmp`, the
+    /// lowest on ties): greedy decoding reads back only these ids.
+    fn argmax(&self, x: &Self::Buf, rows: usize, n: usize) -> Vec<u32> {
+        let mut v = vec![0.0; rows * n];
+        self.read(x, &mut v);
+        v.chunks(n).map(crate::sample::argmax).collect()
+    }
     /// `out[j] = x[rows[j]]` for rows of `dim` values.
     fn gather_rows(&self, x: &Self::Buf, rows: &[u32], dim: usize, out: &mut Self::Buf);
     /// Context shift: copies the cached rows at slots `src[i]` to slots `dst[i]` (the two

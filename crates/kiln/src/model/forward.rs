@@ -34,6 +34,9 @@ pub struct UBatch<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutputKind {
     Logits,
+    /// Each output row's greedy token (the logits' argmax), one value per row, as f32
+    /// (exact: vocabularies are far below 2^24); only the ids leave the device.
+    Argmax,
     /// Hidden states after the final norm (embeddings).
     Hidden,
 }
@@ -200,16 +203,34 @@ impl<B: Backend> Model<B> {
         b.rms_norm(&s.h, &w.output_norm, cfg.norm_eps, n_out, d, &mut s.out_rows);
         match kind {
             OutputKind::Hidden => b.read(&s.out_rows, &mut out[..n_out * d]),
-            OutputKind::Logits => {
+            OutputKind::Logits | OutputKind::Argmax => {
                 if s.logits_rows < n_out {
                     s.logits = b.alloc(n_out * cfg.n_vocab)?;
                     s.logits_rows = n_out;
                 }
                 b.matmul(w.output.as_ref().unwrap_or(&w.token_embd), &s.out_rows, n_out, &mut s.logits);
-                let out = &mut out[..n_out * cfg.n_vocab];
-                b.read(&s.logits, out);
+                // Dividing by a positive logit_scale keeps the argmax.
+                if kind == OutputKind::Argmax && cfg.logit_scale > 0.0 {
+                    let ids = b.argmax(&s.logits, n_out, cfg.n_vocab);
+                    out.iter_mut().zip(ids).for_each(|(o, id)| *o = id as f32);
+                    return Ok(());
+                }
+                let mut host = Vec::new();
+                let logits = match kind {
+                    OutputKind::Argmax => {
+                        host.resize(n_out * cfg.n_vocab, 0.0);
+                        &mut host[..]
+                    }
+                    _ => &mut out[..n_out * cfg.n_vocab],
+                };
+                b.read(&s.logits, logits);
                 if cfg.logit_scale != 1.0 {
-                    out.iter_mut().for_each(|x| *x /= cfg.logit_scale);
+                    logits.iter_mut().for_each(|x| *x /= cfg.logit_scale);
+                }
+                if kind == OutputKind::Argmax {
+                    for (o, row) in out.iter_mut().zip(host.chunks(cfg.n_vocab)) {
+                        *o = crate::sample::argmax(row) as f32;
+                    }
                 }
             }
         }

@@ -359,6 +359,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
 
         let width = match kind {
             OutputKind::Logits => cfg.n_vocab,
+            OutputKind::Argmax => 1,
             OutputKind::Hidden => cfg.n_embd,
         };
         let n_out_total = entries.iter().filter(|e| e.output).count();

@@ -18,6 +18,18 @@ mod rng;
 mod stop;
 
 pub use filters::Candidate;
+
+/// The greedy choice: the highest logit by `total_cmp`, the lowest id on ties (what the
+/// sampler picks when [`SamplerParams::is_plain_greedy`]).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate().skip(1) {
+        if l.total_cmp(&logits[best]).is_gt() {
+            best = i;
+        }
+    }
+    best as u32
+}
 pub use stop::StopMatcher;
 
 use crate::{KilnError, Result};
@@ -125,6 +137,12 @@ impl SamplerParams {
     pub fn with_seed(mut self, v: u64) -> Self {
         self.seed = Some(v);
         self
+    }
+
+    /// Whether `Sampler::sample` reduces to [`argmax`] of the raw logits: greedy, no typical
+    /// filter, no biases, no penalties (then only the id needs to leave the device).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temp <= 0.0 && self.typical_p >= 1.0 && self.logit_bias.is_empty() && !self.penalties_enabled()
     }
 
     /// Whether any penalty is active (llama.cpp skips the penalty sampler otherwise).

@@ -45,6 +45,7 @@ pub enum Kernel {
     AddBias,
     Scale,
     Gather,
+    Argmax,
 }
 
 impl Kernel {
@@ -67,6 +68,7 @@ impl Kernel {
             AddBias => (ew, "add_bias"),
             Scale => (ew, "scale"),
             Gather => (ew, "gather"),
+            Argmax => (include_str!("shaders/argmax.wgsl"), "main"),
         }
     }
 }

@@ -67,6 +67,8 @@ pub struct GpuBackend {
     /// What the activation scratch holds: (source buffer, mode, values). Matmuls of one
     /// input (q/k/v, gate/up) quantize it once; every other op clears this.
     act_src: Mutex<Option<(wgpu::Buffer, u32, usize)>>,
+    /// The argmax ids of the last greedy step (grown on demand).
+    ids: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// Weights larger than this are split by rows (the binding limit).
     split_bytes: u64,
@@ -134,6 +136,7 @@ impl GpuBackend {
             rec,
             act: Mutex::new(None),
             act_src: Mutex::new(None),
+            ids: Mutex::new(None),
             counts: Arc::default(),
             split_bytes,
             matmul,
@@ -502,6 +505,21 @@ impl Backend for GpuBackend {
     fn scale(&self, x: &mut GpuBuf, s: f32, len: usize) {
         self.op();
         self.run(Kernel::Scale, &[len as u32, f(s)], &[&x.buf], grid(len, 64));
+    }
+
+    fn argmax(&self, x: &GpuBuf, rows: usize, n: usize) -> Vec<u32> {
+        self.op();
+        let buf = {
+            let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+            if ids.as_ref().is_none_or(|b| b.size() < (rows * 4) as u64) {
+                *ids = Some(self.ctx.storage((rows * 4) as u64, "kiln ids").expect("a few ids fit"));
+            }
+            ids.clone().expect("set above")
+        };
+        self.run(Kernel::Argmax, &[rows as u32, n as u32], &[&x.buf, &buf], grid(rows, 1));
+        let mut words = vec![0f32; rows];
+        self.lock().read(&self.ctx, &buf, &mut words).unwrap_or_else(|e| panic!("{e}"));
+        words.iter().map(|w| w.to_bits()).collect()
     }
 
     fn gather_rows(&self, x: &GpuBuf, rows: &[u32], dim: usize, out: &mut GpuBuf) {
