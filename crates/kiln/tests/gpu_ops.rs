@@ -244,6 +244,13 @@ fn elementwise<B: Backend>(b: &B, g: &Arc<GgufFile>, n: usize) -> Vec<Vec<f32>> 
     let mut o = b.alloc(3 * K).unwrap();
     b.gather_rows(&x, &[(n - 1) as u32, 0, (n / 2) as u32], K, &mut o);
     outs.push(read(b, &o, 3 * K));
+    // The fused residual add + norm: both the updated residual and the norm.
+    for scale in [1.0, 0.25] {
+        let mut r = input(b, g, "x", n, len);
+        b.add_rms_norm(&mut r, &y, scale, &weight(b, g, "norm"), 1e-6, n, K, &mut h);
+        outs.push(read(b, &r, len));
+        outs.push(read(b, &h, len));
+    }
     outs
 }
 
@@ -252,12 +259,32 @@ fn norms_and_elementwise_ops_match_cpu() {
     let g = model();
     let cpu = CpuBackend::new(2);
     let c = elementwise(&cpu, &g, 5);
-    let names =
-        ["rms_norm", "head rms_norm", "add_bias", "add", "add scaled", "scale", "silu", "gelu", "gather"];
+    let names = [
+        "rms_norm",
+        "head rms_norm",
+        "add_bias",
+        "add",
+        "add scaled",
+        "scale",
+        "silu",
+        "gelu",
+        "gather",
+        "add_rms_norm residual",
+        "add_rms_norm",
+        "add_rms_norm residual scaled",
+        "add_rms_norm scaled",
+    ];
+    assert_eq!(c.len(), names.len());
     for gpu in gpus() {
         let d = elementwise(&gpu, &g, 5);
         for ((c, d), name) in c.iter().zip(&d).zip(names) {
             compare(&format!("{name} on {}", gpu.name()), d, c, 1e-10);
+            if name.starts_with("add_rms_norm") {
+                assert!(
+                    d.iter().zip(c).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name}: not bit-identical"
+                );
+            }
         }
     }
 }

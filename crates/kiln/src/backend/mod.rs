@@ -103,6 +103,23 @@ pub trait Backend: Send + Sync + 'static {
         dim: usize,
         out: &mut Self::Buf,
     );
+    /// The residual add then the next norm: `x += y * scale` over `rows * dim` values, then
+    /// `out = rms_norm(x)`. One kernel where a backend fuses them (the GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        scale: f32,
+        w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut Self::Buf,
+    ) {
+        self.add(x, y, scale, rows * dim);
+        self.rms_norm(x, w, eps, rows, dim, out);
+    }
     /// `out[rows, w.rows] = x[rows, w.cols] · wᵀ`.
     fn matmul(&self, w: &Self::Weight, x: &Self::Buf, rows: usize, out: &mut Self::Buf);
     /// Adds the bias vector `b` to each of `rows` rows.

@@ -142,9 +142,9 @@ impl<B: Backend> Model<B> {
             .collect();
 
         b.embed(&w.token_embd, ub.tokens, cfg.embd_scale, &mut s.x)?;
+        b.rms_norm(&s.x, &w.layers[0].attn_norm, cfg.norm_eps, n, d, &mut s.h);
         for (il, lw) in w.layers.iter().enumerate() {
-            // Attention block.
-            b.rms_norm(&s.x, &lw.attn_norm, cfg.norm_eps, n, d, &mut s.h);
+            // Attention block (its norm was applied with the previous residual add).
             b.matmul(&lw.wq, &s.h, n, &mut s.q);
             b.matmul(&lw.wk, &s.h, n, &mut s.k);
             b.matmul(&lw.wv, &s.h, n, &mut s.v);
@@ -180,10 +180,8 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
                 std::mem::swap(&mut s.o, &mut s.h);
             }
-            b.add(&mut s.x, &s.o, cfg.residual_scale, n * d);
-
             // Feed-forward block.
-            b.rms_norm(&s.x, &lw.ffn_norm, cfg.norm_eps, n, d, &mut s.h);
+            b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, &lw.ffn_norm, cfg.norm_eps, n, d, &mut s.h);
             b.matmul(&lw.ffn_gate, &s.h, n, &mut s.gate);
             b.matmul(&lw.ffn_up, &s.h, n, &mut s.up);
             b.glu(&mut s.gate, &s.up, cfg.activation, n * cfg.n_ff);
@@ -192,7 +190,13 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
                 std::mem::swap(&mut s.o, &mut s.h);
             }
-            b.add(&mut s.x, &s.o, cfg.residual_scale, n * d);
+            match w.layers.get(il + 1) {
+                Some(next) => {
+                    let eps = cfg.norm_eps;
+                    b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, &next.attn_norm, eps, n, d, &mut s.h);
+                }
+                None => b.add(&mut s.x, &s.o, cfg.residual_scale, n * d),
+            }
         }
 
         let n_out = ub.outputs.len();

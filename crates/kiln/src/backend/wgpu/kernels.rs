@@ -36,6 +36,8 @@ pub enum Kernel {
     Embed(GgmlType),
     Quantize,
     RmsNorm,
+    /// Residual add fused with the next RMSNorm.
+    AddRmsNorm,
     Rope,
     KvStore,
     KvShift,
@@ -58,7 +60,7 @@ impl Kernel {
             MatmulVec(_) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize => (include_str!("shaders/quantize.wgsl"), "main"),
-            RmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
+            RmsNorm | AddRmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
             KvShift => (include_str!("shaders/kv_shift.wgsl"), "main"),
@@ -159,7 +161,27 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         src.to_string()
     };
     s.push_str(&body);
+    if k == Kernel::AddRmsNorm {
+        s = fuse_residual(&s);
+    }
     set_opaque_flag(&s)
+}
+
+/// rms_norm.wgsl with the residual add in front: `x` becomes writable, `y` is bound at 4,
+/// and each value is `x + y * scale` (the CPU's `add`), stored back before it is squared.
+fn fuse_residual(src: &str) -> String {
+    let load = "fn x_at(i: u32, valid: bool) -> f32 {\n    return xs[i];\n}";
+    assert!(src.contains(load), "rms_norm.wgsl defines x_at");
+    src.replace("var<storage, read> xs:", "var<storage, read_write> xs:").replace(
+        load,
+        "@group(0) @binding(4) var<storage, read> yr: array<f32>;\n\n\
+         fn x_at(i: u32, valid: bool) -> f32 {\n    \
+         let s = pf(4u);\n    \
+         var v = xs[i] + yr[i];\n    \
+         if s != 1.0 {\n        v = xs[i] + nc(yr[i] * s);\n    }\n    \
+         if valid {\n        xs[i] = v;\n    }\n    \
+         return v;\n}",
+    )
 }
 
 /// Inserts `g_opaque = ...` (common.wgsl's `nc`) as the first statement of every entry point.

@@ -337,6 +337,22 @@ impl Backend for GpuBackend {
         self.run(Kernel::RmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf], grid(rows, 1));
     }
 
+    fn add_rms_norm(
+        &self,
+        x: &mut GpuBuf,
+        y: &GpuBuf,
+        scale: f32,
+        w: &GpuWeight,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut GpuBuf,
+    ) {
+        self.op();
+        let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32, f(scale)];
+        self.run(Kernel::AddRmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf, &y.buf], grid(rows, 1));
+    }
+
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
         {

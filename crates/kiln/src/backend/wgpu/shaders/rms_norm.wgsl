@@ -1,13 +1,19 @@
 // out = x / sqrt(mean(x²) + eps) * w, one workgroup per row; `w` has `wlen` values
 // (`dim`, or one head's worth for per-head norms). The CPU sums the f32 squares in f64;
 // a float-float (hi + lo) sum is as exact, so the mean rounds to the same f32.
-// prm: n_rows, dim, eps, wlen.
+// AddRmsNorm (kernels.rs rewrites `x_at`) first adds the residual: x += y * scale, stored.
+// prm: n_rows, dim, eps, wlen (, scale).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
 @group(0) @binding(2) var<storage, read> xs: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
 
 var<workgroup> red_lo: array<f32, 64>;
+
+// Value i of the row (valid: i is inside it; otherwise a clamped duplicate, not stored).
+fn x_at(i: u32, valid: bool) -> f32 {
+    return xs[i];
+}
 
 // hi + lo + b as a float-float pair.
 fn ff_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
@@ -31,7 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var i0 = lid; i0 < dim; i0 = i0 + 8u * WG) {
         var v: array<f32, 8>;
         for (var j = 0u; j < 8u; j = j + 1u) {
-            v[j] = xs[o + min(i0 + j * WG, dim - 1u)];
+            v[j] = x_at(o + min(i0 + j * WG, dim - 1u), i0 + j * WG < dim);
         }
         for (var j = 0u; j < 8u; j = j + 1u) {
             if i0 + j * WG < dim {
