@@ -398,7 +398,9 @@ fn shifted_attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, rope: &RopeParams
     let kv_dim = n_kv * hd;
     let mut kc = b.alloc_kv(4 * 32 * kv_dim).unwrap();
     let mut vc = b.alloc_kv(4 * 32 * kv_dim).unwrap();
-    let src: Vec<u32> = (32..32 + 40).collect();
+    // Sources in blocks 0-1, destinations in blocks 2-3: disjoint, as kv_shift requires
+    // (overlapping sets would race on the GPU).
+    let src: Vec<u32> = (0..40).collect();
     for chunk in src.chunks(16 * K / kv_dim) {
         let k = input(b, g, "x", 16, 16 * K);
         let v = input(b, g, "y", 16, 16 * K);

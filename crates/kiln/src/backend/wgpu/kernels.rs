@@ -167,21 +167,31 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     set_opaque_flag(&s)
 }
 
+/// Longest row the fused residual add + norm keeps in workgroup memory (32 KiB).
+pub const ADD_NORM_MAX_DIM: usize = 8192;
+
 /// rms_norm.wgsl with the residual add in front: `x` becomes writable, `y` is bound at 4,
 /// and each value is `x + y * scale` (the CPU's `add`), stored back before it is squared.
 fn fuse_residual(src: &str) -> String {
-    let load = "fn x_at(i: u32, valid: bool) -> f32 {\n    return xs[i];\n}";
-    assert!(src.contains(load), "rms_norm.wgsl defines x_at");
-    src.replace("var<storage, read> xs:", "var<storage, read_write> xs:").replace(
-        load,
-        "@group(0) @binding(4) var<storage, read> yr: array<f32>;\n\n\
-         fn x_at(i: u32, valid: bool) -> f32 {\n    \
-         let s = pf(4u);\n    \
-         var v = xs[i] + yr[i];\n    \
-         if s != 1.0 {\n        v = xs[i] + nc(yr[i] * s);\n    }\n    \
-         if valid {\n        xs[i] = v;\n    }\n    \
-         return v;\n}",
-    )
+    let (load, keep) = ("fn x_at(i: u32) -> f32 {\n    return xs[i];\n}", "fn x_keep(i: u32, v: f32) {\n}");
+    let again = "fn x_again(i: u32) -> f32 {\n    return xs[i];\n}";
+    assert!(src.contains(load) && src.contains(keep) && src.contains(again), "rms_norm.wgsl hooks");
+    src.replace("var<storage, read> xs:", "var<storage, read_write> xs:")
+        .replace(
+            load,
+            "@group(0) @binding(4) var<storage, read> yr: array<f32>;\n\n\
+             fn x_at(i: u32) -> f32 {\n    \
+             let s = pf(4u);\n    \
+             if s == 1.0 {\n        return xs[i] + yr[i];\n    }\n    \
+             return xs[i] + nc(yr[i] * s);\n}",
+        )
+        .replace(
+            keep,
+            "var<workgroup> row: array<f32, ADD_NORM_MAX_DIM>;\n\n\
+             fn x_keep(i: u32, v: f32) {\n    xs[i] = v;\n    row[i % prm[1]] = v;\n}",
+        )
+        .replace(again, "fn x_again(i: u32) -> f32 {\n    return row[i % prm[1]];\n}")
+        .replace("ADD_NORM_MAX_DIM", &ADD_NORM_MAX_DIM.to_string())
 }
 
 /// Inserts `g_opaque = ...` (common.wgsl's `nc`) as the first statement of every entry point.

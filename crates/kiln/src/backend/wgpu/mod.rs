@@ -348,6 +348,11 @@ impl Backend for GpuBackend {
         dim: usize,
         out: &mut GpuBuf,
     ) {
+        if dim > kernels::ADD_NORM_MAX_DIM {
+            self.add(x, y, scale, rows * dim);
+            self.rms_norm(x, w, eps, rows, dim, out);
+            return;
+        }
         self.op();
         let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32, f(scale)];
         self.run(Kernel::AddRmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf, &y.buf], grid(rows, 1));

@@ -1,7 +1,8 @@
 // out = x / sqrt(mean(x²) + eps) * w, one workgroup per row; `w` has `wlen` values
 // (`dim`, or one head's worth for per-head norms). The CPU sums the f32 squares in f64;
 // a float-float (hi + lo) sum is as exact, so the mean rounds to the same f32.
-// AddRmsNorm (kernels.rs rewrites `x_at`) first adds the residual: x += y * scale, stored.
+// AddRmsNorm (kernels.rs rewrites `x_at`, `x_keep`, `x_again`) first adds the residual:
+// x += y * scale, stored, and kept in workgroup memory for the output (dim <= 8192).
 // prm: n_rows, dim, eps, wlen (, scale).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
@@ -10,8 +11,18 @@
 
 var<workgroup> red_lo: array<f32, 64>;
 
-// Value i of the row (valid: i is inside it; otherwise a clamped duplicate, not stored).
-fn x_at(i: u32, valid: bool) -> f32 {
+// Value i of the row, and where the fused kernel stores it back (after all loads of a
+// step are issued).
+fn x_at(i: u32) -> f32 {
+    return xs[i];
+}
+
+fn x_keep(i: u32, v: f32) {
+}
+
+// Value i again, for the output (the fused kernel reads its workgroup copy: x is writable
+// there, so reloading it could not overlap the stores to y).
+fn x_again(i: u32) -> f32 {
     return xs[i];
 }
 
@@ -37,10 +48,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var i0 = lid; i0 < dim; i0 = i0 + 8u * WG) {
         var v: array<f32, 8>;
         for (var j = 0u; j < 8u; j = j + 1u) {
-            v[j] = x_at(o + min(i0 + j * WG, dim - 1u), i0 + j * WG < dim);
+            v[j] = x_at(o + min(i0 + j * WG, dim - 1u));
         }
         for (var j = 0u; j < 8u; j = j + 1u) {
             if i0 + j * WG < dim {
+                x_keep(o + i0 + j * WG, v[j]);
                 s = ff_add(s, vec2<f32>(nc(v[j] * v[j]), 0.0));
             }
         }
@@ -66,7 +78,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var w: array<f32, 8>;
         for (var j = 0u; j < 8u; j = j + 1u) {
             let i = min(i0 + j * WG, dim - 1u);
-            v[j] = xs[o + i];
+            v[j] = x_again(o + i);
             w[j] = wn[i % wlen];
         }
         for (var j = 0u; j < 8u; j = j + 1u) {
