@@ -167,8 +167,11 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     set_opaque_flag(&s)
 }
 
-/// Longest row the fused residual add + norm keeps in workgroup memory (32 KiB).
-pub const ADD_NORM_MAX_DIM: usize = 8192;
+/// Longest row the fused residual add + norm takes (kept in workgroup memory). Its one
+/// workgroup per row is latency-bound: on the H200 the fusion sped up decode where rows are
+/// short (smollm2 576: +14%, qwen2.5-1.5b 1536: +6%) and slowed it at 3584-4096 (-2 to -7%),
+/// where the backend runs the add and the norm as two kernels instead.
+pub const ADD_NORM_MAX_DIM: usize = 2048;
 
 /// rms_norm.wgsl with the residual add in front: `x` becomes writable, `y` is bound at 4,
 /// and each value is `x + y * scale` (the CPU's `add`), stored back before it is squared.

@@ -2,7 +2,7 @@
 // (`dim`, or one head's worth for per-head norms). The CPU sums the f32 squares in f64;
 // a float-float (hi + lo) sum is as exact, so the mean rounds to the same f32.
 // AddRmsNorm (kernels.rs rewrites `x_at`, `x_keep`, `x_again`) first adds the residual:
-// x += y * scale, stored, and kept in workgroup memory for the output (dim <= 8192).
+// x += y * scale, stored, and kept in workgroup memory for the output (dim <= 2048).
 // prm: n_rows, dim, eps, wlen (, scale).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
