@@ -47,9 +47,14 @@ unsafe fn q4_k_scales_mins(p: *const u8) -> __m256i {
 
 /// The i32 lanes of `Σ_k scale_k · maddubs(q_k, y_k)` over the eight 32-element groups of
 /// a superblock (`scale_k` as i16 pairs, `q_k` unsigned quants), `y` at the Q8_K quants.
+/// `WIDE` (the AVX-512 tier) runs groups 2j, 2j+1 (adjacent in `y`) as one 512-bit vector
+/// and folds the halves at the end: integer sums, so the same lanes, bit for bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scaled_sums(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> __m256i {
+unsafe fn scaled_sums<const WIDE: bool>(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> __m256i {
+    if WIDE {
+        return scaled_sums_512(q, scale, y);
+    }
     let mut sumi = _mm256_setzero_si256();
     for k in (0..8).step_by(2) {
         let p0 = _mm256_madd_epi16(scale[k], _mm256_maddubs_epi16(q[k], loadu(y.add(32 * k))));
@@ -57,6 +62,18 @@ unsafe fn scaled_sums(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> _
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
     }
     sumi
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn scaled_sums_512(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> __m256i {
+    let join = |a: __m256i, b: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+    let mut sumi = _mm512_setzero_si512();
+    for j in 0..4 {
+        let p = _mm512_maddubs_epi16(join(q[2 * j], q[2 * j + 1]), _mm512_loadu_si512(y.add(64 * j).cast()));
+        sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(join(scale[2 * j], scale[2 * j + 1]), p));
+    }
+    _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64::<1>(sumi))
 }
 
 /// Q4_K with Q8_K activations: `out[r * T + t] = dot(x row r, y row t)`, in the order of
@@ -102,7 +119,7 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
             // [d, dmin, d, dmin]
             let dx = _mm_cvtph_ps(_mm_set1_epi32((xb as *const i32).read_unaligned()));
             for t in 0..T {
-                let sumi = scaled_sums(&q, &scale, yb[t].add(Q8K_QS));
+                let sumi = scaled_sums::<VNNI>(&q, &scale, yb[t].add(Q8K_QS));
                 let sum4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256::<1>(sumi));
                 let h = _mm_hadd_epi32(sum4, _mm_madd_epi16(mins, q8s[t]));
                 let totals = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
@@ -165,7 +182,7 @@ pub(super) unsafe fn q6_k_core<const R: usize, const T: usize, const VNNI: bool>
             for t in 0..T {
                 let bsums = loadu(yb[t].add(Q8K_BSUMS));
                 let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, scales16));
-                let sumi = _mm256_sub_epi32(scaled_sums(&q, &scale, yb[t].add(Q8K_QS)), offset);
+                let sumi = _mm256_sub_epi32(scaled_sums::<VNNI>(&q, &scale, yb[t].add(Q8K_QS)), offset);
                 let d = dy[t] * dx;
                 acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r][t]);
             }
