@@ -27,34 +27,29 @@ unsafe fn i16_lane(v: __m256i, k: usize) -> __m256i {
     _mm256_shuffle_epi8(v, _mm256_set1_epi16(i16::from_le_bytes([b as u8, b as u8 + 1])))
 }
 
-/// Q4_K's 12 bytes of packed 6-bit scales and mins as 16 i16: the 8 scales, then the 8 mins
-/// (the unpacking of ggml's `utmp` words; `kquants::scale_min_k4` per element).
+/// Q4_K's 12 bytes of packed 6-bit scales and mins at `p` (16 bytes are read) as 16 i16:
+/// the 8 scales, then the 8 mins (`kquants::scale_min_k4` for all eight at once). Bytes
+/// 0-3 and 4-7 hold the low 6 bits of scales and mins 0-3 and their top 2 bits those of
+/// 4-7, whose low 4 bits are the nibbles of bytes 8-11.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_scales_mins(p: *const u8) -> __m256i {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let word = |k: usize| (p.add(4 * k) as *const u32).read_unaligned();
-    let (u0, u1, u2) = (word(0), word(1), word(2));
-    let scales_lo = u0 & LOW6;
-    let scales_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
-    let mins_lo = u1 & LOW6;
-    let mins_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
-    let v = _mm_setr_epi32(scales_lo as i32, scales_hi as i32, mins_lo as i32, mins_hi as i32);
-    _mm256_cvtepu8_epi16(v)
+    const Z: i8 = -128; // a `pshufb` index that yields 0
+    let v = _mm_loadu_si128(p as *const __m128i);
+    let low = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    let top = _mm_shuffle_epi8(v, _mm_setr_epi8(Z, Z, Z, Z, 0, 1, 2, 3, Z, Z, Z, Z, 4, 5, 6, 7));
+    let lo6 = _mm_set1_epi32(0x3f3f_3f3f);
+    let low_bits = _mm_and_si128(low, _mm_setr_epi32(0x3f3f_3f3f, 0x0f0f_0f0f, 0x3f3f_3f3f, 0));
+    let high_nibbles = _mm_and_si128(_mm_srli_epi16::<4>(low), _mm_setr_epi32(0, 0, 0, 0x0f0f_0f0f));
+    let top_bits = _mm_srli_epi16::<2>(_mm_andnot_si128(lo6, top));
+    _mm256_cvtepu8_epi16(_mm_or_si128(_mm_or_si128(low_bits, high_nibbles), top_bits))
 }
 
 /// The i32 lanes of `Σ_k scale_k · maddubs(q_k, y_k)` over the eight 32-element groups of
 /// a superblock (`scale_k` as i16 pairs, `q_k` unsigned quants), `y` at the Q8_K quants.
-/// `WIDE` (the AVX-512 tier) runs groups 2j, 2j+1 (adjacent in `y`) as one 512-bit vector
-/// and folds the halves at the end: integer sums, so the same lanes, bit for bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scaled_sums<const WIDE: bool>(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> __m256i {
-    if WIDE {
-        return scaled_sums_512(q, scale, y);
-    }
+unsafe fn scaled_sums(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> __m256i {
     let mut sumi = _mm256_setzero_si256();
     for k in (0..8).step_by(2) {
         let p0 = _mm256_madd_epi16(scale[k], _mm256_maddubs_epi16(q[k], loadu(y.add(32 * k))));
@@ -64,16 +59,94 @@ unsafe fn scaled_sums<const WIDE: bool>(q: &[__m256i; 8], scale: &[__m256i; 8], 
     sumi
 }
 
+/// [`scaled_sums`] on the AVX-512 tier, the groups paired (2j, 2j+1: adjacent in `y`) in
+/// 512-bit vectors, the halves folded at the end: integer sums, so the same lanes, bit for
+/// bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-unsafe fn scaled_sums_512(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> __m256i {
-    let join = |a: __m256i, b: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+unsafe fn scaled_sums_512(q: &[__m512i; 4], scale: &[__m512i; 4], y: *const u8) -> __m256i {
     let mut sumi = _mm512_setzero_si512();
     for j in 0..4 {
-        let p = _mm512_maddubs_epi16(join(q[2 * j], q[2 * j + 1]), _mm512_loadu_si512(y.add(64 * j).cast()));
-        sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(join(scale[2 * j], scale[2 * j + 1]), p));
+        let p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(y.add(64 * j).cast()));
+        sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(scale[j], p));
     }
     _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64::<1>(sumi))
+}
+
+/// `vpermw` indices that spread i16 scales over a 512-bit group pair: Q4_K's pair j takes
+/// scales 2j, 2j+1 (32 quants each); Q6_K's takes 4j..4j+4 (16 quants each).
+static Q4K_PAIR_SCALES: [[i16; 32]; 4] = {
+    let mut t = [[0i16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut l = 0;
+        while l < 32 {
+            t[j][l] = (2 * j + l / 16) as i16;
+            l += 1;
+        }
+        j += 1;
+    }
+    t
+};
+static Q6K_PAIR_SCALES: [[i16; 32]; 4] = {
+    let mut t = [[0i16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut l = 0;
+        while l < 32 {
+            t[j][l] = (4 * j + l / 8) as i16;
+            l += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn pair_scales(table: &[[i16; 32]; 4], scales: __m256i) -> [__m512i; 4] {
+    let s = _mm512_castsi256_si512(scales);
+    std::array::from_fn(|j| _mm512_permutexvar_epi16(_mm512_loadu_si512(table[j].as_ptr().cast()), s))
+}
+
+/// i16 shift counts: `a` for the low 256 bits, `b` for the high.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn shifts(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b))
+}
+
+/// Q4_K's groups as 512-bit pairs: pair j is the low then the high nibbles of quant bytes
+/// 32j..32j+32 (groups 2j, 2j+1), with their scales.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn q4_k_pairs(xb: *const u8, scales_mins: __m256i) -> ([__m512i; 4], [__m512i; 4]) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let q = std::array::from_fn(|j| {
+        let bits = _mm512_broadcast_i64x4(loadu(xb.add(16 + 32 * j)));
+        _mm512_and_si512(_mm512_srlv_epi16(bits, shifts(0, 4)), m4)
+    });
+    (q, pair_scales(&Q4K_PAIR_SCALES, scales_mins))
+}
+
+/// Q6_K's groups as 512-bit pairs: pair 2n + h holds groups 4n + 2h, 4n + 2h + 1, whose low
+/// 4 bits are the low (h = 0) or high nibbles of `ql` bytes 64n..64n+64 and whose top 2
+/// bits are bit pairs 2h, 2h + 1 (first 32 quants) and 2h + 2, 2h + 3 (next 32) of `qh`
+/// bytes 32n..32n+32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn q6_k_pairs(xb: *const u8, scales16: __m256i) -> ([__m512i; 4], [__m512i; 4]) {
+    let (m4, m2) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
+    let top = |h: __m512i| _mm512_slli_epi16::<4>(_mm512_and_si512(h, m2));
+    let mut q = [_mm512_setzero_si512(); 4];
+    for n in 0..2 {
+        let l = _mm512_loadu_si512(xb.add(64 * n).cast());
+        let h = _mm512_srlv_epi16(_mm512_broadcast_i64x4(loadu(xb.add(128 + 32 * n))), shifts(0, 2));
+        q[2 * n] = _mm512_or_si512(_mm512_and_si512(l, m4), top(h));
+        q[2 * n + 1] =
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(l), m4), top(_mm512_srli_epi16::<4>(h)));
+    }
+    (q, pair_scales(&Q6K_PAIR_SCALES, scales16))
 }
 
 /// Q4_K with Q8_K activations: `out[r * T + t] = dot(x row r, y row t)`, in the order of
@@ -106,6 +179,21 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
             let xb = x.add(r * xs + 144 * i);
             let sm = q4_k_scales_mins(xb.add(4));
             let mins = _mm256_extracti128_si256::<1>(sm);
+            // [d, dmin, d, dmin]
+            let dx = _mm_cvtph_ps(_mm_set1_epi32((xb as *const i32).read_unaligned()));
+            let fold = |sumi: __m256i, t: usize, acc: __m128| {
+                let sum4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256::<1>(sumi));
+                let h = _mm_hadd_epi32(sum4, _mm_madd_epi16(mins, q8s[t]));
+                let totals = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
+                _mm_fmadd_ps(totals, _mm_mul_ps(dx, dy[t]), acc)
+            };
+            if VNNI {
+                let (q, scale) = q4_k_pairs(xb, sm);
+                for t in 0..T {
+                    acc[r][t] = fold(scaled_sums_512(&q, &scale, yb[t].add(Q8K_QS)), t, acc[r][t]);
+                }
+                continue;
+            }
             let sc = _mm256_permute2x128_si256::<0x00>(sm, sm);
             let mut q = [_mm256_setzero_si256(); 8];
             let mut scale = [_mm256_setzero_si256(); 8];
@@ -116,14 +204,8 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
                 scale[2 * j] = i16_lane(sc, 2 * j);
                 scale[2 * j + 1] = i16_lane(sc, 2 * j + 1);
             }
-            // [d, dmin, d, dmin]
-            let dx = _mm_cvtph_ps(_mm_set1_epi32((xb as *const i32).read_unaligned()));
             for t in 0..T {
-                let sumi = scaled_sums::<VNNI>(&q, &scale, yb[t].add(Q8K_QS));
-                let sum4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256::<1>(sumi));
-                let h = _mm_hadd_epi32(sum4, _mm_madd_epi16(mins, q8s[t]));
-                let totals = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
-                acc[r][t] = _mm_fmadd_ps(totals, _mm_mul_ps(dx, dy[t]), acc[r][t]);
+                acc[r][t] = fold(scaled_sums(&q, &scale, yb[t].add(Q8K_QS)), t, acc[r][t]);
             }
         }
     }
@@ -159,6 +241,23 @@ pub(super) unsafe fn q6_k_core<const R: usize, const T: usize, const VNNI: bool>
         for r in 0..R {
             // One row's superblock, unpacked once for the T tokens.
             let xb = x.add(r * xs + 210 * i);
+            // 16 i8 scales, one per 16 quants: group k (32 quants) takes scales 2k, 2k+1.
+            let raw = _mm_loadu_si128(xb.add(192) as *const __m128i);
+            let scales16 = _mm256_cvtepi8_epi16(raw);
+            let dx = h2f(xb.add(208));
+            let fold = |sumi: __m256i, t: usize, acc: __m256| {
+                let bsums = loadu(yb[t].add(Q8K_BSUMS));
+                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, scales16));
+                let d = dy[t] * dx;
+                _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, offset)), acc)
+            };
+            if VNNI {
+                let (q, scale) = q6_k_pairs(xb, scales16);
+                for t in 0..T {
+                    acc[r][t] = fold(scaled_sums_512(&q, &scale, yb[t].add(Q8K_QS)), t, acc[r][t]);
+                }
+                continue;
+            }
             let mut q = [_mm256_setzero_si256(); 8];
             for n in 0..2 {
                 let (ql, qh) = (xb.add(64 * n), xb.add(128 + 32 * n));
@@ -170,21 +269,13 @@ pub(super) unsafe fn q6_k_core<const R: usize, const T: usize, const VNNI: bool>
                 q[4 * n + 2] = _mm256_or_si256(l0_hi, hbits(_mm256_srli_epi16::<4>(h)));
                 q[4 * n + 3] = _mm256_or_si256(l1_hi, hbits(_mm256_srli_epi16::<6>(h)));
             }
-            // 16 i8 scales, one per 16 quants: group k (32 quants) takes scales 2k, 2k+1.
-            let raw = _mm_loadu_si128(xb.add(192) as *const __m128i);
-            let scales16 = _mm256_cvtepi8_epi16(raw);
             let scale: [__m256i; 8] = std::array::from_fn(|k| {
                 let byte = |s: usize| s as i64 * 0x0101_0101_0101_0101;
                 let pick = _mm_set_epi64x(byte(2 * k + 1), byte(2 * k));
                 _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick))
             });
-            let dx = h2f(xb.add(208));
             for t in 0..T {
-                let bsums = loadu(yb[t].add(Q8K_BSUMS));
-                let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, scales16));
-                let sumi = _mm256_sub_epi32(scaled_sums::<VNNI>(&q, &scale, yb[t].add(Q8K_QS)), offset);
-                let d = dy[t] * dx;
-                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r][t]);
+                acc[r][t] = fold(scaled_sums(&q, &scale, yb[t].add(Q8K_QS)), t, acc[r][t]);
             }
         }
     }
