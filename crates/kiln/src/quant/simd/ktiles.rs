@@ -63,12 +63,12 @@ unsafe fn scaled_sums(q: &[__m256i; 8], scale: &[__m256i; 8], y: *const u8) -> _
 /// 512-bit vectors, the halves folded at the end: integer sums, so the same lanes, bit for
 /// bit.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn scaled_sums_512(q: &[__m512i; 4], scale: &[__m512i; 4], y: *const u8) -> __m256i {
     let mut sumi = _mm512_setzero_si512();
     for j in 0..4 {
         let p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(y.add(64 * j).cast()));
-        sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(scale[j], p));
+        sumi = _mm512_dpwssd_epi32(sumi, scale[j], p);
     }
     _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64::<1>(sumi))
 }
@@ -163,34 +163,38 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
     nb: usize,
     out: *mut f32,
 ) {
+    const MAX_PAIRS: usize = 8;
+    const GROUPS: usize = MAX_PAIRS / 4;
+    assert!(R * T <= MAX_PAIRS);
     let m4 = _mm256_set1_epi8(0x0f);
-    // Lanes [sum, mins, sum, mins] of each pair.
-    let mut acc = [[_mm_setzero_ps(); T]; R];
+    // Pair p = r·T + t is lane p % 4 of group p / 4: its sum and min accumulators.
+    let (mut acc_sum, mut acc_min) = ([_mm_setzero_ps(); GROUPS], [_mm_setzero_ps(); GROUPS]);
     for i in 0..nb {
         let yb: [*const u8; T] = std::array::from_fn(|t| y.add(t * ys + Q8K_BYTES * i));
-        let dy: [__m128; T] = std::array::from_fn(|t| _mm_set1_ps(f32_at(yb[t])));
         // Sums of 32 quants: one per (scale, min) group.
         let q8s: [__m128i; T] = std::array::from_fn(|t| {
             let bsums = loadu(yb[t].add(Q8K_BSUMS));
             _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums))
         });
+        let mut sums = [_mm256_setzero_si256(); MAX_PAIRS];
+        let mut mins_sums = [_mm_setzero_si128(); MAX_PAIRS];
+        let (mut d_bits, mut dmin_bits, mut dy) = ([0i16; MAX_PAIRS], [0i16; MAX_PAIRS], [0f32; MAX_PAIRS]);
         for r in 0..R {
             // One row's superblock, unpacked once for the T tokens.
             let xb = x.add(r * xs + 144 * i);
             let sm = q4_k_scales_mins(xb.add(4));
             let mins = _mm256_extracti128_si256::<1>(sm);
-            // [d, dmin, d, dmin]
-            let dx = _mm_cvtph_ps(_mm_set1_epi32((xb as *const i32).read_unaligned()));
-            let fold = |sumi: __m256i, t: usize, acc: __m128| {
-                let sum4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256::<1>(sumi));
-                let h = _mm_hadd_epi32(sum4, _mm_madd_epi16(mins, q8s[t]));
-                let totals = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
-                _mm_fmadd_ps(totals, _mm_mul_ps(dx, dy[t]), acc)
-            };
+            for t in 0..T {
+                let p = r * T + t;
+                mins_sums[p] = _mm_madd_epi16(mins, q8s[t]);
+                d_bits[p] = (xb as *const i16).read_unaligned();
+                dmin_bits[p] = (xb.add(2) as *const i16).read_unaligned();
+                dy[p] = f32_at(yb[t]);
+            }
             if VNNI {
                 let (q, scale) = q4_k_pairs(xb, sm);
                 for t in 0..T {
-                    acc[r][t] = fold(scaled_sums_512(&q, &scale, yb[t].add(Q8K_QS)), t, acc[r][t]);
+                    sums[r * T + t] = scaled_sums_512(&q, &scale, yb[t].add(Q8K_QS));
                 }
                 continue;
             }
@@ -205,16 +209,41 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
                 scale[2 * j + 1] = i16_lane(sc, 2 * j + 1);
             }
             for t in 0..T {
-                acc[r][t] = fold(scaled_sums(&q, &scale, yb[t].add(Q8K_QS)), t, acc[r][t]);
+                sums[r * T + t] = scaled_sums(&q, &scale, yb[t].add(Q8K_QS));
             }
         }
-    }
-    for r in 0..R {
-        for t in 0..T {
-            let a = acc[r][t];
-            *out.add(r * T + t) = _mm_cvtss_f32(_mm_sub_ss(a, _mm_movehdup_ps(a)));
+        // Four pairs at a time: their integer totals, then one FMA each into their lanes.
+        for g in 0..(R * T).div_ceil(4) {
+            let four = |v: &[i16; MAX_PAIRS]| {
+                _mm_cvtph_ps(_mm_setr_epi16(v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3], 0, 0, 0, 0))
+            };
+            let dyv = _mm_loadu_ps(dy.as_ptr().add(4 * g));
+            let s = _mm_cvtepi32_ps(hsum4_256(&sums[4 * g..4 * g + 4]));
+            let m = _mm_cvtepi32_ps(hsum4_128(&mins_sums[4 * g..4 * g + 4]));
+            acc_sum[g] = _mm_fmadd_ps(s, _mm_mul_ps(four(&d_bits), dyv), acc_sum[g]);
+            acc_min[g] = _mm_fmadd_ps(m, _mm_mul_ps(four(&dmin_bits), dyv), acc_min[g]);
         }
     }
+    let mut res = [0f32; MAX_PAIRS];
+    for g in 0..GROUPS {
+        _mm_storeu_ps(res.as_mut_ptr().add(4 * g), _mm_sub_ps(acc_sum[g], acc_min[g]));
+    }
+    std::ptr::copy_nonoverlapping(res.as_ptr(), out, R * T);
+}
+
+/// The totals of four vectors of eight i32, as one vector of four.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum4_256(v: &[__m256i]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
+/// The totals of four vectors of four i32, as one vector of four.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum4_128(v: &[__m128i]) -> __m128i {
+    _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]))
 }
 
 /// Q6_K with Q8_K activations, in the order of ggml's AVX2 `ggml_vec_dot_q6_K_q8_K` (x86
