@@ -4,8 +4,10 @@
 //! operations' order matters, and it is theirs.
 //!
 //! Each weight superblock (scales, mins, quants) is unpacked once per tile and shared by its
-//! T tokens; every (row, token) pair then runs the same operations in the same order as the
-//! 1×1 instantiation, which is also the single-pair AVX2 kernel: tiles stay bit-identical.
+//! T tokens; every (row, token) pair then runs the same float operations in the same order
+//! as the 1×1 instantiation, which is also the single-pair AVX2 kernel: tiles stay
+//! bit-identical. The `VNNI` instantiations (the AVX-512 VNNI tier) unpack into 512-bit
+//! pairs of groups; their integer sums are the same, so every tier gives the same bits.
 
 #![allow(clippy::needless_range_loop)] // r, t index several tile arrays at once
 
@@ -165,7 +167,7 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
 ) {
     const MAX_PAIRS: usize = 8;
     const GROUPS: usize = MAX_PAIRS / 4;
-    assert!(R * T <= MAX_PAIRS);
+    const { assert!(R * T <= MAX_PAIRS) };
     let m4 = _mm256_set1_epi8(0x0f);
     // Pair p = r·T + t is lane p % 4 of group p / 4: its sum and min accumulators.
     let (mut acc_sum, mut acc_min) = ([_mm_setzero_ps(); GROUPS], [_mm_setzero_ps(); GROUPS]);
