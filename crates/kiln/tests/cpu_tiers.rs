@@ -1,6 +1,7 @@
 //! CPU kernel tiers: `KILN_CPU` caps the tier that actually runs (checked in child
 //! processes, since the tier is read once per process), and the matmul tile kernels of
-//! every tier agree with the scalar reference and are bit-identical across tile shapes.
+//! every tier agree with the scalar reference, bit-identical across tile shapes and SIMD
+//! tiers.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -69,6 +70,7 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
             .map(|i| vec_dot(ty, &w[(i / TILE) * wr..][..wr], &a[(i % TILE) * ar..][..ar], n))
             .collect();
         let mut tested = 0;
+        let mut first_simd: Option<(CpuTier, [f32; TILE * TILE])> = None;
         for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
             let Some(tk) = tile_kernels_for(ty, tier) else {
                 assert_eq!(tier, CpuTier::Scalar, "{ty}: {tier:?} has no tile kernels");
@@ -87,6 +89,15 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
                 .map(|(&g, &e)| (((g - e) as f64).powi(2), (e as f64).powi(2)))
                 .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
             assert!(num / den < 1e-10, "{ty} {tier:?}: NMSE {:e}", num / den);
+            // The integer sums are exact whatever the instructions, and the float steps are
+            // the same: every SIMD tier gives the same bits.
+            match first_simd {
+                None => first_simd = Some((tier, got)),
+                Some((t0, g0)) => {
+                    let same = g0.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{ty}: {tier:?} differs from {t0:?}");
+                }
+            }
             let mut v = [0f32; TILE];
             for t in 0..TILE {
                 tk.rows4(&w, &a[t * ar..][..ar], n, &mut v);

@@ -227,7 +227,7 @@ pub(super) unsafe fn bsum(y: *const u8, j: usize) -> i32 {
     (y.add(260 + 2 * j) as *const i16).read_unaligned() as i32
 }
 
-/// Q4_K and Q5_K: `quants(j)` gives the 32 low and 32 high unsigned quants of
+/// Q5_K: `quants(j)` gives the 32 low and 32 high unsigned quants of
 /// 64-element group j.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -259,20 +259,12 @@ unsafe fn k4_block(
     (dy * h2f(x) * hsum_epi32(sumi) as f32, dy * h2f(x.add(2)) * summ as f32)
 }
 
+/// Q4_K and Q6_K: the 1×1 tile core (ggml's order), so tiles equal the single pair.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_q8_k(x: *const u8, y: *const u8, nb: usize) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let (mut sum, mut mins) = (0f32, 0f32);
-    for i in 0..nb {
-        let (x, y) = (x.add(144 * i), y.add(292 * i));
-        let (s, m) = k4_block(x, y, |j| {
-            let q = loadu(x.add(16 + 32 * j));
-            (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
-        });
-        sum += s;
-        mins += m;
-    }
-    sum - mins
+    let mut out = 0f32;
+    super::ktiles::q4_k_core::<1, 1, false>(x, 0, y, 0, nb, &mut out);
+    out
 }
 safe_wrapper!(dot_q4_k_q8_k => q4_k_q8_k, 144, 292);
 
@@ -303,40 +295,9 @@ safe_wrapper!(dot_q5_k_q8_k => q5_k_q8_k, 176, 292);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_q8_k(x: *const u8, y: *const u8, nb: usize) -> f32 {
-    let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
-    let mut sum = 0f32;
-    for i in 0..nb {
-        let (x, y) = (x.add(210 * i), y.add(292 * i));
-        let sc = |j: usize| *x.add(192 + j) as i8 as i32;
-        // The quants are stored +32; take that out through the block sums.
-        let corr: i32 = (0..16).map(|j| sc(j) * bsum(y, j)).sum();
-        let mut sumi = _mm256_setzero_si256();
-        for n in 0..2 {
-            let (ql, qh, q8) = (x.add(64 * n), x.add(128 + 32 * n), y.add(4 + 128 * n));
-            let (l0, l1, h) = (loadu(ql), loadu(ql.add(32)), loadu(qh));
-            let hbits = |s: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(s, m2));
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(l0, m4), hbits(h)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4), hbits(_mm256_srli_epi16::<2>(h))),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-                    hbits(_mm256_srli_epi16::<4>(h)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
-                    hbits(_mm256_srli_epi16::<6>(h)),
-                ),
-            ];
-            for (k, q) in q.into_iter().enumerate() {
-                let s = 8 * n + 2 * k;
-                let scale = _mm256_set_m128i(_mm_set1_epi16(sc(s + 1) as i16), _mm_set1_epi16(sc(s) as i16));
-                let p = _mm256_maddubs_epi16(q, loadu(q8.add(32 * k)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
-            }
-        }
-        sum += f32_at(y) * h2f(x.add(208)) * (hsum_epi32(sumi) - 32 * corr) as f32;
-    }
-    sum
+    let mut out = 0f32;
+    super::ktiles::q6_k_core::<1, 1, false>(x, 0, y, 0, nb, &mut out);
+    out
 }
 safe_wrapper!(dot_q6_k_q8_k => q6_k_q8_k, 210, 292);
 

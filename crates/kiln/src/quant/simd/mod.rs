@@ -5,6 +5,8 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod ktiles;
+#[cfg(target_arch = "x86_64")]
 mod tiles;
 
 #[cfg(target_arch = "x86_64")]

@@ -13,8 +13,8 @@
 
 use std::arch::x86_64::*;
 
-use super::super::kquants::scale_min_k4;
-use super::avx2::{bits_32, bsum, dot_us8, f32_at, h2f, hsum_epi32, hsum_ps, loadu, nibbles_32};
+use super::avx2::{bits_32, dot_us8, hsum_ps, loadu, nibbles_32};
+use super::ktiles::{q4_k_core, q6_k_core};
 
 /// `out[r * T + t] = dot(w row r, a row t)` for `R` weight rows of `ws` bytes starting at
 /// `w` and `T` activation rows of `as_` bytes starting at `a`, `nb` blocks each.
@@ -253,123 +253,6 @@ unsafe fn q0_core_t4<const Q5: bool, const R: usize, const VNNI: bool>(
     }
 }
 
-/// Q4_K with Q8_K activations: each weight superblock's scales and quants are unpacked once
-/// for the T tokens (the VNNI flag is unused: the scales multiply 16-bit pair sums).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>(
-    x: *const u8,
-    xs: usize,
-    y: *const u8,
-    ys: usize,
-    nb: usize,
-    out: *mut f32,
-) {
-    let m4 = _mm256_set1_epi8(0x0f);
-    let mut sum = [[0f32; T]; R];
-    let mut mins = [[0f32; T]; R];
-    for i in 0..nb {
-        for r in 0..R {
-            let xb = x.add(r * xs + 144 * i);
-            let scales = std::slice::from_raw_parts(xb.add(4), 12);
-            let sm: [(u8, u8); 8] = std::array::from_fn(|k| scale_min_k4(k, scales));
-            let q: [__m256i; 4] = std::array::from_fn(|j| loadu(xb.add(16 + 32 * j)));
-            let (dx, dmx) = (h2f(xb), h2f(xb.add(2)));
-            for t in 0..T {
-                let yb = y.add(t * ys + 292 * i);
-                let mut summ = 0i32;
-                let mut sumi = _mm256_setzero_si256();
-                for j in 0..4 {
-                    let ((sc1, m1), (sc2, m2)) = (sm[2 * j], sm[2 * j + 1]);
-                    summ += m1 as i32 * (bsum(yb, 4 * j) + bsum(yb, 4 * j + 1));
-                    summ += m2 as i32 * (bsum(yb, 4 * j + 2) + bsum(yb, 4 * j + 3));
-                    let lo = _mm256_and_si256(q[j], m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q[j]), m4);
-                    let p1 = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(lo, loadu(yb.add(4 + 64 * j))),
-                        _mm256_set1_epi16(sc1 as i16),
-                    );
-                    let p2 = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(hi, loadu(yb.add(36 + 64 * j))),
-                        _mm256_set1_epi16(sc2 as i16),
-                    );
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
-                }
-                let dy = f32_at(yb);
-                sum[r][t] += dy * dx * hsum_epi32(sumi) as f32;
-                mins[r][t] += dy * dmx * summ as f32;
-            }
-        }
-    }
-    for r in 0..R {
-        for t in 0..T {
-            *out.add(r * T + t) = sum[r][t] - mins[r][t];
-        }
-    }
-}
-
-/// Q6_K with Q8_K activations, unpacked once per weight superblock for the T tokens.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_core<const R: usize, const T: usize, const VNNI: bool>(
-    x: *const u8,
-    xs: usize,
-    y: *const u8,
-    ys: usize,
-    nb: usize,
-    out: *mut f32,
-) {
-    let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
-    let mut sum = [[0f32; T]; R];
-    for i in 0..nb {
-        for r in 0..R {
-            let xb = x.add(r * xs + 210 * i);
-            let sc = |j: usize| *xb.add(192 + j) as i8 as i32;
-            let hbits = |s: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(s, m2));
-            let q: [[__m256i; 4]; 2] = std::array::from_fn(|n| {
-                let (ql, qh) = (xb.add(64 * n), xb.add(128 + 32 * n));
-                let (l0, l1, h) = (loadu(ql), loadu(ql.add(32)), loadu(qh));
-                [
-                    _mm256_or_si256(_mm256_and_si256(l0, m4), hbits(h)),
-                    _mm256_or_si256(_mm256_and_si256(l1, m4), hbits(_mm256_srli_epi16::<2>(h))),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-                        hbits(_mm256_srli_epi16::<4>(h)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
-                        hbits(_mm256_srli_epi16::<6>(h)),
-                    ),
-                ]
-            });
-            let scale: [__m256i; 8] = std::array::from_fn(|k| {
-                let s = 2 * k;
-                _mm256_set_m128i(_mm_set1_epi16(sc(s + 1) as i16), _mm_set1_epi16(sc(s) as i16))
-            });
-            let dx = h2f(xb.add(208));
-            for t in 0..T {
-                let yb = y.add(t * ys + 292 * i);
-                // The quants are stored +32; take that out through the block sums.
-                let corr: i32 = (0..16).map(|j| sc(j) * bsum(yb, j)).sum();
-                let mut sumi = _mm256_setzero_si256();
-                for n in 0..2 {
-                    let q8 = yb.add(4 + 128 * n);
-                    for k in 0..4 {
-                        let p = _mm256_maddubs_epi16(q[n][k], loadu(q8.add(32 * k)));
-                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale[4 * n + k]));
-                    }
-                }
-                sum[r][t] += f32_at(yb) * dx * (hsum_epi32(sumi) - 32 * corr) as f32;
-            }
-        }
-    }
-    for r in 0..R {
-        for t in 0..T {
-            *out.add(r * T + t) = sum[r][t];
-        }
-    }
-}
-
 macro_rules! instances {
     ($core:ident, $avx2:ident, $vnni:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -384,7 +267,7 @@ macro_rules! instances {
             $core::<R, T, false>(x, xs, y, ys, nb, out)
         }
 
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn $vnni<const R: usize, const T: usize>(
             x: *const u8,
             xs: usize,

@@ -1,0 +1,77 @@
+//! Matmul tile kernels, AVX2 tier against AVX-512 VNNI tier, interleaved in short bursts and
+//! keeping each one's best time, so the comparison holds on a busy machine:
+//!
+//!     cargo run --release -p kiln --example tile_bench [ROWS]
+//!
+//! Prints ns per (weight row × token × block) for the prefill tile (2 rows × 4 tokens) and
+//! per (weight row × block) for the decode tile (4 rows × 1 token), rows of 1536 values.
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    use kiln::quant::{quantize_activation, quantize_row, tile_kernels_for, CpuTier, GgmlType, TILE};
+    use std::time::Instant;
+
+    let n = 1536;
+    let rows: usize = std::env::args().nth(1).and_then(|v| v.parse().ok()).unwrap_or(64).max(4) / 4 * 4;
+    let mut seed = 1u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let tiers = [CpuTier::Avx2, CpuTier::Avx512Vnni];
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_1] {
+        let at = ty.vec_dot_type();
+        let (wr, ar) = (ty.row_size(n).unwrap(), at.row_size(n).unwrap());
+        let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * TILE]);
+        for r in 0..rows {
+            let x: Vec<f32> = (0..n).map(|_| next()).collect();
+            quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+        }
+        for t in 0..TILE {
+            let x: Vec<f32> = (0..n).map(|_| next()).collect();
+            quantize_activation(at, &x, &mut a[t * ar..(t + 1) * ar]).unwrap();
+        }
+        let blocks = n / ty.block_size();
+        let reps = (1280 / rows).max(1);
+        let (mut gemm, mut gemv) = ([f64::MAX; 2], [f64::MAX; 2]);
+        let mut sink = 0f32;
+        for _ in 0..200 {
+            for (i, &tier) in tiers.iter().enumerate() {
+                let Some(tk) = tile_kernels_for(ty, tier) else { continue };
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    for r in (0..rows).step_by(2) {
+                        let mut v = [0f32; 2 * TILE];
+                        tk.rows2_toks4(&w[r * wr..(r + 2) * wr], &a, n, &mut v);
+                        sink += v[0];
+                    }
+                }
+                let per = (reps * rows * TILE * blocks) as f64;
+                gemm[i] = gemm[i].min(t0.elapsed().as_secs_f64() * 1e9 / per);
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    for r in (0..rows).step_by(TILE) {
+                        let mut v = [0f32; TILE];
+                        tk.rows4(&w[r * wr..(r + TILE) * wr], &a[..ar], n, &mut v);
+                        sink += v[0];
+                    }
+                }
+                gemv[i] = gemv[i].min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * blocks) as f64);
+            }
+        }
+        println!(
+            "{ty:5} ({}-value blocks): prefill {:.2} / {:.2} ns, decode {:.2} / {:.2} ns (avx2 / avx512vnni){}",
+            ty.block_size(),
+            gemm[0],
+            gemm[1],
+            gemv[0],
+            gemv[1],
+            if sink.is_nan() { " NaN!" } else { "" }
+        );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {
+    eprintln!("tile_bench: the tile kernels are x86-64 only");
+}
