@@ -113,8 +113,14 @@ fn dot_consts(ty: GgmlType) -> String {
         Q6_K => (1, "unit_q8_0", "sub_q6_k", "kscale_q6_k"),
         _ => (2, "unit_q8_0", "sub_q4_k", "kscale_q4_k"),
     };
+    // The float steps of the K formats (dot.wgsl): as the CPU's Q5_K, Q4_K, Q6_K kernels.
+    let kmode = match ty {
+        Q4_K => 1,
+        Q6_K => 2,
+        _ => 0,
+    };
     format!(
-        "const CLASS: u32 = {class}u;\nconst BB: u32 = {}u;\nconst HAS_MIN: bool = {};\n\
+        "const CLASS: u32 = {class}u;\nconst KMODE: u32 = {kmode}u;\nconst BB: u32 = {}u;\nconst HAS_MIN: bool = {};\n\
          const WF16: bool = {};\n\
          fn unit_a(o: u32, xw: u32) {{\n    {unit}(o, xw);\n}}\n\
          fn sub_k(o: u32, j: u32, xw: u32) -> vec2<i32> {{\n    return {sub}(o, j, xw);\n}}\n\

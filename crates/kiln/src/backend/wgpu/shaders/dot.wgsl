@@ -5,8 +5,12 @@
 // 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0): the CPU keeps eight lane accumulators; lane l
 // of block b adds fma_x(d_w * d_x, sum of products of quants 4l..4l+3, acc_l), in block order;
 // the row's dot is hsum8 of the lanes (+ the sum of d_min * s_x for Q4_1).
-// K formats (Q4_K, Q5_K, Q6_K): per superblock an exact integer sum, then
-// sum += (d_x * d_w) * f32(int), mins += (d_x * d_min) * f32(int_min), dot = sum - mins.
+// K formats (Q4_K, Q5_K, Q6_K): per superblock exact integer sums, then (KMODE) as the
+// CPU's kernels: 0 (Q5_K) sum += (d_x * d_w) * f32(int), mins += (d_x * d_min) *
+// f32(int_min), dot = sum - mins; 1 (Q4_K, llama.cpp's repacked order) sum = fma(f32(int),
+// d_w * d_x, sum), mins likewise, dot = sum - mins; 2 (Q6_K, ggml's AVX2 order) eight i32
+// lanes per superblock (lane m: bytes 4m..4m+3 of every 32-quant group, the +32 offset
+// taken out with group m's sums), acc_m = fma(d_x * d_w, f32(lane), acc_m), dot = hsum8.
 // F16/F32: 32 fma chains (element i on chain i % 32), combined as the CPU's 4x8 registers.
 
 // The eight lane sums and the weight scales of the unit last computed.
@@ -111,21 +115,43 @@ fn sub_q5_k(o: u32, j: u32, xw: u32) -> vec2<i32> {
     return vec2<i32>(sm.x * s, sm.y * ys);
 }
 
-fn sub_q6_k(o: u32, j: u32, xw: u32) -> vec2<i32> {
+// Q6_K: word l (quants 4l..4l+3, unsigned, +32) of 32-quant group j, and scale i.
+fn q6_word(o: u32, j: u32, l: u32) -> u32 {
     let n = j / 4u;
     let kq = j % 4u;
     let ql = o + 64u * n + (kq & 1u) * 32u;
-    let nsh = (kq >> 1u) * 4u;
     let qh = o + 128u + 32u * n;
-    let hsh = 2u * kq;
-    let sc0 = i32(extractBits(bitcast<i32>(wbyte(o + 192u + 8u * n + 2u * kq)), 0u, 8u));
-    let sc1 = i32(extractBits(bitcast<i32>(wbyte(o + 193u + 8u * n + 2u * kq)), 0u, 8u));
+    return ((wu32(ql + 4u * l) >> ((kq >> 1u) * 4u)) & 0x0f0f0f0fu)
+        | (((wu32(qh + 4u * l) >> (2u * kq)) & 0x03030303u) << 4u);
+}
+
+fn q6_scale(o: u32, i: u32) -> i32 {
+    return i32(extractBits(bitcast<i32>(wbyte(o + 192u + i)), 0u, 8u));
+}
+
+// Q6_K lane m of the superblock at byte `o` with the activation superblock at word `xw`.
+fn q6_lane(o: u32, m: u32, xw: u32) -> i32 {
+    var s = 0;
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        s = s + q6_scale(o, 2u * j + m / 4u) * dot4i8(q6_word(o, j, m), xq[xw + 8u * j + m]);
+    }
+    var lo = 0;
+    var hi = 0;
+    for (var w = 0u; w < 4u; w = w + 1u) {
+        lo = lo + xsum4(xq[xw + 8u * m + w]);
+        hi = hi + xsum4(xq[xw + 8u * m + 4u + w]);
+    }
+    return s - 32 * (q6_scale(o, 2u * m) * lo + q6_scale(o, 2u * m + 1u) * hi);
+}
+
+fn sub_q6_k(o: u32, j: u32, xw: u32) -> vec2<i32> {
+    let sc0 = q6_scale(o, 2u * j);
+    let sc1 = q6_scale(o, 2u * j + 1u);
     var s0 = 0;
     var s1 = 0;
     for (var l = 0u; l < 8u; l = l + 1u) {
         let x = xq[xw + 8u * j + l];
-        let q = ((wu32(ql + 4u * l) >> nsh) & 0x0f0f0f0fu) | (((wu32(qh + 4u * l) >> hsh) & 0x03030303u) << 4u);
-        let v = dot4i8(q, x) - 32 * xsum4(x);
+        let v = dot4i8(q6_word(o, j, l), x) - 32 * xsum4(x);
         if l < 4u {
             s0 = s0 + v;
         } else {
@@ -180,6 +206,18 @@ fn row_dot(base: u32, t: u32, k: u32) -> f32 {
         }
         return hsum8(acc) + summs;
     }
+    if CLASS == 1u && KMODE == 2u {
+        let nb = k / 256u;
+        var acc: array<f32, 8>;
+        for (var b = 0u; b < nb; b = b + 1u) {
+            let o = base + b * BB;
+            let d = nc(xd(t * nb + b) * kscale(o).x);
+            for (var m = 0u; m < 8u; m = m + 1u) {
+                acc[m] = fma_x(d, f32(q6_lane(o, m, t * k / 4u + 64u * b)), acc[m]);
+            }
+        }
+        return hsum8(acc);
+    }
     if CLASS == 1u {
         let nb = k / 256u;
         var sum = 0.0;
@@ -192,8 +230,13 @@ fn row_dot(base: u32, t: u32, k: u32) -> f32 {
             }
             let dy = xd(t * nb + b);
             let ds = kscale(o);
-            sum = sum + nc((dy * ds.x) * f32(im.x));
-            mins = mins + nc((dy * ds.y) * f32(im.y));
+            if KMODE == 1u {
+                sum = fma_x(f32(im.x), nc(ds.x * dy), sum);
+                mins = fma_x(f32(im.y), nc(ds.y * dy), mins);
+            } else {
+                sum = sum + nc((dy * ds.x) * f32(im.x));
+                mins = mins + nc((dy * ds.y) * f32(im.y));
+            }
         }
         return sum - mins;
     }

@@ -59,6 +59,41 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
         workgroupBarrier();
         return v;
     }
+    if CLASS == 1u && KMODE == 2u {
+        // Eight invocations per superblock, one per i32 lane; invocation l < 8 then runs
+        // lane l's fma chain over the stage's superblocks.
+        let nb = k / 256u;
+        var acc = 0.0;
+        for (var c0 = 0u; c0 < nb; c0 = c0 + 8u) {
+            let b = c0 + lid / 8u;
+            var li = 0;
+            if b < nb {
+                li = q6_lane(base + b * BB, lid % 8u, t * k / 4u + 64u * b);
+                if lid % 8u == 0u {
+                    u_d[lid / 8u] = nc(xd(t * nb + b) * kscale(base + b * BB).x);
+                }
+            }
+            u_i[lid] = vec2<i32>(li, 0);
+            workgroupBarrier();
+            if lid < 8u {
+                for (var u = 0u; u < min(8u, nb - c0); u = u + 1u) {
+                    acc = fma_x(u_d[u], f32(u_i[8u * u + lid].x), acc);
+                }
+            }
+            workgroupBarrier();
+        }
+        if lid < 8u {
+            u_l[lid] = acc;
+        }
+        workgroupBarrier();
+        var a: array<f32, 8>;
+        for (var l = 0u; l < 8u; l = l + 1u) {
+            a[l] = u_l[l];
+        }
+        let v = hsum8(a);
+        workgroupBarrier();
+        return v;
+    }
     if CLASS == 1u {
         // Eight invocations per superblock (one per 32-value sub-block).
         let nb = k / 256u;
@@ -79,14 +114,26 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
                 }
                 let dy = xd(t * nb + c0 + lid);
                 let ds = kscale(base + (c0 + lid) * BB);
-                u_d[lid] = nc((dy * ds.x) * f32(s.x));
-                u_m[lid] = nc((dy * ds.y) * f32(s.y));
+                if KMODE == 1u {
+                    u_d[lid] = f32(s.x);
+                    u_m[lid] = f32(s.y);
+                    u_l[lid] = nc(ds.x * dy);
+                    u_l[8u + lid] = nc(ds.y * dy);
+                } else {
+                    u_d[lid] = nc((dy * ds.x) * f32(s.x));
+                    u_m[lid] = nc((dy * ds.y) * f32(s.y));
+                }
             }
             workgroupBarrier();
             if lid == 0u {
                 for (var u = 0u; u < min(8u, nb - c0); u = u + 1u) {
-                    sum = sum + u_d[u];
-                    mins = mins + u_m[u];
+                    if KMODE == 1u {
+                        sum = fma_x(u_d[u], u_l[u], sum);
+                        mins = fma_x(u_m[u], u_l[8u + u], mins);
+                    } else {
+                        sum = sum + u_d[u];
+                        mins = mins + u_m[u];
+                    }
                 }
             }
         }
