@@ -102,7 +102,9 @@ struct Slot {
     n_eval: usize,
     n_gen: usize,
     sampler: Sampler,
-    /// The sampler would only take the argmax (see [`plain_greedy`]).
+    /// The sampler would only take the argmax (`SamplerParams::is_plain_greedy`): the server
+    /// takes it itself, without the sampler copying the whole vocabulary into candidates for
+    /// each token (6% of a 32-request step, and a vocabulary-sized buffer per request).
     argmax: bool,
     detok: Detokenizer,
     stop: StopMatcher,
@@ -312,7 +314,7 @@ impl Scheduler {
             seq,
             n_eval,
             n_gen: 0,
-            argmax: plain_greedy(&job.params),
+            argmax: job.params.is_plain_greedy(),
             sampler,
             detok: Detokenizer::new(tok, false),
             stop: StopMatcher::new(job.stop.clone()),
@@ -505,13 +507,6 @@ impl Scheduler {
     }
 }
 
-/// The server takes the argmax itself for plain greedy requests, without the sampler
-/// copying the whole vocabulary into candidates for each token (6% of a 32-request step,
-/// and a vocabulary-sized buffer per running request).
-fn plain_greedy(p: &SamplerParams) -> bool {
-    p.is_plain_greedy()
-}
-
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -542,7 +537,7 @@ mod tests {
     #[test]
     fn argmax_equals_the_greedy_sampler() {
         let params = SamplerParams::greedy();
-        assert!(plain_greedy(&params));
+        assert!(params.is_plain_greedy());
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             state ^= state << 13;
@@ -563,9 +558,9 @@ mod tests {
         }
         let mut biased = SamplerParams::greedy();
         biased.logit_bias = vec![(1, 5.0)];
-        assert!(!plain_greedy(&biased));
+        assert!(!biased.is_plain_greedy());
         let mut penalized = SamplerParams::greedy();
         penalized.repeat_penalty = 1.1;
-        assert!(!plain_greedy(&penalized));
+        assert!(!penalized.is_plain_greedy());
     }
 }

@@ -225,12 +225,17 @@ impl GpuBackend {
 
     /// The activation scratch, at least `n` values.
     fn act_buf(&self, n: usize) -> wgpu::Buffer {
-        let mut act = self.act.lock().unwrap_or_else(|e| e.into_inner());
-        if act.as_ref().is_none_or(|b| b.size() < (n * 4) as u64) {
-            let b = self.ctx.storage((n * 4) as u64, "kiln act").expect("activation fits as its source does");
-            *act = Some(b);
+        self.scratch(&self.act, n, "kiln act")
+    }
+
+    /// The scratch buffer kept in `slot`, grown to at least `n` words.
+    fn scratch(&self, slot: &Mutex<Option<wgpu::Buffer>>, n: usize, label: &str) -> wgpu::Buffer {
+        let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if held.as_ref().is_none_or(|b| b.size() < (n * 4) as u64) {
+            // No larger than the buffer it is made for, which exists.
+            *held = Some(self.ctx.storage((n * 4) as u64, label).expect("scratch fits as its source does"));
         }
-        act.clone().expect("set above")
+        held.clone().expect("set above")
     }
 }
 
@@ -530,13 +535,7 @@ impl Backend for GpuBackend {
 
     fn argmax(&self, x: &GpuBuf, rows: usize, n: usize) -> Vec<u32> {
         self.op();
-        let buf = {
-            let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
-            if ids.as_ref().is_none_or(|b| b.size() < (rows * 4) as u64) {
-                *ids = Some(self.ctx.storage((rows * 4) as u64, "kiln ids").expect("a few ids fit"));
-            }
-            ids.clone().expect("set above")
-        };
+        let buf = self.scratch(&self.ids, rows, "kiln ids");
         self.run(Kernel::Argmax, &[rows as u32, n as u32], &[&x.buf, &buf], grid(rows, 1));
         let mut words = vec![0f32; rows];
         self.lock().read(&self.ctx, &buf, &mut words).unwrap_or_else(|e| panic!("{e}"));
