@@ -330,6 +330,48 @@ fn rope_variants_match_cpu() {
     }
 }
 
+/// The fused pre-attention step (RoPE on q and k, k and v to their slots): q after it,
+/// and the two caches as f32 (4 tokens of 8 query heads and 2 KV heads of 64).
+fn rope_kv_store_out<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    r: &RopeParams,
+    read_kv: impl Fn(&B::Kv, usize) -> Vec<half::f16>,
+) -> Vec<f32> {
+    let kv_dim = 2 * 64;
+    let mut q = input(b, g, "x", 4, 4 * K);
+    let mut k = input(b, g, "y", 1, K);
+    let v = input(b, g, "gate", 1, K);
+    let (mut kc, mut vc) = (b.alloc_kv(64 * kv_dim).unwrap(), b.alloc_kv(64 * kv_dim).unwrap());
+    b.rope_kv_store(&mut q, &mut k, &v, &mut kc, &mut vc, &[0, 7, 300, 4095], &[5, 0, 40, 33], 8, 2, 64, r);
+    let mut out = read(b, &q, 4 * K);
+    for c in [&kc, &vc] {
+        out.extend(read_kv(c, 64 * kv_dim).iter().map(|h| h.to_f32()));
+    }
+    out
+}
+
+#[test]
+fn fused_rope_and_kv_store_match_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(1);
+    for gpu in gpus() {
+        for (neox, n_rot) in [(false, 48), (true, 48), (true, 64), (false, 64)] {
+            let r = RopeParams { n_rot, ..rope_params(neox, false, false) };
+            let c = rope_kv_store_out(&cpu, &g, &r, |kv, n| kv[..n].to_vec());
+            let d = rope_kv_store_out(&gpu, &g, &r, |kv, n| gpu.read_kv(kv, n));
+            assert_eq!(c.len(), d.len());
+            let diff = c.iter().zip(&d).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(
+                diff,
+                0,
+                "rope_kv_store neox {neox} n_rot {n_rot} on {}: {diff} values differ",
+                gpu.name()
+            );
+        }
+    }
+}
+
 /// Two sequences in a block pool of 32-slot blocks, stored through `kv_store`, then
 /// attended by a batch of query tokens from both (GQA 8:2, head_dim 64).
 fn attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, window: Option<u32>) -> Vec<f32> {

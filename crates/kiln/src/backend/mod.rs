@@ -136,6 +136,28 @@ pub trait Backend: Send + Sync + 'static {
         slots: &[u32],
         dim: usize,
     );
+    /// The step before attention: RoPE on `q` (`n_head` heads) and `k` (`n_head_kv`), then
+    /// `k` and `v` stored to `slots`. `k` is left unspecified (attention reads the cache).
+    /// One kernel where a backend fuses them (the GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_store(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        k_cache: &mut Self::Kv,
+        v_cache: &mut Self::Kv,
+        pos: &[u32],
+        slots: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    ) {
+        self.rope(q, pos, n_head, head_dim, rope);
+        self.rope(k, pos, n_head_kv, head_dim, rope);
+        self.kv_store(k_cache, v_cache, k, v, slots, n_head_kv * head_dim);
+    }
     /// Causal attention of each query row over its sequence's cached keys and values.
     fn attention(
         &self,

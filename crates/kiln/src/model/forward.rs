@@ -132,7 +132,7 @@ impl<B: Backend> Model<B> {
         let (cfg, w, b) = (&self.cfg, &self.weights, &self.backend);
         let n = ub.tokens.len();
         debug_assert!(n <= s.n_ubatch && n == ub.pos.len() && n == ub.seq.len());
-        let (d, kv_dim) = (cfg.n_embd, cfg.kv_dim());
+        let d = cfg.n_embd;
         let slots: Vec<u32> = (0..n)
             .map(|i| {
                 let t = tables[ub.seq[i] as usize];
@@ -159,10 +159,21 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(&s.k, kn, cfg.norm_eps, n * cfg.n_head_kv, cfg.head_dim, &mut s.k_normed);
                 std::mem::swap(&mut s.k, &mut s.k_normed);
             }
-            b.rope(&mut s.q, ub.pos, cfg.n_head, cfg.head_dim, &self.rope[il]);
-            b.rope(&mut s.k, ub.pos, cfg.n_head_kv, cfg.head_dim, &self.rope[il]);
             let (kc, vc) = &mut kv.layers[il];
-            b.kv_store(kc, vc, &s.k, &s.v, &slots, kv_dim);
+            let (n_head, n_head_kv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+            b.rope_kv_store(
+                &mut s.q,
+                &mut s.k,
+                &s.v,
+                kc,
+                vc,
+                ub.pos,
+                &slots,
+                n_head,
+                n_head_kv,
+                hd,
+                &self.rope[il],
+            );
             let plan = AttnPlan {
                 pos: ub.pos,
                 seq: ub.seq,

@@ -189,8 +189,11 @@ fn desc_backends() -> wgpu::Backends {
     wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12
 }
 
-/// Size of the per-submission parameter arena; a forward needs far less.
+/// Size of the per-step parameter arena; a forward needs far less.
 const ARENA: u64 = 4 << 20;
+
+/// Dispatches per submission within a step (`KILN_GPU_CHUNK` overrides; 0 = one).
+const DEFAULT_CHUNK: u32 = 128;
 
 /// Commands recorded since the last submission, and the parameter words they read.
 pub struct Recorder {
@@ -198,7 +201,13 @@ pub struct Recorder {
     /// One compute pass for the dispatches between copies (wgpu orders them with barriers).
     pass: Option<wgpu::ComputePass<'static>>,
     arena: Vec<u8>,
+    /// Bytes of `arena` already written for submitted chunks of this step.
+    flushed: usize,
     arena_buf: wgpu::Buffer,
+    /// Dispatches recorded since the last submission, and how many make a chunk (0: one
+    /// submission per read-back).
+    pending: u32,
+    chunk: u32,
     readback: Option<wgpu::Buffer>,
     bind_groups: std::collections::HashMap<BindKey, wgpu::BindGroup>,
     /// KILN_GPU_PROFILE=1: per read-back (a decode step), what was recorded since the last.
@@ -225,6 +234,8 @@ struct Profile {
     since: std::time::Instant,
     /// Host time spent recording dispatches, and waiting for the GPU at the read-back.
     record: std::time::Duration,
+    /// Host time ending passes and submitting (where wgpu validates and encodes).
+    submit: std::time::Duration,
     wait: std::time::Duration,
     dispatches: u64,
     bind_groups: u64,
@@ -278,6 +289,7 @@ impl Profile {
             stamps,
             since: std::time::Instant::now(),
             record: Default::default(),
+            submit: Default::default(),
             wait: Default::default(),
             dispatches: 0,
             bind_groups: 0,
@@ -296,11 +308,18 @@ impl Recorder {
             mapped_at_creation: false,
         });
         let profile = (profile_level() > 0).then(|| Profile::new(ctx, None));
+        // A step's commands go out in chunks so the GPU starts on the first layers while
+        // wgpu still encodes the rest (its per-dispatch host cost is close to the GPU's).
+        let chunk =
+            std::env::var("KILN_GPU_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CHUNK);
         Recorder {
             enc: None,
             pass: None,
             arena: Vec::new(),
+            flushed: 0,
             arena_buf,
+            pending: 0,
+            chunk,
             readback: None,
             bind_groups: Default::default(),
             profile,
@@ -375,6 +394,10 @@ impl Recorder {
             p.param_bytes += bytes.len() as u64;
             p.record += t0.elapsed();
         }
+        self.pending += 1;
+        if self.chunk > 0 && self.pending >= self.chunk {
+            self.flush(ctx);
+        }
     }
 
     /// Whether dispatches are timed one by one (KILN_GPU_PROFILE=2).
@@ -395,19 +418,40 @@ impl Recorder {
         }
     }
 
-    /// Submits what was recorded (parameter words first).
-    pub fn submit(&mut self, ctx: &Context) {
-        self.pass = None;
+    /// Submits what was recorded (its parameter words first) and keeps the arena's
+    /// offsets, so a step's bind groups stay the same however it is chunked.
+    fn flush(&mut self, ctx: &Context) {
+        self.end_pass();
+        let t0 = std::time::Instant::now();
         if let Some(enc) = self.enc.take() {
-            if !self.arena.is_empty() {
-                ctx.queue.write_buffer(&self.arena_buf, 0, &self.arena);
+            if self.arena.len() > self.flushed {
+                ctx.queue.write_buffer(&self.arena_buf, self.flushed as u64, &self.arena[self.flushed..]);
             }
             ctx.queue.submit([enc.finish()]);
             if let Some(p) = &mut self.profile {
                 p.submissions += 1;
+                p.submit += t0.elapsed();
             }
         }
+        self.flushed = self.arena.len();
+        self.pending = 0;
+    }
+
+    /// Ends the compute pass: wgpu validates and encodes its dispatches here.
+    fn end_pass(&mut self) {
+        let t0 = std::time::Instant::now();
+        if self.pass.take().is_some() {
+            if let Some(p) = &mut self.profile {
+                p.submit += t0.elapsed();
+            }
+        }
+    }
+
+    /// Submits what was recorded; the next dispatch starts a new arena.
+    pub fn submit(&mut self, ctx: &Context) {
+        self.flush(ctx);
         self.arena.clear();
+        self.flushed = 0;
     }
 
     /// Copies `out.len()` f32 values from the start of `buf` after everything recorded.
@@ -431,7 +475,7 @@ impl Recorder {
         } else {
             0
         };
-        self.pass = None;
+        self.end_pass();
         if n_stamps > 0 {
             let s = self.profile.as_ref().and_then(|p| p.stamps.as_ref()).expect("counted above");
             let (set, resolved, host) = (s.set.clone(), s.resolved.clone(), s.host.clone());
@@ -464,10 +508,11 @@ impl Recorder {
         rb.unmap();
         if let Some(p) = &mut self.profile {
             eprintln!(
-                "kiln gpu: {:.3} ms (recording {:.3} ms, waiting for the GPU {:.3} ms), {} dispatches, \
-                 {} bind groups made, {} submissions, {} param bytes, {} bytes read back",
+                "kiln gpu: {:.3} ms (recording {:.3} ms, submitting {:.3} ms, waiting for the GPU {:.3} ms), \
+                 {} dispatches, {} bind groups made, {} submissions, {} param bytes, {} bytes read back",
                 p.since.elapsed().as_secs_f64() * 1e3,
                 p.record.as_secs_f64() * 1e3,
+                p.submit.as_secs_f64() * 1e3,
                 p.wait.as_secs_f64() * 1e3,
                 p.dispatches,
                 p.bind_groups,

@@ -39,6 +39,8 @@ pub enum Kernel {
     /// Residual add fused with the next RMSNorm.
     AddRmsNorm,
     Rope,
+    /// RoPE on q and k with the KV store, fused.
+    RopeStore,
     KvStore,
     KvShift,
     Attention,
@@ -62,6 +64,7 @@ impl Kernel {
             Quantize => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm | AddRmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
+            RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
             KvShift => (include_str!("shaders/kv_shift.wgsl"), "main"),
             Attention => (include_str!("shaders/attention.wgsl"), "main"),

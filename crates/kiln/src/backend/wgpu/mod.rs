@@ -223,6 +223,17 @@ impl GpuBackend {
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
+    /// The (cos, sin) pairs of each position as parameter words, from the CPU's rope cache.
+    fn rope_caches(&self, pos: &[u32], r: &RopeParams) -> Vec<u32> {
+        let mut cache = vec![0f32; r.n_rot];
+        let mut words = Vec::with_capacity(pos.len() * r.n_rot);
+        for &p in pos {
+            crate::backend::cpu::rope_cache(p as f32, r, &mut cache);
+            words.extend(cache.iter().map(|&v| f(v)));
+        }
+        words
+    }
+
     /// The activation scratch, at least `n` values.
     fn act_buf(&self, n: usize) -> wgpu::Buffer {
         self.scratch(&self.act, n, "kiln act")
@@ -438,11 +449,7 @@ impl Backend for GpuBackend {
         self.op();
         let n_rot = r.n_rot;
         let mut prm = vec![pos.len() as u32, n_head as u32, head_dim as u32, n_rot as u32, r.neox as u32];
-        let mut cache = vec![0f32; n_rot];
-        for &p in pos {
-            crate::backend::cpu::rope_cache(p as f32, r, &mut cache);
-            prm.extend(cache.iter().map(|&v| f(v)));
-        }
+        prm.extend(self.rope_caches(pos, r));
         self.run(Kernel::Rope, &prm, &[&x.buf], grid(pos.len() * n_head * n_rot / 2, 64));
     }
 
@@ -451,6 +458,38 @@ impl Backend for GpuBackend {
         let mut prm = vec![slots.len() as u32, dim as u32];
         prm.extend_from_slice(slots);
         self.run(Kernel::KvStore, &prm, &[&k.buf, &v.buf, &kc.buf, &vc.buf], grid(slots.len() * dim / 2, 64));
+    }
+
+    fn rope_kv_store(
+        &self,
+        q: &mut GpuBuf,
+        k: &mut GpuBuf,
+        v: &GpuBuf,
+        kc: &mut GpuKv,
+        vc: &mut GpuKv,
+        pos: &[u32],
+        slots: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        r: &RopeParams,
+    ) {
+        self.op();
+        let (n_tok, n_rot) = (pos.len(), r.n_rot);
+        let slots_at = 7 + n_tok * n_rot;
+        let mut prm = vec![
+            n_tok as u32,
+            n_head as u32,
+            n_head_kv as u32,
+            head_dim as u32,
+            n_rot as u32,
+            r.neox as u32,
+            slots_at as u32,
+        ];
+        prm.extend(self.rope_caches(pos, r));
+        prm.extend_from_slice(slots);
+        let items = n_tok * (n_head * n_rot / 2 + n_head_kv * head_dim / 2);
+        self.run(Kernel::RopeStore, &prm, &[&q.buf, &k.buf, &v.buf, &kc.buf, &vc.buf], grid(items, 64));
     }
 
     fn kv_shift(
