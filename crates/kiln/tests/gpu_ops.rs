@@ -27,6 +27,7 @@ const TYPES: [GgmlType; 11] = [
     GgmlType::Q5_1,
     GgmlType::Q3_K,
 ];
+const GROUPED: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16];
 
 struct Rng(u64);
 impl Rng {
@@ -58,6 +59,15 @@ fn model() -> Arc<GgufFile> {
         let mut data = vec![0u8; ty.row_size(K).unwrap() * ROWS];
         quant::quantize_row(ty, &v, &mut data).unwrap();
         w.add_tensor(format!("w.{}", ty.name()), ty, &[K as u64, ROWS as u64], data).unwrap();
+    }
+    // Weights of one input (as q/k/v and gate/up), loaded together on the GPU.
+    for ty in GROUPED {
+        for (i, rows) in [37usize, 13, 21].into_iter().enumerate() {
+            let v = rng.vec(rows * K);
+            let mut data = vec![0u8; ty.row_size(K).unwrap() * rows];
+            quant::quantize_row(ty, &v, &mut data).unwrap();
+            w.add_tensor(format!("grp.{}.{i}", ty.name()), ty, &[K as u64, rows as u64], data).unwrap();
+        }
     }
     w.add_f32("x", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
     w.add_f32("y", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
@@ -150,6 +160,47 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
                 // Row 0 alone and inside a batch: bit-identical.
                 let alone = matmul_out(&gpu, &g, ty, 1);
                 assert_eq!(alone[..ROWS], d[..ROWS], "matmul {ty}: batch of {n} changed row 0");
+            }
+        }
+    }
+}
+
+/// `matmul_many` over 2 or 3 weights loaded with `load_weights`: each output as `n` rows.
+fn matmul_many_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, count: usize, n: usize) -> Vec<f32> {
+    let names: Vec<String> = (0..count).map(|i| format!("grp.{}.{i}", ty.name())).collect();
+    let ts: Vec<_> = names.iter().map(|nm| g.tensor(nm).unwrap()).collect();
+    let ws = b.load_weights(g, &ts).unwrap();
+    let x = input(b, g, "x", n, 16 * K);
+    let mut outs: Vec<B::Buf> = (0..count).map(|_| b.alloc(16 * 37).unwrap()).collect();
+    let wr: Vec<&B::Weight> = ws.iter().collect();
+    let mut or: Vec<&mut B::Buf> = outs.iter_mut().collect();
+    b.matmul_many(&wr, &x, n, &mut or);
+    ws.iter().zip(&outs).flat_map(|(w, o)| read(b, o, n * b.weight_shape(w).0)).collect()
+}
+
+#[test]
+fn weights_loaded_together_match_the_cpu_in_one_kernel() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for path in [MatmulPath::Rows, MatmulPath::Exact, MatmulPath::Vec] {
+        for mut gpu in gpus() {
+            gpu.set_matmul_path(path);
+            for ty in GROUPED {
+                for (count, n) in [(3, 1), (2, 5), (3, 11)] {
+                    let before = gpu.counts().get().1;
+                    let d = matmul_many_out(&gpu, &g, ty, count, n);
+                    let c = matmul_many_out(&cpu, &g, ty, count, n);
+                    let what = format!("matmul_many {ty} x{count} n={n} on {} {path:?}", gpu.name());
+                    let bad = d.iter().zip(&c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    if path == MatmulPath::Vec {
+                        compare(&what, &d, &c, 1e-11);
+                    } else {
+                        assert_eq!(bad, 0, "{what}: {bad} values differ from the CPU");
+                    }
+                    // Input upload (embed), quantize (not for F16 on every path), one matmul.
+                    let dispatches = gpu.counts().get().1 - before;
+                    assert!(dispatches <= 3, "{what}: {dispatches} dispatches");
+                }
             }
         }
     }

@@ -84,6 +84,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Makes a weight usable by the kernels (zero-copy on CPU, an upload on GPU).
     fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Self::Weight>;
+    /// Loads weights a forward multiplies by one input (q/k/v; gate/up). A backend may place
+    /// them together so `matmul_many` takes them in one kernel.
+    fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<Self::Weight>> {
+        ts.iter().map(|t| self.load_weight(gguf, t)).collect()
+    }
     /// `rows`, `cols` of a loaded weight (`cols` = `dims[0]`).
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
@@ -122,6 +127,13 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// `out[rows, w.rows] = x[rows, w.cols] · wᵀ`.
     fn matmul(&self, w: &Self::Weight, x: &Self::Buf, rows: usize, out: &mut Self::Buf);
+    /// `outs[i] = x · ws[i]ᵀ` for weights of one input (q/k/v; gate/up): one kernel where
+    /// they were loaded together by `load_weights` (the GPU).
+    fn matmul_many(&self, ws: &[&Self::Weight], x: &Self::Buf, rows: usize, outs: &mut [&mut Self::Buf]) {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, rows, out);
+        }
+    }
     /// Adds the bias vector `b` to each of `rows` rows.
     fn add_bias(&self, x: &mut Self::Buf, b: &Self::Weight, rows: usize);
     /// Rotates `n_head` heads of `head_dim` in each row; row `i` is at position `pos[i]`.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::config::ModelConfig;
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
 
 pub struct LayerWeights<W> {
@@ -51,6 +51,14 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn opt(&self, name: &str, cols: usize, rows: usize) -> Result<Option<B::Weight>> {
+        match self.info(name, cols, rows)? {
+            Some(t) => self.backend.load_weight(self.g, t).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The tensor `name`, checked to be `[cols, rows]`.
+    fn info(&self, name: &str, cols: usize, rows: usize) -> Result<Option<&TensorInfo>> {
         let Some(t) = self.g.tensor(name) else { return Ok(None) };
         let (r, c) = t.rows_cols();
         if (r, c) != (rows, cols) || t.dims.len() > 2 {
@@ -59,7 +67,21 @@ impl<B: Backend> Loader<'_, B> {
                 msg: format!("shape {:?}, expected [{cols}, {rows}]", t.dims),
             });
         }
-        self.backend.load_weight(self.g, t).map(Some)
+        Ok(Some(t))
+    }
+
+    /// Weights of one input (q/k/v; gate/up), loaded together: `N` `(name, cols, rows)`.
+    fn group<const N: usize>(&self, specs: [(String, usize, usize); N]) -> Result<[B::Weight; N]> {
+        let mut ts = Vec::with_capacity(N);
+        for (name, cols, rows) in &specs {
+            let t = self.info(name, *cols, *rows)?;
+            ts.push(t.ok_or_else(|| KilnError::Tensor {
+                name: name.clone(),
+                msg: "missing from the file".into(),
+            })?);
+        }
+        let ws = self.backend.load_weights(self.g, &ts)?;
+        ws.try_into().map_err(|_| KilnError::Backend("load_weights returned a wrong count".into()))
     }
 }
 
@@ -70,11 +92,17 @@ impl<W> Weights<W> {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
+            let [wq, wk, wv] = l.group([
+                (n("attn_q.weight"), d, q),
+                (n("attn_k.weight"), d, kv),
+                (n("attn_v.weight"), d, kv),
+            ])?;
+            let [ffn_gate, ffn_up] = l.group([(n("ffn_gate.weight"), d, ff), (n("ffn_up.weight"), d, ff)])?;
             layers.push(LayerWeights {
                 attn_norm: l.get(&n("attn_norm.weight"), d, 1)?,
-                wq: l.get(&n("attn_q.weight"), d, q)?,
-                wk: l.get(&n("attn_k.weight"), d, kv)?,
-                wv: l.get(&n("attn_v.weight"), d, kv)?,
+                wq,
+                wk,
+                wv,
                 bq: l.opt(&n("attn_q.bias"), q, 1)?,
                 bk: l.opt(&n("attn_k.bias"), kv, 1)?,
                 bv: l.opt(&n("attn_v.bias"), kv, 1)?,
@@ -83,8 +111,8 @@ impl<W> Weights<W> {
                 k_norm: l.opt(&n("attn_k_norm.weight"), hd, 1)?,
                 attn_post_norm: l.opt(&n("post_attention_norm.weight"), d, 1)?,
                 ffn_norm: l.get(&n("ffn_norm.weight"), d, 1)?,
-                ffn_gate: l.get(&n("ffn_gate.weight"), d, ff)?,
-                ffn_up: l.get(&n("ffn_up.weight"), d, ff)?,
+                ffn_gate,
+                ffn_up,
                 ffn_down: l.get(&n("ffn_down.weight"), ff, d)?,
                 ffn_post_norm: l.opt(&n("post_ffw_norm.weight"), d, 1)?,
             });

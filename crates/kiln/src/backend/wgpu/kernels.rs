@@ -26,13 +26,14 @@ const DOT4_PLAIN: &str = "    var s = 0;
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// A workgroup per weight row with the CPU's exact float chains (bit-identical).
-    Matmul(GgmlType),
+    /// A workgroup per weight row with the CPU's exact float chains (bit-identical). The
+    /// count is of outputs (1, or 2-3 for weights uploaded together: q/k/v, gate/up).
+    Matmul(GgmlType, u8),
     /// An invocation per weight row (software adapters).
-    MatmulRows(GgmlType),
-    /// Hardware GPUs' default: rows split over a workgroup, f32 partial sums (not
-    /// bit-identical to the CPU, still batch invariant).
-    MatmulVec(GgmlType),
+    MatmulRows(GgmlType, u8),
+    /// Rows split over a workgroup, f32 partial sums (not bit-identical to the CPU, still
+    /// batch invariant).
+    MatmulVec(GgmlType, u8),
     Embed(GgmlType),
     Quantize,
     RmsNorm,
@@ -57,9 +58,9 @@ impl Kernel {
         use Kernel::*;
         let ew = include_str!("shaders/elementwise.wgsl");
         match self {
-            Matmul(_) => (include_str!("shaders/matmul.wgsl"), "main"),
-            MatmulRows(_) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
-            MatmulVec(_) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
+            Matmul(..) => (include_str!("shaders/matmul.wgsl"), "main"),
+            MatmulRows(..) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
+            MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm | AddRmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
@@ -134,6 +135,35 @@ fn dot_consts(ty: GgmlType) -> String {
     )
 }
 
+/// The matmuls' `store(t, r, v)` of row `r`'s value for token `t`: to `ys` at the
+/// output stride and column (prm 4, 5), or, for weights uploaded together, to the output
+/// whose rows hold `r` (bindings 3, 4, 5 from the row boundaries prm 9, 10).
+fn matmul_store(outs: u8) -> String {
+    if outs == 1 {
+        return "fn store(t: u32, r: u32, v: f32) {\n    ys[t * prm[4] + prm[5] + r] = v;\n}\n".into();
+    }
+    let mut s = String::new();
+    let mut body = String::new();
+    for i in 1..outs as usize {
+        s.push_str(&format!("@group(0) @binding({}) var<storage, read_write> ys{i}: array<f32>;\n", 3 + i));
+    }
+    // Output i holds rows bound[i]..bound[i + 1] of the dispatch.
+    let bound = |i: usize| match i {
+        0 => "0u".to_string(),
+        i if i == outs as usize => "prm[0]".to_string(),
+        i => format!("prm[{}]", 8 + i),
+    };
+    for i in (0..outs as usize).rev() {
+        let name = if i == 0 { "ys".to_string() } else { format!("ys{i}") };
+        let (lo, hi) = (bound(i), bound(i + 1));
+        body.push_str(&format!(
+            "    if r >= {lo} {{\n        {name}[t * ({hi} - {lo}) + r - {lo}] = v;\n        return;\n    }}\n"
+        ));
+    }
+    s.push_str(&format!("fn store(t: u32, r: u32, v: f32) {{\n{body}}}\n"));
+    s
+}
+
 /// The full WGSL text of a kernel (exposed for the shader-validation test). `subgroups`
 /// false is the portable fallback: tree reductions and plain integer dots.
 /// `fused_fma`: the driver's fma() rounds once (else it is emulated from exact parts).
@@ -146,18 +176,21 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             .replace("//REDUCE", if subgroups { REDUCE_SUBGROUP } else { REDUCE_TREE })
             .replace("//FMA", fma),
     );
-    if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::MatmulVec(ty) | Kernel::Embed(ty) = k {
+    if let Kernel::Matmul(ty, _) | Kernel::MatmulRows(ty, _) | Kernel::MatmulVec(ty, _) | Kernel::Embed(ty) =
+        k
+    {
         s.push_str(DEQUANT);
         s.push_str(&format!(
             "fn load_chunk(b: u32, c: u32) {{\n    wmin = 0.0;\n    {}(b, c);\n}}\n",
             chunk_fn(ty)
         ));
     }
-    if let Kernel::Matmul(ty) | Kernel::MatmulRows(ty) | Kernel::MatmulVec(ty) = k {
+    if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs) = k {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
+        s.push_str(&matmul_store(outs));
     }
-    if let Kernel::MatmulVec(_) = k {
+    if let Kernel::MatmulVec(..) = k {
         s.push_str(&format!("const NR: u32 = {VEC_ROWS}u;\n"));
     }
     if src.contains("exp_acc(") {

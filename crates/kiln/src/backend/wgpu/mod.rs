@@ -23,6 +23,8 @@ struct Part {
     buf: wgpu::Buffer,
     row0: usize,
     rows: usize,
+    /// Row of `buf` where this part starts (weights uploaded together share a buffer).
+    first: usize,
 }
 
 /// A weight on the device, in its GGUF block format (F32 for vectors).
@@ -223,6 +225,91 @@ impl GpuBackend {
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
+    /// `outs[i] = x · ws[i]ᵀ`: one weight (its parts one kernel each), or 2-3 weights that
+    /// are consecutive runs of one buffer (one kernel, `store` routes each row's output).
+    fn matmul_to(&self, ws: &[&GpuWeight], x: &GpuBuf, rows: usize, outs: &[&wgpu::Buffer]) {
+        let w = ws[0];
+        {
+            // An output may be a later matmul's input: what it held is stale then.
+            let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
+            if held.as_ref().is_some_and(|(b, _, _)| outs.contains(&b)) {
+                *held = None;
+            }
+        }
+        let k = w.cols;
+        // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
+        let (mode, bs) = match w.ty.vec_dot_type() {
+            GgmlType::Q8_0 => (Some(0u32), 32),
+            GgmlType::Q8_1 => (Some(3), 32),
+            GgmlType::Q8_K => (Some(1), 256),
+            GgmlType::F16 => (Some(2), 32),
+            _ => (None, 32),
+        };
+        let n = rows * k;
+        let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
+        let act;
+        let src = match mode {
+            Some(mode) => {
+                act = self.act_buf(n);
+                let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
+                if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
+                    self.run(
+                        Kernel::Quantize,
+                        &[mode, rows as u32, k as u32],
+                        &[&x.buf, &act],
+                        grid(n / 4, 64),
+                    );
+                    *held = Some((x.buf.clone(), mode, n));
+                }
+                &act
+            }
+            None => &x.buf,
+        };
+        // Weights uploaded together run as one part spanning all their rows.
+        let joint;
+        let parts: &[Part] = if ws.len() > 1 {
+            let p = &w.parts[0];
+            joint =
+                [Part { buf: p.buf.clone(), row0: 0, rows: ws.iter().map(|w| w.rows).sum(), first: p.first }];
+            &joint
+        } else {
+            &w.parts
+        };
+        // Row boundaries of the outputs (matmul_store), after the first.
+        let mut bounds = [0u32; 2];
+        let mut acc = 0;
+        for (i, w) in ws.iter().take(ws.len() - 1).enumerate() {
+            acc += w.rows;
+            bounds[i] = acc as u32;
+        }
+        for p in parts {
+            let prm = [
+                p.rows as u32,
+                k as u32,
+                rows as u32,
+                w.row_size as u32,
+                w.rows as u32,
+                p.row0 as u32,
+                xd,
+                xs,
+                p.first as u32,
+                bounds[0],
+                bounds[1],
+            ];
+            let outs_n = outs.len() as u8;
+            // Kernel, workgroups, tokens per workgroup (the kernel's TT).
+            let (kernel, mut g, tt) = match self.matmul {
+                MatmulPath::Rows => (Kernel::MatmulRows(w.ty, outs_n), grid(p.rows, 64), 8),
+                MatmulPath::Exact => (Kernel::Matmul(w.ty, outs_n), grid(p.rows, 1), 8),
+                MatmulPath::Vec => (Kernel::MatmulVec(w.ty, outs_n), grid(p.rows, kernels::VEC_ROWS), 8),
+            };
+            g[2] = rows.div_ceil(tt) as u32;
+            let mut bufs = vec![&p.buf, src];
+            bufs.extend_from_slice(outs);
+            self.run(kernel, &prm, &bufs, g);
+        }
+    }
+
     /// The (cos, sin) pairs of each position as parameter words, from the CPU's rope cache.
     fn rope_caches(&self, pos: &[u32], r: &RopeParams) -> Vec<u32> {
         let mut cache = vec![0f32; r.n_rot];
@@ -301,7 +388,7 @@ impl Backend for GpuBackend {
             let buf = self.ctx.upload(&data[row0 * row_size..(row0 + n) * row_size], &t.name)?;
             // Bound the staging memory of big models: let each part's copy go out.
             self.ctx.queue.submit([]);
-            parts.push(Part { buf, row0, rows: n });
+            parts.push(Part { buf, row0, rows: n, first: 0 });
         }
         Ok(GpuWeight { parts, ty, rows, cols, row_size })
     }
@@ -376,61 +463,61 @@ impl Backend for GpuBackend {
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
-        {
-            // The output may be a later matmul's input: what it held is stale then.
-            let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
-            if held.as_ref().is_some_and(|(b, _, _)| *b == out.buf) {
-                *held = None;
-            }
+        self.matmul_to(&[w], x, rows, &[&out.buf]);
+    }
+
+    fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
+        let t0 = ts[0];
+        let (_, cols) = t0.rows_cols();
+        let total: u64 = ts.iter().map(|t| t.size).sum();
+        let together = ts.len() > 1
+            && kernels::gpu_weight_type(t0.ty)
+            && total + 4 <= self.split_bytes
+            && ts.iter().all(|t| t.ty == t0.ty && t.rows_cols().1 == cols && t.rows_cols().0 > 1);
+        if !together || !cols.is_multiple_of(32) {
+            return ts.iter().map(|t| self.load_weight(gguf, t)).collect();
         }
-        let k = w.cols;
-        // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
-        let (mode, bs) = match w.ty.vec_dot_type() {
-            GgmlType::Q8_0 => (Some(0u32), 32),
-            GgmlType::Q8_1 => (Some(3), 32),
-            GgmlType::Q8_K => (Some(1), 256),
-            GgmlType::F16 => (Some(2), 32),
-            _ => (None, 32),
-        };
-        let n = rows * k;
-        let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
-        let act;
-        let src = match mode {
-            Some(mode) => {
-                act = self.act_buf(n);
-                let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
-                if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
-                    self.run(
-                        Kernel::Quantize,
-                        &[mode, rows as u32, k as u32],
-                        &[&x.buf, &act],
-                        grid(n / 4, 64),
-                    );
-                    *held = Some((x.buf.clone(), mode, n));
-                }
-                &act
+        // One buffer, each weight a run of its rows: matmul_many takes them in one kernel.
+        let mut data = Vec::with_capacity(total as usize);
+        for t in ts {
+            let start = (gguf.data_offset + t.offset) as usize;
+            let raw = gguf.bytes().get(start..start + t.size as usize).ok_or_else(|| KilnError::Tensor {
+                name: t.name.clone(),
+                msg: "data out of bounds".into(),
+            })?;
+            data.extend_from_slice(raw);
+        }
+        let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
+        let buf = self.ctx.upload(&data, &names.join("+"))?;
+        self.ctx.queue.submit([]);
+        let row_size = t0.ty.row_size(cols)?;
+        let mut first = 0;
+        Ok(ts
+            .iter()
+            .map(|t| {
+                let rows = t.rows_cols().0;
+                let part = Part { buf: buf.clone(), row0: 0, rows, first };
+                first += rows;
+                GpuWeight { parts: vec![part], ty: t0.ty, rows, cols, row_size }
+            })
+            .collect())
+    }
+
+    fn matmul_many(&self, ws: &[&GpuWeight], x: &GpuBuf, rows: usize, outs: &mut [&mut GpuBuf]) {
+        self.counts.ops.fetch_add(ws.len() as u64, Ordering::Relaxed);
+        // Weights uploaded together are consecutive runs of one buffer.
+        let together = (2..=3).contains(&ws.len())
+            && ws.windows(2).all(|p| {
+                let (a, b) = (&p[0].parts, &p[1].parts);
+                a.len() == 1 && b.len() == 1 && a[0].buf == b[0].buf && b[0].first == a[0].first + a[0].rows
+            });
+        if together {
+            let bufs: Vec<&wgpu::Buffer> = outs.iter().map(|o| &o.buf).collect();
+            self.matmul_to(ws, x, rows, &bufs);
+        } else {
+            for (w, out) in ws.iter().zip(outs.iter()) {
+                self.matmul_to(&[w], x, rows, &[&out.buf]);
             }
-            None => &x.buf,
-        };
-        for p in &w.parts {
-            let prm = [
-                p.rows as u32,
-                k as u32,
-                rows as u32,
-                w.row_size as u32,
-                w.rows as u32,
-                p.row0 as u32,
-                xd,
-                xs,
-            ];
-            // Kernel, workgroups, tokens per workgroup (the kernel's TT).
-            let (kernel, mut g, tt) = match self.matmul {
-                MatmulPath::Rows => (Kernel::MatmulRows(w.ty), grid(p.rows, 64), 8),
-                MatmulPath::Exact => (Kernel::Matmul(w.ty), grid(p.rows, 1), 8),
-                MatmulPath::Vec => (Kernel::MatmulVec(w.ty), grid(p.rows, kernels::VEC_ROWS), 8),
-            };
-            g[2] = rows.div_ceil(tt) as u32;
-            self.run(kernel, &prm, &[&p.buf, src, &out.buf], g);
         }
     }
 

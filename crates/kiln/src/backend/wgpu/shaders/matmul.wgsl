@@ -2,7 +2,8 @@
 // the invocations compute the exact integer parts of 64 units (blocks or sub-blocks) at a
 // time in parallel, then a few walk the float chains in the CPU's order (dot.wgsl), so
 // the result is bit-identical to the CPU's and independent of the batch.
-// prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word.
+// prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word, first row
+// in the weight buffer, output row boundaries (kernels.rs matmul_store).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> xq: array<u32>;
@@ -174,9 +175,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t0 = wid.z * TT;
     let tt = min(TT, prm[2] - t0);
     for (var t = t0; t < t0 + tt; t = t + 1u) {
-        let v = dot_wg(r * prm[3], t, prm[1], lid);
+        let v = dot_wg((prm[8] + r) * prm[3], t, prm[1], lid);
         if lid == 0u {
-            ys[t * prm[4] + prm[5] + r] = v;
+            store(t, r, v);
         }
     }
 }

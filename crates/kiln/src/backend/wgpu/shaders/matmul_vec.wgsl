@@ -4,7 +4,8 @@
 // 64 partials. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
 // pair's arithmetic never depends on the other rows or tokens: batch invariant.
-// prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word.
+// prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word, first row
+// in the weight buffer, output row boundaries (kernels.rs matmul_store).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> xq: array<u32>;
@@ -50,8 +51,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let k = prm[1];
     let n_tok = prm[2];
     let row_size = prm[3];
-    let out_stride = prm[4];
-    let col0 = prm[5];
     let r0 = (wid.y * nwg.x + wid.x) * NR;
     if r0 >= n_rows {
         return;
@@ -69,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let u1 = min(u0 + WG, nu - 1u);
             let m1 = select(0.0, 1.0, u0 + WG < nu);
             for (var r = 0u; r < NR; r = r + 1u) {
-                let base = min(r0 + r, n_rows - 1u) * row_size;
+                let base = (prm[8] + min(r0 + r, n_rows - 1u)) * row_size;
                 acc[r] = acc[r] + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
             }
         }
@@ -86,7 +85,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();
         }
         if lid < min(NR, n_rows - r0) {
-            ys[t * out_stride + col0 + r0 + lid] = part[lid * WG];
+            store(t, r0 + lid, part[lid * WG]);
         }
         workgroupBarrier();
     }
