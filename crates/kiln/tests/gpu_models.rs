@@ -187,7 +187,8 @@ fn forward_runs_no_op_on_the_cpu() {
     let (ops, dispatches) = counts.get();
     let (ops, dispatches) = (ops - before.0, dispatches - before.1);
     let n_layer = runner.config().n_layer as u64;
-    assert!(ops >= 10 * n_layer, "{ops} ops for {n_layer} layers");
+    // Fused ops (q/k/v and gate/up matmuls, RoPE with the KV store) count once.
+    assert!(ops >= 8 * n_layer, "{ops} ops for {n_layer} layers");
     assert!(dispatches >= ops, "{ops} ops but {dispatches} dispatches");
 }
 

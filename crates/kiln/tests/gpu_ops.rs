@@ -206,6 +206,55 @@ fn weights_loaded_together_match_the_cpu_in_one_kernel() {
     }
 }
 
+/// glu then a matmul of its output (the GPU fuses the glu into the matmul's quantize
+/// unless `split` reads the glu's output first): the matmul's output, then the gate rows.
+fn glu_matmul_out<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    ty: GgmlType,
+    act: Activation,
+    split: bool,
+) -> Vec<f32> {
+    let n = 3;
+    let w = weight(b, g, &format!("w.{}", ty.name()));
+    let mut gate = input(b, g, "gate", n, 16 * K);
+    let up = input(b, g, "y", n, 16 * K);
+    let mut out = b.alloc(16 * ROWS).unwrap();
+    b.glu(&mut gate, &up, act, n * K);
+    if split {
+        read(b, &gate, 1);
+    }
+    b.matmul(&w, &gate, n, &mut out);
+    let mut v = read(b, &out, n * ROWS);
+    v.extend(read(b, &gate, n * K));
+    v
+}
+
+#[test]
+fn glu_fused_into_the_next_matmul_matches_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for mut gpu in gpus() {
+        gpu.set_matmul_path(MatmulPath::Exact);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let what = format!("glu {act:?} then matmul {ty} on {}", gpu.name());
+                let before = gpu.counts().get().1;
+                let fused = glu_matmul_out(&gpu, &g, ty, act, false);
+                // Two input uploads, the fused quantize, the matmul.
+                let dispatches = gpu.counts().get().1 - before;
+                assert_eq!(dispatches, 4, "{what}: {dispatches} dispatches");
+                let split = glu_matmul_out(&gpu, &g, ty, act, true);
+                let bad = fused.iter().zip(&split).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(bad, 0, "{what}: {bad} values differ from the unfused kernels");
+                // GELU's tanh differs from the CPU's table in the last bits (as the glu op).
+                let c = glu_matmul_out(&cpu, &g, ty, act, false);
+                compare(&what, &fused, &c, if act == Activation::Silu { 0.0 } else { 1e-10 });
+            }
+        }
+    }
+}
+
 #[test]
 fn weights_over_the_binding_limit_are_split_by_rows() {
     let g = model();

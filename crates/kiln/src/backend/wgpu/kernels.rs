@@ -14,6 +14,29 @@ const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const DEQUANT: &str = include_str!("shaders/dequant.wgsl");
 const DOT: &str = include_str!("shaders/dot.wgsl");
 const EXP: &str = include_str!("shaders/exp.wgsl");
+const GLU: &str = include_str!("shaders/glu.wgsl");
+/// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
+const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
+
+fn x4(o: u32, live: bool) -> vec4<f32> {
+    return vec4<f32>(xs[o], xs[o + 1u], xs[o + 2u], xs[o + 3u]);
+}";
+const QUANTIZE_GLU_IN: &str = "@group(0) @binding(1) var<storage, read_write> xs: array<f32>;
+@group(0) @binding(3) var<storage, read> ups: array<f32>;
+
+fn x4(o: u32, live: bool) -> vec4<f32> {
+    var v: vec4<f32>;
+    let len = prm[1] * prm[2];
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        v[i] = glu_value(xs[o + i], ups[o + i], o + i, len, prm[3]);
+    }
+    if live {
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            xs[o + i] = v[i];
+        }
+    }
+    return v;
+}";
 /// Packed 4x8 integer dot: the WGSL builtin (naga emits OpSDot where the device has it, a
 /// polyfill elsewhere), or plain shifts on the forced fallback path.
 const DOT4_PACKED: &str = "    return dot4I8Packed(a, b);";
@@ -36,6 +59,8 @@ pub enum Kernel {
     MatmulVec(GgmlType, u8),
     Embed(GgmlType),
     Quantize,
+    /// The gated activation (a deferred glu op) fused into the quantize that reads it.
+    QuantizeGlu,
     RmsNorm,
     /// Residual add fused with the next RMSNorm.
     AddRmsNorm,
@@ -62,7 +87,7 @@ impl Kernel {
             MatmulRows(..) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
             MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
-            Quantize => (include_str!("shaders/quantize.wgsl"), "main"),
+            Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm | AddRmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
             RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
@@ -193,14 +218,18 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if let Kernel::MatmulVec(..) = k {
         s.push_str(&format!("const NR: u32 = {VEC_ROWS}u;\n"));
     }
-    if src.contains("exp_acc(") {
+    let src = src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
+    if src.contains("glu_value(") {
+        s.push_str(GLU);
+    }
+    if s.contains("exp_acc(") || src.contains("exp_acc(") {
         s.push_str(EXP);
     }
     let body = if subgroups {
         src.replace("/*SG*/", ", @builtin(subgroup_invocation_id) sgi: u32")
             .replace("/*SGI*/", "g_sgi = sgi;")
     } else {
-        src.to_string()
+        src
     };
     s.push_str(&body);
     if k == Kernel::AddRmsNorm {

@@ -69,12 +69,23 @@ pub struct GpuBackend {
     /// What the activation scratch holds: (source buffer, mode, values). Matmuls of one
     /// input (q/k/v, gate/up) quantize it once; every other op clears this.
     act_src: Mutex<Option<(wgpu::Buffer, u32, usize)>>,
+    /// A glu op not yet dispatched: the matmul reading its output quantizes and applies it
+    /// in one kernel (QuantizeGlu); any other op dispatches it first.
+    pending_glu: Mutex<Option<PendingGlu>>,
     /// The argmax ids of the last greedy step (grown on demand).
     ids: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// Weights larger than this are split by rows (the binding limit).
     split_bytes: u64,
     matmul: MatmulPath,
+}
+
+/// `gate = act(gate) * up` over `len` values, deferred.
+struct PendingGlu {
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    act: u32,
+    len: usize,
 }
 
 /// Which matmul kernel runs (`KILN_GPU_MATMUL=rows|exact|vec` overrides the adapter's
@@ -138,6 +149,7 @@ impl GpuBackend {
             rec,
             act: Mutex::new(None),
             act_src: Mutex::new(None),
+            pending_glu: Mutex::new(None),
             ids: Mutex::new(None),
             counts: Arc::default(),
             split_bytes,
@@ -171,6 +183,7 @@ impl GpuBackend {
     #[doc(hidden)]
     pub fn write(&self, buf: &GpuBuf, v: &[f32]) {
         assert!(v.len() <= buf.len);
+        self.flush_glu();
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&buf.buf, 0, bytemuck::cast_slice(v));
@@ -179,6 +192,7 @@ impl GpuBackend {
     /// Overwrites a KV buffer with host f16 values (an even count; tests).
     #[doc(hidden)]
     pub fn write_kv(&self, kv: &GpuKv, v: &[half::f16]) {
+        self.flush_glu();
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&kv.buf, 0, bytemuck::cast_slice(&v[..v.len() / 2 * 2]));
     }
@@ -187,6 +201,7 @@ impl GpuBackend {
     #[doc(hidden)]
     pub fn read_kv(&self, kv: &GpuKv, n: usize) -> Vec<half::f16> {
         let mut words = vec![0f32; n.div_ceil(2)];
+        self.flush_glu();
         self.lock().read(&self.ctx, &kv.buf, &mut words).expect("read-back");
         let h: &[half::f16] = bytemuck::cast_slice(&words);
         h[..n].to_vec()
@@ -211,6 +226,9 @@ impl GpuBackend {
     }
 
     fn run(&self, k: Kernel, params: &[u32], bufs: &[&wgpu::Buffer], groups: [u32; 3]) {
+        if k != Kernel::QuantizeGlu {
+            self.flush_glu();
+        }
         self.counts.dispatches.fetch_add(1, Ordering::Relaxed);
         let pipe = self.pipes.get(&self.ctx, k);
         let mut rec = self.lock();
@@ -218,6 +236,14 @@ impl GpuBackend {
             rec.stamp(&self.ctx, format!("{k:?}"));
         }
         rec.dispatch(&self.ctx, &pipe, params, bufs, groups);
+    }
+
+    /// Dispatches a deferred glu op (before anything that could read or change its buffers).
+    fn flush_glu(&self) {
+        let pending = self.pending_glu.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = pending {
+            self.run(Kernel::Glu, &[p.len as u32, p.act], &[&p.gate, &p.up], grid(p.len, 64));
+        }
     }
 
     fn op(&self) {
@@ -253,12 +279,19 @@ impl GpuBackend {
                 act = self.act_buf(n);
                 let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
-                    self.run(
-                        Kernel::Quantize,
-                        &[mode, rows as u32, k as u32],
-                        &[&x.buf, &act],
-                        grid(n / 4, 64),
-                    );
+                    let mut glu = self.pending_glu.lock().unwrap_or_else(|e| e.into_inner());
+                    match glu.take_if(|p| p.gate == x.buf && p.len == n) {
+                        Some(p) => {
+                            drop(glu);
+                            let prm = [mode, rows as u32, k as u32, p.act];
+                            self.run(Kernel::QuantizeGlu, &prm, &[&x.buf, &act, &p.up], grid(n / 4, 64));
+                        }
+                        None => {
+                            drop(glu);
+                            let prm = [mode, rows as u32, k as u32];
+                            self.run(Kernel::Quantize, &prm, &[&x.buf, &act], grid(n / 4, 64));
+                        }
+                    }
                     *held = Some((x.buf.clone(), mode, n));
                 }
                 &act
@@ -407,6 +440,7 @@ impl Backend for GpuBackend {
 
     fn read(&self, buf: &GpuBuf, out: &mut [f32]) {
         assert!(out.len() <= buf.len, "read of {} values from a buffer of {}", out.len(), buf.len);
+        self.flush_glu();
         self.lock().read(&self.ctx, &buf.buf, out).unwrap_or_else(|e| panic!("{e}"));
     }
 
@@ -504,13 +538,14 @@ impl Backend for GpuBackend {
     }
 
     fn matmul_many(&self, ws: &[&GpuWeight], x: &GpuBuf, rows: usize, outs: &mut [&mut GpuBuf]) {
-        self.counts.ops.fetch_add(ws.len() as u64, Ordering::Relaxed);
         // Weights uploaded together are consecutive runs of one buffer.
         let together = (2..=3).contains(&ws.len())
             && ws.windows(2).all(|p| {
                 let (a, b) = (&p[0].parts, &p[1].parts);
                 a.len() == 1 && b.len() == 1 && a[0].buf == b[0].buf && b[0].first == a[0].first + a[0].rows
             });
+        // One op on the GPU when together (the dispatch counter checks every op has one).
+        self.counts.ops.fetch_add(if together { 1 } else { ws.len() as u64 }, Ordering::Relaxed);
         if together {
             let bufs: Vec<&wgpu::Buffer> = outs.iter().map(|o| &o.buf).collect();
             self.matmul_to(ws, x, rows, &bufs);
@@ -646,7 +681,9 @@ impl Backend for GpuBackend {
             Activation::Silu => 0,
             Activation::GeluTanh => 1,
         };
-        self.run(Kernel::Glu, &[len as u32, a], &[&gate.buf, &up.buf], grid(len, 64));
+        self.flush_glu();
+        *self.pending_glu.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(PendingGlu { gate: gate.buf.clone(), up: up.buf.clone(), act: a, len });
     }
 
     fn add(&self, x: &mut GpuBuf, y: &GpuBuf, scale: f32, len: usize) {

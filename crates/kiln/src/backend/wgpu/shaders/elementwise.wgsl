@@ -3,35 +3,7 @@
 @group(0) @binding(1) var<storage, read_write> xa: array<f32>;
 @group(0) @binding(2) var<storage, read> xb: array<f32>;
 
-// ggml's vector expf (the CPU's backend/cpu/vexp.rs): exp(x) = j * 2^n, j a degree-5
-// polynomial of the reduced argument, every step a fused multiply-add as on the CPU.
-fn expf_ggml(x: f32) -> f32 {
-    // n = fma(x, log2e, 1.5 * 2^23) - 1.5 * 2^23: x log2e rounded to the nearest integer
-    // (ties to even), taken from the exact product p + e.
-    let pe = two_prod(x, bitcast<f32>(0x3fb8aa3bu));
-    var n = round(pe.x);
-    let d = nc(pe.x - n);
-    if d == 0.5 && pe.y > 0.0 {
-        n = n + 1.0;
-    } else if d == -0.5 && pe.y < 0.0 {
-        n = n - 1.0;
-    }
-    let b = fma_x(-n, bitcast<f32>(0x35bfbe8eu), fma_x(-n, bitcast<f32>(0x3f317200u), x));
-    let u = nc(b * b);
-    let j = fma_x(fma_x(fma_x(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u)), u,
-                        fma_x(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu))), u,
-                  fma_x(bitcast<f32>(0x3f7ffff6u), b, 1.0));
-    if abs(n) > 192.0 {
-        return select(bitcast<f32>(0x7f800000u), 0.0, n <= 0.0);
-    }
-    // j * 2^n rounded once: the first factor is exact, the second rounds.
-    let ni = i32(n);
-    let n1 = ni / 2;
-    return j * pow2i(n1) * pow2i(ni - n1);
-}
-
-// glu: xa = act(xa) * xb; prm[1]: 0 SiLU, 1 GELU-tanh on f16-rounded inputs (ggml's table).
-// SiLU takes ggml's expf in whole groups of 16 values and exp() in the tail, as the CPU.
+// glu: xa = act(xa) * xb; prm[1]: 0 SiLU, 1 GELU-tanh (glu.wgsl).
 @compute @workgroup_size(64)
 fn glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
@@ -39,25 +11,7 @@ fn glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if i >= prm[0] {
         return;
     }
-    let g = xa[i];
-    let u = xb[i];
-    if prm[1] == 0u {
-        var e = exp_acc(-g);
-        if i < prm[0] / 16u * 16u {
-            e = expf_ggml(-g);
-        }
-        xa[i] = (g / (1.0 + e)) * u;
-        return;
-    }
-    if g <= -10.0 {
-        xa[i] = 0.0;
-    } else if g >= 10.0 {
-        xa[i] = g * u;
-    } else {
-        let x = f16r(g);
-        let y = 0.5 * x * (1.0 + tanh(0.7978846 * x * (1.0 + 0.044715 * x * x)));
-        xa[i] = f16r(y) * u;
-    }
+    xa[i] = glu_value(xa[i], xb[i], i, prm[0], prm[1]);
 }
 
 // add: xa += xb * scale (prm[1]).

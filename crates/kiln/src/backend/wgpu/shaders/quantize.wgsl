@@ -5,10 +5,12 @@
 // writes the f16-rounded values as f32.
 // Each invocation takes four values (one word); a workgroup 256 values, so a Q8_K
 // superblock is one workgroup and a 32-block eight neighbouring invocations.
-// prm: mode (0 Q8_0, 1 Q8_K, 2 F16, 3 Q8_1), n_tok, k.
+// QuantizeGlu quantizes act(gate) * up, computed here and stored back to the gate rows
+// (the deferred glu op; glu.wgsl).
+// prm: mode (0 Q8_0, 1 Q8_K, 2 F16, 3 Q8_1), n_tok, k (, glu act).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
-@group(0) @binding(1) var<storage, read> xs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> xq: array<u32>;
+//INPUT
 
 var<workgroup> smax: array<f32, 64>;
 var<workgroup> ssum: array<i32, 64>;
@@ -23,7 +25,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n_words = n_tok * k / 4u;
     let live = w < n_words;
     let o = 4u * min(w, n_words - 1u);
-    let v = vec4<f32>(xs[o], xs[o + 1u], xs[o + 2u], xs[o + 3u]);
+    let v = x4(o, live);
     if mode == 2u {
         if live {
             for (var i = 0u; i < 4u; i = i + 1u) {
