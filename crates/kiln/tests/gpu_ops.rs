@@ -74,6 +74,7 @@ fn model() -> Arc<GgufFile> {
     let gate: Vec<f32> = rng.vec(16 * K).iter().map(|v| v * 12.0).collect();
     w.add_f32("gate", &[K as u64, 16], &gate).unwrap();
     w.add_f32("norm", &[K as u64], &rng.vec(K)).unwrap();
+    w.add_f32("norm4k", &[4096], &rng.vec(4096)).unwrap();
     w.add_f32("headnorm", &[64], &rng.vec(64)).unwrap();
     w.add_f32("bias", &[K as u64], &rng.vec(K)).unwrap();
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
@@ -386,6 +387,29 @@ fn norms_and_elementwise_ops_match_cpu() {
                 );
             }
         }
+    }
+}
+
+/// The fused residual add + norm on rows of 4096 (a 7B model's width): residual, norm.
+fn long_add_rms_norm<B: Backend>(b: &B, g: &Arc<GgufFile>) -> Vec<f32> {
+    let len = 16 * K;
+    let mut x = input(b, g, "x", 16, len);
+    let y = input(b, g, "y", 16, len);
+    let mut h = b.alloc(len).unwrap();
+    b.add_rms_norm(&mut x, &y, 0.5, &weight(b, g, "norm4k"), 1e-5, len / 4096, 4096, &mut h);
+    let mut out = read(b, &x, len);
+    out.extend(read(b, &h, len));
+    out
+}
+
+#[test]
+fn add_rms_norm_of_long_rows_is_bit_identical() {
+    let g = model();
+    let c = long_add_rms_norm(&CpuBackend::new(2), &g);
+    for gpu in gpus() {
+        let d = long_add_rms_norm(&gpu, &g);
+        let bad = d.iter().zip(&c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(bad, 0, "add_rms_norm 2x4096 on {}: {bad} values differ from the CPU", gpu.name());
     }
 }
 

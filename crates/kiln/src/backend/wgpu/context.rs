@@ -193,7 +193,7 @@ fn desc_backends() -> wgpu::Backends {
 const ARENA: u64 = 4 << 20;
 
 /// Dispatches per submission within a step (`KILN_GPU_CHUNK` overrides; 0 = one).
-const DEFAULT_CHUNK: u32 = 128;
+const DEFAULT_CHUNK: u32 = 64;
 
 /// Commands recorded since the last submission, and the parameter words they read.
 pub struct Recorder {

@@ -104,8 +104,15 @@ impl Kernel {
     }
 }
 
-/// Weight rows per workgroup of the Vec matmul (1 measured best on the H200 for decode).
-pub const VEC_ROWS: usize = 1;
+/// Weight rows per workgroup of the exact and vec matmuls, 64 invocations each
+/// (`KILN_GPU_RG` overrides: 1, 2 or 4, for tuning).
+pub fn rows_per_workgroup() -> usize {
+    static RG: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *RG.get_or_init(|| {
+        let env = std::env::var("KILN_GPU_RG").ok().and_then(|v| v.parse().ok());
+        env.filter(|r| [1, 2, 4].contains(r)).unwrap_or(2)
+    })
+}
 
 /// Weight types the GPU kernels read directly; others are widened to F16 at upload.
 pub fn gpu_weight_type(ty: GgmlType) -> bool {
@@ -215,9 +222,12 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         s.push_str(&dot_consts(ty));
         s.push_str(&matmul_store(outs));
     }
-    if let Kernel::MatmulVec(..) = k {
-        s.push_str(&format!("const NR: u32 = {VEC_ROWS}u;\n"));
-    }
+    let src = if let Kernel::Matmul(..) | Kernel::MatmulVec(..) = k {
+        s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
+        src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
+    } else {
+        src.to_string()
+    };
     let src = src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
     if src.contains("glu_value(") {
         s.push_str(GLU);
@@ -238,18 +248,11 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     set_opaque_flag(&s)
 }
 
-/// Longest row the fused residual add + norm takes (kept in workgroup memory). Its one
-/// workgroup per row is latency-bound: on the H200 the fusion sped up decode where rows are
-/// short (smollm2 576: +14%, qwen2.5-1.5b 1536: +6%) and slowed it at 3584-4096 (-2 to -7%),
-/// where the backend runs the add and the norm as two kernels instead.
-pub const ADD_NORM_MAX_DIM: usize = 2048;
-
 /// rms_norm.wgsl with the residual add in front: `x` becomes writable, `y` is bound at 4,
 /// and each value is `x + y * scale` (the CPU's `add`), stored back before it is squared.
 fn fuse_residual(src: &str) -> String {
     let (load, keep) = ("fn x_at(i: u32) -> f32 {\n    return xs[i];\n}", "fn x_keep(i: u32, v: f32) {\n}");
-    let again = "fn x_again(i: u32) -> f32 {\n    return xs[i];\n}";
-    assert!(src.contains(load) && src.contains(keep) && src.contains(again), "rms_norm.wgsl hooks");
+    assert!(src.contains(load) && src.contains(keep), "rms_norm.wgsl hooks");
     src.replace("var<storage, read> xs:", "var<storage, read_write> xs:")
         .replace(
             load,
@@ -259,13 +262,7 @@ fn fuse_residual(src: &str) -> String {
              if s == 1.0 {\n        return xs[i] + yr[i];\n    }\n    \
              return xs[i] + nc(yr[i] * s);\n}",
         )
-        .replace(
-            keep,
-            "var<workgroup> row: array<f32, ADD_NORM_MAX_DIM>;\n\n\
-             fn x_keep(i: u32, v: f32) {\n    xs[i] = v;\n    row[i % prm[1]] = v;\n}",
-        )
-        .replace(again, "fn x_again(i: u32) -> f32 {\n    return row[i % prm[1]];\n}")
-        .replace("ADD_NORM_MAX_DIM", &ADD_NORM_MAX_DIM.to_string())
+        .replace(keep, "fn x_keep(i: u32, v: f32) {\n    xs[i] = v;\n}")
 }
 
 /// Inserts `g_opaque = ...` (common.wgsl's `nc`) as the first statement of every entry point.

@@ -333,8 +333,12 @@ impl GpuBackend {
             // Kernel, workgroups, tokens per workgroup (the kernel's TT).
             let (kernel, mut g, tt) = match self.matmul {
                 MatmulPath::Rows => (Kernel::MatmulRows(w.ty, outs_n), grid(p.rows, 64), 8),
-                MatmulPath::Exact => (Kernel::Matmul(w.ty, outs_n), grid(p.rows, 1), 8),
-                MatmulPath::Vec => (Kernel::MatmulVec(w.ty, outs_n), grid(p.rows, kernels::VEC_ROWS), 8),
+                MatmulPath::Exact => {
+                    (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
+                }
+                MatmulPath::Vec => {
+                    (Kernel::MatmulVec(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
+                }
             };
             g[2] = rows.div_ceil(tt) as u32;
             let mut bufs = vec![&p.buf, src];
@@ -485,11 +489,6 @@ impl Backend for GpuBackend {
         dim: usize,
         out: &mut GpuBuf,
     ) {
-        if dim > kernels::ADD_NORM_MAX_DIM {
-            self.add(x, y, scale, rows * dim);
-            self.rms_norm(x, w, eps, rows, dim, out);
-            return;
-        }
         self.op();
         let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32, f(scale)];
         self.run(Kernel::AddRmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf, &y.buf], grid(rows, 1));

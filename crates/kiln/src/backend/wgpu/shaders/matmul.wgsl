@@ -1,7 +1,8 @@
-// out[t, col0 + r] = dot(w[r], x[t]) with one workgroup per weight row (hardware GPUs):
-// the invocations compute the exact integer parts of 64 units (blocks or sub-blocks) at a
-// time in parallel, then a few walk the float chains in the CPU's order (dot.wgsl), so
-// the result is bit-identical to the CPU's and independent of the batch.
+// out[t, col0 + r] = dot(w[r], x[t]) with 64 invocations per weight row (hardware GPUs),
+// RG rows per workgroup (fewer, larger workgroups launch faster): a row's invocations
+// compute the exact integer parts of 64 units (blocks or sub-blocks) at a time in
+// parallel, then a few walk the float chains in the CPU's order (dot.wgsl), so the
+// result is bit-identical to the CPU's and independent of the batch.
 // prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word, first row
 // in the weight buffer, output row boundaries (kernels.rs matmul_store).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
@@ -11,10 +12,14 @@
 
 const TT: u32 = 8u;
 
-var<workgroup> u_d: array<f32, 64>;
-var<workgroup> u_m: array<f32, 64>;
-var<workgroup> u_l: array<f32, 512>;
-var<workgroup> u_i: array<vec2<i32>, 64>;
+// RG (kernels.rs EXACT_ROWS) rows per workgroup.
+var<workgroup> u_d: array<f32, 64 * RG>;
+var<workgroup> u_m: array<f32, 64 * RG>;
+var<workgroup> u_l: array<f32, 512 * RG>;
+var<workgroup> u_i: array<vec2<i32>, 64 * RG>;
+// This invocation's row slot in the arrays above.
+var<private> s64: u32;
+var<private> s512: u32;
 
 fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
     if CLASS == 0u {
@@ -25,38 +30,38 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
             let b = c0 + lid;
             if b < nb {
                 unit_a(base + b * BB, t * k / 4u + 8u * b);
-                u_d[lid] = udw * xd(t * nb + b);
+                u_d[s64 + lid] = udw * xd(t * nb + b);
                 for (var l = 0u; l < 8u; l = l + 1u) {
-                    u_l[8u * lid + l] = f32(ls[l]);
+                    u_l[s512 + 8u * lid + l] = f32(ls[l]);
                 }
                 if HAS_MIN {
-                    u_m[lid] = nc(umw * xs1(t * nb + b));
+                    u_m[s64 + lid] = nc(umw * xs1(t * nb + b));
                 }
             }
             workgroupBarrier();
             let n = min(WG, nb - c0);
             if lid < 8u {
                 for (var u = 0u; u < n; u = u + 1u) {
-                    acc = fma_x(u_d[u], u_l[8u * u + lid], acc);
+                    acc = fma_x(u_d[s64 + u], u_l[s512 + 8u * u + lid], acc);
                 }
             } else if lid == 8u && HAS_MIN {
                 for (var u = 0u; u < n; u = u + 1u) {
-                    summs = summs + u_m[u];
+                    summs = summs + u_m[s64 + u];
                 }
             }
             workgroupBarrier();
         }
         if lid < 8u {
-            u_l[lid] = acc;
+            u_l[s512 + lid] = acc;
         } else if lid == 8u {
-            u_m[0] = summs;
+            u_m[s64 + 0] = summs;
         }
         workgroupBarrier();
         var a: array<f32, 8>;
         for (var l = 0u; l < 8u; l = l + 1u) {
-            a[l] = u_l[l];
+            a[l] = u_l[s512 + l];
         }
-        let v = hsum8(a) + u_m[0];
+        let v = hsum8(a) + u_m[s64 + 0];
         workgroupBarrier();
         return v;
     }
@@ -71,25 +76,25 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
             if b < nb {
                 li = q6_lane(base + b * BB, lid % 8u, t * k / 4u + 64u * b);
                 if lid % 8u == 0u {
-                    u_d[lid / 8u] = nc(xd(t * nb + b) * kscale(base + b * BB).x);
+                    u_d[s64 + lid / 8u] = nc(xd(t * nb + b) * kscale(base + b * BB).x);
                 }
             }
-            u_i[lid] = vec2<i32>(li, 0);
+            u_i[s64 + lid] = vec2<i32>(li, 0);
             workgroupBarrier();
             if lid < 8u {
                 for (var u = 0u; u < min(8u, nb - c0); u = u + 1u) {
-                    acc = fma_x(u_d[u], f32(u_i[8u * u + lid].x), acc);
+                    acc = fma_x(u_d[s64 + u], f32(u_i[s64 + 8u * u + lid].x), acc);
                 }
             }
             workgroupBarrier();
         }
         if lid < 8u {
-            u_l[lid] = acc;
+            u_l[s512 + lid] = acc;
         }
         workgroupBarrier();
         var a: array<f32, 8>;
         for (var l = 0u; l < 8u; l = l + 1u) {
-            a[l] = u_l[l];
+            a[l] = u_l[s512 + l];
         }
         let v = hsum8(a);
         workgroupBarrier();
@@ -106,44 +111,44 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
             if b < nb {
                 im = sub_k(base + b * BB, lid % 8u, t * k / 4u + 64u * b);
             }
-            u_i[lid] = im;
+            u_i[s64 + lid] = im;
             workgroupBarrier();
             if lid < 8u && c0 + lid < nb {
                 var s = vec2<i32>(0);
                 for (var j = 0u; j < 8u; j = j + 1u) {
-                    s = s + u_i[8u * lid + j];
+                    s = s + u_i[s64 + 8u * lid + j];
                 }
                 let dy = xd(t * nb + c0 + lid);
                 let ds = kscale(base + (c0 + lid) * BB);
                 if KMODE == 1u {
-                    u_d[lid] = f32(s.x);
-                    u_m[lid] = f32(s.y);
-                    u_l[lid] = nc(ds.x * dy);
-                    u_l[8u + lid] = nc(ds.y * dy);
+                    u_d[s64 + lid] = f32(s.x);
+                    u_m[s64 + lid] = f32(s.y);
+                    u_l[s512 + lid] = nc(ds.x * dy);
+                    u_l[s512 + 8u + lid] = nc(ds.y * dy);
                 } else {
-                    u_d[lid] = nc((dy * ds.x) * f32(s.x));
-                    u_m[lid] = nc((dy * ds.y) * f32(s.y));
+                    u_d[s64 + lid] = nc((dy * ds.x) * f32(s.x));
+                    u_m[s64 + lid] = nc((dy * ds.y) * f32(s.y));
                 }
             }
             workgroupBarrier();
             if lid == 0u {
                 for (var u = 0u; u < min(8u, nb - c0); u = u + 1u) {
                     if KMODE == 1u {
-                        sum = fma_x(u_d[u], u_l[u], sum);
-                        mins = fma_x(u_m[u], u_l[8u + u], mins);
+                        sum = fma_x(u_d[s64 + u], u_l[s512 + u], sum);
+                        mins = fma_x(u_m[s64 + u], u_l[s512 + 8u + u], mins);
                     } else {
-                        sum = sum + u_d[u];
-                        mins = mins + u_m[u];
+                        sum = sum + u_d[s64 + u];
+                        mins = mins + u_m[s64 + u];
                     }
                 }
             }
         }
         workgroupBarrier();
         if lid == 0u {
-            u_d[0] = sum - mins;
+            u_d[s64 + 0] = sum - mins;
         }
         workgroupBarrier();
-        let v = u_d[0];
+        let v = u_d[s64 + 0];
         workgroupBarrier();
         return v;
     }
@@ -153,30 +158,33 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
         for (var i = lid; i < k; i = i + 32u) {
             c = fma_x(wfloat(base, i), bitcast<f32>(xq[t * k + i]), c);
         }
-        u_l[lid] = c;
+        u_l[s512 + lid] = c;
     }
     workgroupBarrier();
     var s: array<f32, 8>;
     for (var l = 0u; l < 8u; l = l + 1u) {
-        s[l] = (u_l[l] + u_l[8u + l]) + (u_l[16u + l] + u_l[24u + l]);
+        s[l] = (u_l[s512 + l] + u_l[s512 + 8u + l]) + (u_l[s512 + 16u + l] + u_l[s512 + 24u + l]);
     }
     let v = hsum8(s);
     workgroupBarrier();
     return v;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
-    if r >= prm[0] {
-        return;
-    }
+        @builtin(local_invocation_index) li: u32) {
+    let slot = li / 64u;
+    let lid = li % 64u;
+    s64 = 64u * slot;
+    s512 = 512u * slot;
+    // Every invocation reaches every barrier: rows past the end compute the last row again.
+    let r = (wid.y * nwg.x + wid.x) * RG + slot;
+    let rr = min(r, prm[0] - 1u);
     let t0 = wid.z * TT;
     let tt = min(TT, prm[2] - t0);
     for (var t = t0; t < t0 + tt; t = t + 1u) {
-        let v = dot_wg((prm[8] + r) * prm[3], t, prm[1], lid);
-        if lid == 0u {
+        let v = dot_wg((prm[8] + rr) * prm[3], t, prm[1], lid);
+        if lid == 0u && r < prm[0] {
             store(t, r, v);
         }
     }

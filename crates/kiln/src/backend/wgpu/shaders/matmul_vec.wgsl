@@ -1,5 +1,5 @@
 // out[t, col0 + r] = dot(w[r], x[t]), mul_mat_vec style, for hardware GPUs: a workgroup
-// takes NR weight rows (kernels.rs VEC_ROWS); invocation i sums units i, i + 64, ... of each row (a unit is a
+// takes RG weight rows (kernels.rs VEC_ROWS), 64 invocations each; invocation i sums units i, i + 64, ... of its row (a unit is a
 // 32-value block, a 32-value K sub-block, or 8 floats) in f32, and a fixed tree adds the
 // 64 partials. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
@@ -13,7 +13,7 @@
 
 const TT: u32 = 8u;
 
-var<workgroup> part: array<f32, 64 * NR>;
+var<workgroup> part: array<f32, 64 * RG>;
 
 // Unit u of the row at byte `base`, with token t.
 fn unit_dot(base: u32, u: u32, t: u32, k: u32) -> f32 {
@@ -42,19 +42,21 @@ fn unit_dot(base: u32, u: u32, t: u32, k: u32) -> f32 {
     return s;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        @builtin(local_invocation_index) li: u32) {
     // Parameters loaded together, then a branch-free body per step, so each invocation
     // has all its loads in flight at once (decode is latency-bound, not just bandwidth).
     let n_rows = prm[0];
     let k = prm[1];
     let n_tok = prm[2];
     let row_size = prm[3];
-    let r0 = (wid.y * nwg.x + wid.x) * NR;
-    if r0 >= n_rows {
-        return;
-    }
+    let slot = li / WG;
+    let lid = li % WG;
+    let so = slot * WG;
+    // Every invocation reaches every barrier: rows past the end compute the last row again.
+    let r = (wid.y * nwg.x + wid.x) * RG + slot;
+    let base = (prm[8] + min(r, n_rows - 1u)) * row_size;
     var nu = k / 32u;
     if CLASS == 2u {
         nu = k / 8u;
@@ -62,30 +64,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t0 = wid.z * TT;
     let tt = min(TT, n_tok - t0);
     for (var t = t0; t < t0 + tt; t = t + 1u) {
-        var acc: array<f32, NR>;
+        var acc = 0.0;
         for (var u0 = lid; u0 < nu; u0 = u0 + 2u * WG) {
             // Two units per step; the second is clamped and masked past the row's end.
             let u1 = min(u0 + WG, nu - 1u);
             let m1 = select(0.0, 1.0, u0 + WG < nu);
-            for (var r = 0u; r < NR; r = r + 1u) {
-                let base = (prm[8] + min(r0 + r, n_rows - 1u)) * row_size;
-                acc[r] = acc[r] + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
-            }
+            acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
         }
-        for (var r = 0u; r < NR; r = r + 1u) {
-            part[r * WG + lid] = acc[r];
-        }
+        part[so + lid] = acc;
         workgroupBarrier();
         for (var s = WG / 2u; s > 0u; s = s >> 1u) {
             if lid < s {
-                for (var r = 0u; r < NR; r = r + 1u) {
-                    part[r * WG + lid] = part[r * WG + lid] + part[r * WG + lid + s];
-                }
+                part[so + lid] = part[so + lid] + part[so + lid + s];
             }
             workgroupBarrier();
         }
-        if lid < min(NR, n_rows - r0) {
-            store(t, r0 + lid, part[lid * WG]);
+        if lid == 0u && r < n_rows {
+            store(t, r, part[so]);
         }
         workgroupBarrier();
     }
