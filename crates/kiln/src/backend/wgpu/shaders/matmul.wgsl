@@ -41,7 +41,20 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
             workgroupBarrier();
             let n = min(WG, nb - c0);
             if lid < 8u {
-                for (var u = 0u; u < n; u = u + 1u) {
+                // Operands of eight steps loaded before their chain: the loads overlap.
+                var u = 0u;
+                for (; u + 8u <= n; u = u + 8u) {
+                    var d: array<f32, 8>;
+                    var l: array<f32, 8>;
+                    for (var j = 0u; j < 8u; j = j + 1u) {
+                        d[j] = u_d[s64 + u + j];
+                        l[j] = u_l[s512 + 8u * (u + j) + lid];
+                    }
+                    for (var j = 0u; j < 8u; j = j + 1u) {
+                        acc = fma_x(d[j], l[j], acc);
+                    }
+                }
+                for (; u < n; u = u + 1u) {
                     acc = fma_x(u_d[s64 + u], u_l[s512 + 8u * u + lid], acc);
                 }
             } else if lid == 8u && HAS_MIN {
