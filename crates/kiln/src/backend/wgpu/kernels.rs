@@ -15,7 +15,6 @@ const DEQUANT: &str = include_str!("shaders/dequant.wgsl");
 const DOT: &str = include_str!("shaders/dot.wgsl");
 const EXP: &str = include_str!("shaders/exp.wgsl");
 const GLU: &str = include_str!("shaders/glu.wgsl");
-const QUANT_CORE: &str = include_str!("shaders/quant_core.wgsl");
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
@@ -62,12 +61,9 @@ pub enum Kernel {
     Quantize,
     /// The gated activation (a deferred glu op) fused into the quantize that reads it.
     QuantizeGlu,
-    /// RMSNorm; `add`: the residual add in front (fused with the previous op's output),
-    /// `quant`: the row then quantized for the matmul that reads it (a deferred norm op).
-    RmsNorm {
-        add: bool,
-        quant: bool,
-    },
+    RmsNorm,
+    /// Residual add fused with the next RMSNorm.
+    AddRmsNorm,
     Rope,
     /// RoPE on q and k with the KV store, fused.
     RopeStore,
@@ -92,7 +88,7 @@ impl Kernel {
             MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
-            RmsNorm { .. } => (include_str!("shaders/rms_norm.wgsl"), "main"),
+            RmsNorm | AddRmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
             RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
@@ -232,19 +228,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     } else {
         src.to_string()
     };
-    let mut src =
-        src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
-    if let Kernel::RmsNorm { add, quant } = k {
-        if add {
-            src = fuse_residual(&src);
-        }
-        if quant {
-            src = norm_quantize(&src, add);
-        }
-    }
-    if src.contains("quant_word(") {
-        s.push_str(QUANT_CORE);
-    }
+    let src = src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
     if src.contains("glu_value(") {
         s.push_str(GLU);
     }
@@ -258,6 +242,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         src
     };
     s.push_str(&body);
+    if k == Kernel::AddRmsNorm {
+        s = fuse_residual(&s);
+    }
     set_opaque_flag(&s)
 }
 
@@ -276,31 +263,6 @@ fn fuse_residual(src: &str) -> String {
              return xs[i] + nc(yr[i] * s);\n}",
         )
         .replace(keep, "fn x_keep(i: u32, v: f32) {\n    xs[i] = v;\n}")
-}
-
-/// rms_norm.wgsl quantizing each row after its norm (quant_core.wgsl, for the matmul that
-/// reads it): the activation scratch is bound after the other buffers, the mode is prm 5.
-fn norm_quantize(src: &str, add: bool) -> String {
-    let hook = "fn after_row(r: u32, lid: u32) {\n}";
-    assert!(src.contains(hook), "rms_norm.wgsl hook");
-    let binding = if add { 5 } else { 4 };
-    src.replace(
-        hook,
-        &format!(
-            "@group(0) @binding({binding}) var<storage, read_write> xq: array<u32>;\n\n\
-             fn q_mode() -> u32 {{\n    return prm[5];\n}}\n\n\
-             fn q_ntok() -> u32 {{\n    return prm[0];\n}}\n\n\
-             fn q_k() -> u32 {{\n    return prm[1];\n}}\n\n\
-             fn x4(o: u32, live: bool) -> vec4<f32> {{\n    \
-             return vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]);\n}}\n\n\
-             // The row's words, 64 at a time, once every invocation's values are stored.\n\
-             fn after_row(r: u32, lid: u32) {{\n    \
-             storageBarrier();\n    \
-             let nw = prm[1] / 4u;\n    \
-             for (var c = 0u; c < nw; c = c + 64u) {{\n        \
-             quant_word(r * nw + c + lid, lid, c + lid < nw);\n    }}\n}}"
-        ),
-    )
 }
 
 /// Inserts `g_opaque = ...` (common.wgsl's `nc`) as the first statement of every entry point.

@@ -69,8 +69,9 @@ pub struct GpuBackend {
     /// What the activation scratch holds: (source buffer, mode, values). Matmuls of one
     /// input (q/k/v, gate/up) quantize it once; every other op clears this.
     act_src: Mutex<Option<(wgpu::Buffer, u32, usize)>>,
-    /// An op recorded but not yet dispatched (`Pending`).
-    pending: Mutex<Option<Pending>>,
+    /// A glu op not yet dispatched: the matmul reading its output quantizes and applies it
+    /// in one kernel (QuantizeGlu); any other op dispatches it first.
+    pending_glu: Mutex<Option<PendingGlu>>,
     /// The argmax ids of the last greedy step (grown on demand).
     ids: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
@@ -79,25 +80,12 @@ pub struct GpuBackend {
     matmul: MatmulPath,
 }
 
-/// An op held back one step: when the next op is a matmul reading its output, the op runs
-/// fused with that matmul's quantization of its input (one kernel); any other dispatch,
-/// host read or write dispatches it alone first.
-enum Pending {
-    /// `gate = act(gate) * up` over `len` values.
-    Glu { gate: wgpu::Buffer, up: wgpu::Buffer, act: u32, len: usize },
-    /// An RMSNorm (`add`: with the residual add) of `rows` rows into `out`: its kernel's
-    /// parameters (prm 0-4) and buffers.
-    Norm { add: bool, prm: Vec<u32>, bufs: Vec<wgpu::Buffer>, out: wgpu::Buffer, rows: usize },
-}
-
-impl Pending {
-    /// The buffer the op writes, and how many values.
-    fn output(&self) -> (&wgpu::Buffer, usize) {
-        match self {
-            Pending::Glu { gate, len, .. } => (gate, *len),
-            Pending::Norm { out, prm, rows, .. } => (out, rows * prm[1] as usize),
-        }
-    }
+/// `gate = act(gate) * up` over `len` values, deferred.
+struct PendingGlu {
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    act: u32,
+    len: usize,
 }
 
 /// Which matmul kernel runs (`KILN_GPU_MATMUL=rows|exact|vec` overrides the adapter's
@@ -161,7 +149,7 @@ impl GpuBackend {
             rec,
             act: Mutex::new(None),
             act_src: Mutex::new(None),
-            pending: Mutex::new(None),
+            pending_glu: Mutex::new(None),
             ids: Mutex::new(None),
             counts: Arc::default(),
             split_bytes,
@@ -195,7 +183,7 @@ impl GpuBackend {
     #[doc(hidden)]
     pub fn write(&self, buf: &GpuBuf, v: &[f32]) {
         assert!(v.len() <= buf.len);
-        self.flush_pending();
+        self.flush_glu();
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&buf.buf, 0, bytemuck::cast_slice(v));
@@ -204,7 +192,7 @@ impl GpuBackend {
     /// Overwrites a KV buffer with host f16 values (an even count; tests).
     #[doc(hidden)]
     pub fn write_kv(&self, kv: &GpuKv, v: &[half::f16]) {
-        self.flush_pending();
+        self.flush_glu();
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&kv.buf, 0, bytemuck::cast_slice(&v[..v.len() / 2 * 2]));
     }
@@ -213,7 +201,7 @@ impl GpuBackend {
     #[doc(hidden)]
     pub fn read_kv(&self, kv: &GpuKv, n: usize) -> Vec<half::f16> {
         let mut words = vec![0f32; n.div_ceil(2)];
-        self.flush_pending();
+        self.flush_glu();
         self.lock().read(&self.ctx, &kv.buf, &mut words).expect("read-back");
         let h: &[half::f16] = bytemuck::cast_slice(&words);
         h[..n].to_vec()
@@ -238,12 +226,9 @@ impl GpuBackend {
     }
 
     fn run(&self, k: Kernel, params: &[u32], bufs: &[&wgpu::Buffer], groups: [u32; 3]) {
-        self.flush_pending();
-        self.dispatch(k, params, bufs, groups);
-    }
-
-    /// Records one dispatch (`run` without dispatching a held-back op first).
-    fn dispatch(&self, k: Kernel, params: &[u32], bufs: &[&wgpu::Buffer], groups: [u32; 3]) {
+        if k != Kernel::QuantizeGlu {
+            self.flush_glu();
+        }
         self.counts.dispatches.fetch_add(1, Ordering::Relaxed);
         let pipe = self.pipes.get(&self.ctx, k);
         let mut rec = self.lock();
@@ -253,25 +238,12 @@ impl GpuBackend {
         rec.dispatch(&self.ctx, &pipe, params, bufs, groups);
     }
 
-    /// Dispatches a held-back op alone (before anything that could read or change its buffers).
-    fn flush_pending(&self) {
-        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match pending {
-            Some(Pending::Glu { gate, up, act, len }) => {
-                self.dispatch(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64));
-            }
-            Some(Pending::Norm { add, prm, bufs, rows, .. }) => {
-                let bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
-                self.dispatch(Kernel::RmsNorm { add, quant: false }, &prm, &bufs, grid(rows, 1));
-            }
-            None => {}
+    /// Dispatches a deferred glu op (before anything that could read or change its buffers).
+    fn flush_glu(&self) {
+        let pending = self.pending_glu.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = pending {
+            self.run(Kernel::Glu, &[p.len as u32, p.act], &[&p.gate, &p.up], grid(p.len, 64));
         }
-    }
-
-    /// Holds `op` back (`Pending`), dispatching the one held before.
-    fn hold(&self, op: Pending) {
-        self.flush_pending();
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(op);
     }
 
     fn op(&self) {
@@ -307,22 +279,15 @@ impl GpuBackend {
                 act = self.act_buf(n);
                 let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
-                    let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                    let fused = pending.take_if(|p| p.output() == (&x.buf, n));
-                    drop(pending);
-                    match fused {
-                        Some(Pending::Glu { gate, up, act: a, .. }) => {
-                            let prm = [mode, rows as u32, k as u32, a];
-                            self.dispatch(Kernel::QuantizeGlu, &prm, &[&gate, &act, &up], grid(n / 4, 64));
-                        }
-                        Some(Pending::Norm { add, mut prm, bufs, rows, .. }) => {
-                            prm.resize(5, 0);
-                            prm.push(mode);
-                            let mut bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
-                            bufs.push(&act);
-                            self.dispatch(Kernel::RmsNorm { add, quant: true }, &prm, &bufs, grid(rows, 1));
+                    let mut glu = self.pending_glu.lock().unwrap_or_else(|e| e.into_inner());
+                    match glu.take_if(|p| p.gate == x.buf && p.len == n) {
+                        Some(p) => {
+                            drop(glu);
+                            let prm = [mode, rows as u32, k as u32, p.act];
+                            self.run(Kernel::QuantizeGlu, &prm, &[&x.buf, &act, &p.up], grid(n / 4, 64));
                         }
                         None => {
+                            drop(glu);
                             let prm = [mode, rows as u32, k as u32];
                             self.run(Kernel::Quantize, &prm, &[&x.buf, &act], grid(n / 4, 64));
                         }
@@ -479,7 +444,7 @@ impl Backend for GpuBackend {
 
     fn read(&self, buf: &GpuBuf, out: &mut [f32]) {
         assert!(out.len() <= buf.len, "read of {} values from a buffer of {}", out.len(), buf.len);
-        self.flush_pending();
+        self.flush_glu();
         self.lock().read(&self.ctx, &buf.buf, out).unwrap_or_else(|e| panic!("{e}"));
     }
 
@@ -509,13 +474,8 @@ impl Backend for GpuBackend {
 
     fn rms_norm(&self, x: &GpuBuf, w: &GpuWeight, eps: f32, rows: usize, dim: usize, out: &mut GpuBuf) {
         self.op();
-        self.hold(Pending::Norm {
-            add: false,
-            prm: vec![rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32],
-            bufs: vec![w.parts[0].buf.clone(), x.buf.clone(), out.buf.clone()],
-            out: out.buf.clone(),
-            rows,
-        });
+        let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32];
+        self.run(Kernel::RmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf], grid(rows, 1));
     }
 
     fn add_rms_norm(
@@ -530,13 +490,8 @@ impl Backend for GpuBackend {
         out: &mut GpuBuf,
     ) {
         self.op();
-        self.hold(Pending::Norm {
-            add: true,
-            prm: vec![rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32, f(scale)],
-            bufs: vec![w.parts[0].buf.clone(), x.buf.clone(), out.buf.clone(), y.buf.clone()],
-            out: out.buf.clone(),
-            rows,
-        });
+        let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32, f(scale)];
+        self.run(Kernel::AddRmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf, &y.buf], grid(rows, 1));
     }
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
@@ -725,7 +680,9 @@ impl Backend for GpuBackend {
             Activation::Silu => 0,
             Activation::GeluTanh => 1,
         };
-        self.hold(Pending::Glu { gate: gate.buf.clone(), up: up.buf.clone(), act: a, len });
+        self.flush_glu();
+        *self.pending_glu.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(PendingGlu { gate: gate.buf.clone(), up: up.buf.clone(), act: a, len });
     }
 
     fn add(&self, x: &mut GpuBuf, y: &GpuBuf, scale: f32, len: usize) {

@@ -1,17 +1,16 @@
-// out = x / sqrt(mean(x²) + eps) * w, one workgroup per row; `w` has `wlen` values
-// (`dim`, or one head's worth for per-head norms). The CPU sums the f32 squares in f64; a
+// out = x / sqrt(mean(x²) + eps) * w, one workgroup of NT invocations per row (a decode
+// step's norm is one workgroup: wide, so it is short); `w` has `wlen` values (`dim`, or
+// one head's worth for per-head norms). The CPU sums the f32 squares in f64; a
 // float-float (hi + lo) sum is as exact, so the mean rounds to the same f32 in any order.
 // AddRmsNorm (kernels.rs rewrites `x_at`, `x_keep`) first adds the residual: x += y *
-// scale, stored; each invocation reads back only the values it stored itself. The
-// quantizing variants (kernels.rs `norm_quantize`) then quantize the row for the matmul
-// that reads it (`after_row`).
-// prm: n_rows, dim, eps, wlen, scale, quantize mode.
+// scale, stored; each invocation reads back only the values it stored itself.
+// prm: n_rows, dim, eps, wlen (, scale).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
 @group(0) @binding(2) var<storage, read> xs: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
 
-const NT: u32 = 64u;
+const NT: u32 = 256u;
 
 var<workgroup> red_hi: array<f32, NT>;
 var<workgroup> red_lo: array<f32, NT>;
@@ -25,16 +24,13 @@ fn x_at(i: u32) -> f32 {
 fn x_keep(i: u32, v: f32) {
 }
 
-fn after_row(r: u32, lid: u32) {
-}
-
 // hi + lo + b as a float-float pair.
 fn ff_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
     let s = two_sum(a.x, b.x);
     return two_sum(s.x, s.y + a.y + b.y);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let r = wid.y * nwg.x + wid.x;
@@ -91,5 +87,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    after_row(r, lid);
 }
