@@ -69,6 +69,15 @@ fn model() -> Arc<GgufFile> {
             w.add_tensor(format!("grp.{}.{i}", ty.name()), ty, &[K as u64, rows as u64], data).unwrap();
         }
     }
+    // q and k of one type, v of another (Q4_K_M's more-bits layers): q and k together.
+    for (i, (ty, rows)) in
+        [(GgmlType::Q4_K, 37usize), (GgmlType::Q4_K, 13), (GgmlType::Q6_K, 21)].into_iter().enumerate()
+    {
+        let v = rng.vec(rows * K);
+        let mut data = vec![0u8; ty.row_size(K).unwrap() * rows];
+        quant::quantize_row(ty, &v, &mut data).unwrap();
+        w.add_tensor(format!("mix.{i}"), ty, &[K as u64, rows as u64], data).unwrap();
+    }
     w.add_f32("x", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
     w.add_f32("y", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
     let gate: Vec<f32> = rng.vec(16 * K).iter().map(|v| v * 12.0).collect();
@@ -167,8 +176,8 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
 }
 
 /// `matmul_many` over 2 or 3 weights loaded with `load_weights`: each output as `n` rows.
-fn matmul_many_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, count: usize, n: usize) -> Vec<f32> {
-    let names: Vec<String> = (0..count).map(|i| format!("grp.{}.{i}", ty.name())).collect();
+fn matmul_many_out<B: Backend>(b: &B, g: &Arc<GgufFile>, group: &str, count: usize, n: usize) -> Vec<f32> {
+    let names: Vec<String> = (0..count).map(|i| format!("{group}.{i}")).collect();
     let ts: Vec<_> = names.iter().map(|nm| g.tensor(nm).unwrap()).collect();
     let ws = b.load_weights(g, &ts).unwrap();
     let x = input(b, g, "x", n, 16 * K);
@@ -186,21 +195,25 @@ fn weights_loaded_together_match_the_cpu_in_one_kernel() {
     for path in [MatmulPath::Rows, MatmulPath::Exact, MatmulPath::Vec] {
         for mut gpu in gpus() {
             gpu.set_matmul_path(path);
-            for ty in GROUPED {
+            let groups =
+                GROUPED.iter().map(|ty| (format!("grp.{}", ty.name()), 1)).chain([("mix".into(), 2)]);
+            for (group, kernels) in groups {
                 for (count, n) in [(3, 1), (2, 5), (3, 11)] {
                     let before = gpu.counts().get().1;
-                    let d = matmul_many_out(&gpu, &g, ty, count, n);
-                    let c = matmul_many_out(&cpu, &g, ty, count, n);
-                    let what = format!("matmul_many {ty} x{count} n={n} on {} {path:?}", gpu.name());
+                    let d = matmul_many_out(&gpu, &g, &group, count, n);
+                    let c = matmul_many_out(&cpu, &g, &group, count, n);
+                    let what = format!("matmul_many {group} x{count} n={n} on {} {path:?}", gpu.name());
                     let bad = d.iter().zip(&c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
                     if path == MatmulPath::Vec {
                         compare(&what, &d, &c, 1e-11);
                     } else {
                         assert_eq!(bad, 0, "{what}: {bad} values differ from the CPU");
                     }
-                    // Input upload (embed), quantize (not for F16 on every path), one matmul.
+                    // Input upload (embed), quantize, one matmul per run of one type
+                    // (the mixed group's third weight is its own run).
                     let dispatches = gpu.counts().get().1 - before;
-                    assert!(dispatches <= 3, "{what}: {dispatches} dispatches");
+                    let runs = if count == 3 { kernels } else { 1 };
+                    assert_eq!(dispatches, 2 + runs, "{what}: {dispatches} dispatches");
                 }
             }
         }

@@ -251,6 +251,34 @@ impl GpuBackend {
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
+    /// Uploads weights of one type and width into one buffer, each a run of its rows.
+    fn upload_together(&self, gguf: &GgufFile, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
+        let mut data = Vec::with_capacity(ts.iter().map(|t| t.size as usize).sum());
+        for t in ts {
+            let start = (gguf.data_offset + t.offset) as usize;
+            let raw = gguf.bytes().get(start..start + t.size as usize).ok_or_else(|| KilnError::Tensor {
+                name: t.name.clone(),
+                msg: "data out of bounds".into(),
+            })?;
+            data.extend_from_slice(raw);
+        }
+        let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
+        let buf = self.ctx.upload(&data, &names.join("+"))?;
+        self.ctx.queue.submit([]);
+        let (ty, cols) = (ts[0].ty, ts[0].rows_cols().1);
+        let row_size = ty.row_size(cols)?;
+        let mut first = 0;
+        Ok(ts
+            .iter()
+            .map(|t| {
+                let rows = t.rows_cols().0;
+                let part = Part { buf: buf.clone(), row0: 0, rows, first };
+                first += rows;
+                GpuWeight { parts: vec![part], ty, rows, cols, row_size }
+            })
+            .collect())
+    }
+
     /// `outs[i] = x · ws[i]ᵀ`: one weight (its parts one kernel each), or 2-3 weights that
     /// are consecutive runs of one buffer (one kernel, `store` routes each row's output).
     fn matmul_to(&self, ws: &[&GpuWeight], x: &GpuBuf, rows: usize, outs: &[&wgpu::Buffer]) {
@@ -500,58 +528,53 @@ impl Backend for GpuBackend {
     }
 
     fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
-        let t0 = ts[0];
-        let (_, cols) = t0.rows_cols();
-        let total: u64 = ts.iter().map(|t| t.size).sum();
-        let together = ts.len() > 1
-            && kernels::gpu_weight_type(t0.ty)
-            && total + 4 <= self.split_bytes
-            && ts.iter().all(|t| t.ty == t0.ty && t.rows_cols().1 == cols && t.rows_cols().0 > 1);
-        if !together || !cols.is_multiple_of(32) {
-            return ts.iter().map(|t| self.load_weight(gguf, t)).collect();
+        // Runs of consecutive weights of one type and width share a buffer (q and k often
+        // do where v has more bits); matmul_many takes each run in one kernel.
+        let fits = |run: &[&TensorInfo], t: &TensorInfo| {
+            let (r0, t0) = (run[0], run[0].rows_cols());
+            let size: u64 = run.iter().map(|t| t.size).sum::<u64>() + t.size;
+            kernels::gpu_weight_type(t.ty)
+                && t.ty == r0.ty
+                && t.rows_cols().1 == t0.1
+                && t0.1.is_multiple_of(32)
+                && t0.0 > 1
+                && t.rows_cols().0 > 1
+                && size + 4 <= self.split_bytes
+        };
+        let mut out = Vec::with_capacity(ts.len());
+        let mut i = 0;
+        while i < ts.len() {
+            let mut j = i + 1;
+            while j < ts.len() && fits(&ts[i..j], ts[j]) {
+                j += 1;
+            }
+            if j - i == 1 {
+                out.push(self.load_weight(gguf, ts[i])?);
+            } else {
+                out.extend(self.upload_together(gguf, &ts[i..j])?);
+            }
+            i = j;
         }
-        // One buffer, each weight a run of its rows: matmul_many takes them in one kernel.
-        let mut data = Vec::with_capacity(total as usize);
-        for t in ts {
-            let start = (gguf.data_offset + t.offset) as usize;
-            let raw = gguf.bytes().get(start..start + t.size as usize).ok_or_else(|| KilnError::Tensor {
-                name: t.name.clone(),
-                msg: "data out of bounds".into(),
-            })?;
-            data.extend_from_slice(raw);
-        }
-        let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
-        let buf = self.ctx.upload(&data, &names.join("+"))?;
-        self.ctx.queue.submit([]);
-        let row_size = t0.ty.row_size(cols)?;
-        let mut first = 0;
-        Ok(ts
-            .iter()
-            .map(|t| {
-                let rows = t.rows_cols().0;
-                let part = Part { buf: buf.clone(), row0: 0, rows, first };
-                first += rows;
-                GpuWeight { parts: vec![part], ty: t0.ty, rows, cols, row_size }
-            })
-            .collect())
+        Ok(out)
     }
 
     fn matmul_many(&self, ws: &[&GpuWeight], x: &GpuBuf, rows: usize, outs: &mut [&mut GpuBuf]) {
-        // Weights uploaded together are consecutive runs of one buffer.
-        let together = (2..=3).contains(&ws.len())
-            && ws.windows(2).all(|p| {
-                let (a, b) = (&p[0].parts, &p[1].parts);
-                a.len() == 1 && b.len() == 1 && a[0].buf == b[0].buf && b[0].first == a[0].first + a[0].rows
-            });
-        // One op on the GPU when together (the dispatch counter checks every op has one).
-        self.counts.ops.fetch_add(if together { 1 } else { ws.len() as u64 }, Ordering::Relaxed);
-        if together {
-            let bufs: Vec<&wgpu::Buffer> = outs.iter().map(|o| &o.buf).collect();
-            self.matmul_to(ws, x, rows, &bufs);
-        } else {
-            for (w, out) in ws.iter().zip(outs.iter()) {
-                self.matmul_to(&[w], x, rows, &[&out.buf]);
+        // Weights uploaded together are consecutive runs of one buffer: one kernel (and
+        // one op, for the dispatch counter) per run.
+        let next = |a: &GpuWeight, b: &GpuWeight| {
+            let (a, b) = (&a.parts, &b.parts);
+            a.len() == 1 && b.len() == 1 && a[0].buf == b[0].buf && b[0].first == a[0].first + a[0].rows
+        };
+        let mut i = 0;
+        while i < ws.len() {
+            let mut j = i + 1;
+            while j < ws.len() && j - i < 3 && next(ws[j - 1], ws[j]) {
+                j += 1;
             }
+            self.counts.ops.fetch_add(1, Ordering::Relaxed);
+            let bufs: Vec<&wgpu::Buffer> = outs[i..j].iter().map(|o| &o.buf).collect();
+            self.matmul_to(&ws[i..j], x, rows, &bufs);
+            i = j;
         }
     }
 
