@@ -15,6 +15,7 @@ const DEQUANT: &str = include_str!("shaders/dequant.wgsl");
 const DOT: &str = include_str!("shaders/dot.wgsl");
 const EXP: &str = include_str!("shaders/exp.wgsl");
 const GLU: &str = include_str!("shaders/glu.wgsl");
+const ROPE_CORE: &str = include_str!("shaders/rope_core.wgsl");
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
@@ -231,6 +232,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     let src = src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
     if src.contains("glu_value(") {
         s.push_str(GLU);
+    }
+    if src.contains("rope_pair(") {
+        s.push_str(ROPE_CORE);
     }
     if s.contains("exp_acc(") || src.contains("exp_acc(") {
         s.push_str(EXP);

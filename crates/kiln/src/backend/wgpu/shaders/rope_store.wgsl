@@ -1,11 +1,11 @@
-// The attention block's step before attention, in one dispatch: q rotated in place as
-// rope.wgsl does, and the rotated k with v stored to their KV slots (kv_store.wgsl's f16
+// The attention block's step before attention, in one dispatch: q rotated in place
+// (rope_core.wgsl), and the rotated k with v stored to their KV slots (kv_store.wgsl's f16
 // words). Each k word's two values are rotated from the unrotated k, which stays as it was
 // (attention reads the cache), with rope.wgsl's expressions: bit-identical to rope + store.
 // prm: n_tok, n_head, n_head_kv, head_dim, n_rot, neox, slots word, then per token n_rot
 // values (cos, sin)..., then the slots.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
-@group(0) @binding(1) var<storage, read_write> qa: array<f32>;
+@group(0) @binding(1) var<storage, read_write> xa: array<f32>;
 @group(0) @binding(2) var<storage, read> ks: array<f32>;
 @group(0) @binding(3) var<storage, read> vs: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kc: array<u32>;
@@ -53,22 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let half_rot = n_rot / 2u;
     let n_q = n_tok * n_head * half_rot;
     if g < n_q {
-        let pair = g % half_rot;
-        let th = g / half_rot;
-        let t = th / n_head;
-        let cs = pf(CS + t * n_rot + 2u * pair);
-        let sn = pf(CS + t * n_rot + 2u * pair + 1u);
-        let base = th * hd;
-        var i0 = base + 2u * pair;
-        var i1 = i0 + 1u;
-        if prm[5] != 0u {
-            i0 = base + pair;
-            i1 = i0 + half_rot;
-        }
-        let x0 = qa[i0];
-        let x1 = qa[i1];
-        qa[i0] = fma_x(x0, cs, -nc(x1 * sn));
-        qa[i1] = fma_x(x0, sn, nc(x1 * cs));
+        rope_pair(g, n_head, hd, n_rot, prm[5] != 0u, CS);
         return;
     }
     let dim = prm[2] * hd;
