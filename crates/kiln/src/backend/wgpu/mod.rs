@@ -362,7 +362,6 @@ impl GpuBackend {
                 bounds[1],
             ];
             let outs_n = outs.len() as u8;
-            // Kernel, workgroups, tokens per workgroup (the kernel's TT).
             // Both exact kernels give the same bits; for prompts of 32-value block formats
             // an invocation per row is faster on the H200 (pp512: smollm2 2.2x, 7B Q4_0
             // 1.3x; K formats 0.6x, so they keep the workgroup per row).
@@ -371,6 +370,7 @@ impl GpuBackend {
                 MatmulPath::Exact if block32 && rows >= PREFILL_ROWS => MatmulPath::Rows,
                 path => path,
             };
+            // Kernel, workgroups, tokens per workgroup (the kernel's TT).
             let (kernel, mut g, tt) = match path {
                 MatmulPath::Rows => (Kernel::MatmulRows(w.ty, outs_n), grid(p.rows, 64), 8),
                 MatmulPath::Exact => {
