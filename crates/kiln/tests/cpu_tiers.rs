@@ -127,3 +127,85 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
         }
     }
 }
+
+/// Q4_K×8 (eight rows interleaved at load) gives the row-major Q4_K tiles' bits on every
+/// tier and token count, and unpacks back to the original rows.
+#[test]
+fn interleaved_q4_k_matches_the_row_major_tiles() {
+    use kiln::quant::{pack_q4_k_x8, q4_k_x8_kernels_for, unpack_q4_k_x8_row, Q4K_X8_ROWS};
+    let mut rng = Rng(11);
+    let (ty, n, rows, toks) = (GgmlType::Q4_K, 1536, 16, 11);
+    let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
+    let mut w = vec![0u8; wr * rows];
+    for r in 0..rows {
+        // Mixed magnitudes, so scales and mins span their 6-bit range.
+        let s = 0.05 + 3.0 * (r % 5) as f32;
+        let x: Vec<f32> = (0..n).map(|i| rng.f() * s + if i % 97 < 40 { 1.5 * s } else { 0.0 }).collect();
+        quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    let mut a = vec![0u8; ar * toks];
+    for t in 0..toks {
+        // Extreme activations (quants at ±127) bound the 16-bit partial sums.
+        let y: Vec<f32> = (0..n)
+            .map(|i| {
+                if t == 0 {
+                    if i % 3 == 0 {
+                        -8.0
+                    } else {
+                        8.0
+                    }
+                } else {
+                    rng.f()
+                }
+            })
+            .collect();
+        quantize_activation(GgmlType::Q8_K, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
+    }
+    let mut packed = vec![0u8; w.len()];
+    pack_q4_k_x8(&w, n, &mut packed).unwrap();
+    assert_ne!(packed, w);
+    let mut row = vec![0u8; wr];
+    for r in 0..rows {
+        unpack_q4_k_x8_row(&packed, n, r, &mut row).unwrap();
+        assert_eq!(row, w[r * wr..(r + 1) * wr], "row {r} round trip");
+    }
+    assert!(pack_q4_k_x8(&w[..wr * 12], n, &mut packed[..wr * 12]).is_err(), "12 rows are not whole groups");
+    let mut tested = 0;
+    for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
+        let Some(k) = q4_k_x8_kernels_for(tier) else {
+            assert_eq!(tier, CpuTier::Scalar);
+            continue;
+        };
+        tested += 1;
+        let tk = tile_kernels_for(ty, tier).unwrap();
+        let group = wr * Q4K_X8_ROWS;
+        for g in 0..rows / Q4K_X8_ROWS {
+            for n_tok in 1..=8 {
+                for t0 in [0, toks - n_tok] {
+                    let mut out = vec![f32::NAN; 8 * 9];
+                    let acts = &a[t0 * ar..(t0 + n_tok) * ar];
+                    k.dots(&packed[g * group..(g + 1) * group], acts, n, n_tok, &mut out, 9);
+                    for t in 0..n_tok {
+                        for r in 0..Q4K_X8_ROWS {
+                            let row = g * Q4K_X8_ROWS + r;
+                            let want = tk.one(&w[row * wr..][..wr], &a[(t0 + t) * ar..][..ar], n);
+                            let got = out[t * 9 + r];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{tier:?} row {row} token {} of {n_tok}: {got} vs {want}",
+                                t0 + t
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = [0f32; 8];
+        k.dots(&packed[..group - 1], &a[..ar], n, 1, &mut out, 8);
+        assert!(out.iter().all(|v| v.is_nan()), "mis-sized weights give NaN");
+    }
+    if detected_cpu_tier() >= CpuTier::Avx2 {
+        assert!(tested > 0);
+    }
+}

@@ -104,10 +104,31 @@ pub fn matmul(
     let n = w.rows;
     let op = SyncPtr(out.as_mut_ptr());
     let chunk = rows_per_task(n, pool.n_threads());
-    let (wb, rs) = (w.bytes(), w.row_size);
+    let rs = w.row_size;
     let act_at = |t: usize, count: usize| &act[t * act_row..(t + count) * act_row];
-    // SAFETY (both writers): element (t, r) is written by the task owning row r only.
+    // SAFETY (every writer): element (t, r) is written by the task owning row r only.
     let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(packed) = w.interleaved() {
+        // Q4_K×8: each call gives eight rows × up to eight tokens; the tokens' activations
+        // stay in L1 while the task's rows pass over them.
+        use quant::{Q4kX8Kernels, Q4K_X8_ROWS as R8};
+        let k8 = quant::q4_k_x8_kernels().expect("weights are repacked only where the kernels exist");
+        let chunk = chunk.next_multiple_of(R8);
+        pool.run(n.div_ceil(chunk), &|task| {
+            let rows = task * chunk..((task + 1) * chunk).min(n);
+            let mut v = [0f32; Q4kX8Kernels::TOKENS * R8];
+            for t0 in (0..n_tok).step_by(Q4kX8Kernels::TOKENS) {
+                let nt = (n_tok - t0).min(Q4kX8Kernels::TOKENS);
+                for r in rows.clone().step_by(R8) {
+                    k8.dots(&packed[r * rs..(r + R8) * rs], act_at(t0, nt), k, nt, &mut v, R8);
+                    (0..nt * R8).for_each(|i| put(t0 + i / R8, r + i % R8, v[i]));
+                }
+            }
+        });
+        return;
+    }
+    let wb = w.bytes().expect("only Q4_K×8 weights lack plain bytes");
     #[cfg(target_arch = "x86_64")]
     if let Some(tk) = quant::tile_kernels(w.ty) {
         use quant::TILE;

@@ -7,8 +7,12 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod ktiles;
 #[cfg(target_arch = "x86_64")]
+mod q4k_x8;
+#[cfg(target_arch = "x86_64")]
 mod tiles;
 
+#[cfg(target_arch = "x86_64")]
+pub use q4k_x8::Q4kX8Kernels;
 #[cfg(target_arch = "x86_64")]
 pub use tiles::{TileKernels, TILE};
 
@@ -151,6 +155,18 @@ pub fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
 #[cfg(target_arch = "x86_64")]
 pub fn tile_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<TileKernels> {
     tiles::tile_kernels(ty, tier.min(detected_cpu_tier()))
+}
+
+/// Matmul kernels on Q4_K×8 (`quant::interleave`) on this CPU, where kiln has them.
+#[cfg(target_arch = "x86_64")]
+pub fn q4_k_x8_kernels() -> Option<Q4kX8Kernels> {
+    q4k_x8::kernels(cpu_tier())
+}
+
+/// [`q4_k_x8_kernels`] for a given tier, capped at what the CPU supports (for tests).
+#[cfg(target_arch = "x86_64")]
+pub fn q4_k_x8_kernels_for(tier: CpuTier) -> Option<Q4kX8Kernels> {
+    q4k_x8::kernels(tier.min(detected_cpu_tier()))
 }
 
 // NEON (aarch64) is the seam for an ARM tier: a `neon` module with the same `VecDotFn`
