@@ -24,18 +24,14 @@ pub const Q4K_X8_BLOCK: usize = Q4K_X8_ROWS * 144;
 /// its own inverse.
 pub const Q4K_X8_LANES: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
 
-/// Where byte `o` (0..144) of row `r` (0..8) of a superblock goes in its interleaved block.
-fn x8_offset(r: usize, o: usize) -> usize {
+/// The contiguous pieces of row `r`'s (0..8) superblock in its interleaved block, as
+/// `(offset in the superblock, offset in the block, length)`: d, dmin, the 12 scale bytes
+/// one by one, the 16 columns of 8 quant bytes.
+fn x8_pieces(r: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     let lane = Q4K_X8_LANES[r];
-    match o {
-        0..2 => 2 * lane + o,
-        2..4 => 16 + 2 * lane + (o - 2),
-        4..16 => 32 + 8 * (o - 4) + r,
-        _ => {
-            let q = o - 16;
-            128 + 64 * (q / 8) + 8 * r + q % 8
-        }
-    }
+    let scales = (0..12).map(move |p| (4 + p, 32 + 8 * p + r, 1));
+    let quants = (0..16).map(move |c| (16 + 8 * c, 128 + 64 * c + 8 * r, 8));
+    [(0, 2 * lane, 2), (2, 16 + 2 * lane, 2)].into_iter().chain(scales).chain(quants)
 }
 
 fn check(cols: usize, rows_bytes: usize, packed: usize) -> Result<(usize, usize)> {
@@ -58,7 +54,9 @@ pub fn pack_q4_k_x8(src: &[u8], cols: usize, dst: &mut [u8]) -> Result<()> {
         for (i, block) in group.chunks_exact_mut(Q4K_X8_BLOCK).enumerate() {
             for r in 0..Q4K_X8_ROWS {
                 let sb = &src[((g * Q4K_X8_ROWS + r) * nb + i) * 144..][..144];
-                sb.iter().enumerate().for_each(|(o, &b)| block[x8_offset(r, o)] = b);
+                for (from, to, len) in x8_pieces(r) {
+                    block[to..to + len].copy_from_slice(&sb[from..from + len]);
+                }
             }
         }
     }
@@ -75,7 +73,9 @@ pub fn unpack_q4_k_x8_row(packed: &[u8], cols: usize, r: usize, dst: &mut [u8]) 
     }
     let group = &packed[(r / Q4K_X8_ROWS) * nb * Q4K_X8_BLOCK..][..nb * Q4K_X8_BLOCK];
     for (block, sb) in group.chunks_exact(Q4K_X8_BLOCK).zip(dst.chunks_exact_mut(144)) {
-        sb.iter_mut().enumerate().for_each(|(o, b)| *b = block[x8_offset(r % Q4K_X8_ROWS, o)]);
+        for (from, to, len) in x8_pieces(r % Q4K_X8_ROWS) {
+            sb[from..from + len].copy_from_slice(&block[to..to + len]);
+        }
     }
     Ok(())
 }

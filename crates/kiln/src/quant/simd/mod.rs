@@ -9,6 +9,8 @@ mod ktiles;
 #[cfg(target_arch = "x86_64")]
 mod q4k_x8;
 #[cfg(target_arch = "x86_64")]
+mod q8k;
+#[cfg(target_arch = "x86_64")]
 mod tiles;
 
 #[cfg(target_arch = "x86_64")]
@@ -195,6 +197,7 @@ pub(super) fn simd_quantize_activation(ty: GgmlType) -> Option<QuantizeFn> {
         match ty {
             GgmlType::Q8_0 => return Some(avx2::quantize_q8_0_act),
             GgmlType::Q8_1 => return Some(avx2::quantize_q8_1_act),
+            GgmlType::Q8_K => return Some(q8k::quantize_q8_k_act),
             _ => {}
         }
     }
