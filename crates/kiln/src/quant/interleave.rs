@@ -11,6 +11,10 @@
 //! - `[32, 128)`: the 12 packed scale bytes as planes: byte p of row r at `32 + 8p + r`;
 //! - `[128, 1152)`: the quants in 16 columns of 8 bytes: bytes `8c..8c+8` of row r's 128
 //!   quant bytes at `128 + 64c + 8r`.
+//!
+//! Q5_0 with two rows interleaved ("Q5_0×2"): rows 2p, 2p+1 form pair p; its block i is
+//! 44 bytes at `(p · nb + i) · 44`: the two `d`, the two 32-bit `qh`, then the two rows' 16
+//! quant bytes, so one 256-bit load holds a block of both rows (`simd/q5_0_x2.rs`).
 
 use super::GgmlType;
 use crate::error::{KilnError, Result};
@@ -34,48 +38,91 @@ fn x8_pieces(r: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     [(0, 2 * lane, 2), (2, 16 + 2 * lane, 2)].into_iter().chain(scales).chain(quants)
 }
 
-fn check(cols: usize, rows_bytes: usize, packed: usize) -> Result<(usize, usize)> {
-    let row = GgmlType::Q4_K.row_size(cols)?;
-    let rows = rows_bytes / row.max(1);
-    if rows_bytes != rows * row || !rows.is_multiple_of(Q4K_X8_ROWS) || packed != rows_bytes {
-        return Err(KilnError::invalid(format!(
-            "Q4_K×8: {rows_bytes} bytes are not whole groups of {Q4K_X8_ROWS} rows of {cols}, or the \
-             interleaved buffer has {packed}"
-        )));
-    }
-    Ok((rows, cols / 256))
+/// A row-interleaved layout: the same bytes as the plain matrix, moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interleave {
+    Q4kX8,
+    Q5_0X2,
 }
 
-/// Interleaves a Q4_K matrix (`src`: rows of `cols` values, a multiple of 8 rows) into `dst`
-/// (the same size).
-pub fn pack_q4_k_x8(src: &[u8], cols: usize, dst: &mut [u8]) -> Result<()> {
-    let (rows, nb) = check(cols, src.len(), dst.len())?;
-    for (g, group) in dst.chunks_exact_mut(nb * Q4K_X8_BLOCK).enumerate() {
-        for (i, block) in group.chunks_exact_mut(Q4K_X8_BLOCK).enumerate() {
-            for r in 0..Q4K_X8_ROWS {
-                let sb = &src[((g * Q4K_X8_ROWS + r) * nb + i) * 144..][..144];
-                for (from, to, len) in x8_pieces(r) {
-                    block[to..to + len].copy_from_slice(&sb[from..from + len]);
+impl Interleave {
+    /// The weight type it holds.
+    pub fn ty(self) -> GgmlType {
+        match self {
+            Interleave::Q4kX8 => GgmlType::Q4_K,
+            Interleave::Q5_0X2 => GgmlType::Q5_0,
+        }
+    }
+
+    /// Rows per interleaved group.
+    pub fn rows(self) -> usize {
+        match self {
+            Interleave::Q4kX8 => Q4K_X8_ROWS,
+            Interleave::Q5_0X2 => 2,
+        }
+    }
+
+    /// The contiguous pieces of row `r` (of a group) of one block in its interleaved block.
+    fn pieces(self, r: usize) -> Vec<(usize, usize, usize)> {
+        match self {
+            Interleave::Q4kX8 => x8_pieces(r).collect(),
+            Interleave::Q5_0X2 => vec![(0, 2 * r, 2), (2, 4 + 4 * r, 4), (6, 12 + 16 * r, 16)],
+        }
+    }
+
+    /// Rows and blocks per row of a `bytes`-long matrix of `cols` columns, checked to be
+    /// whole groups of rows and to match the other buffer's `other` bytes.
+    fn check(self, cols: usize, bytes: usize, other: usize) -> Result<(usize, usize)> {
+        let ty = self.ty();
+        let row = ty.row_size(cols)?;
+        let rows = bytes / row.max(1);
+        if bytes != rows * row || !rows.is_multiple_of(self.rows()) || other != bytes {
+            return Err(KilnError::invalid(format!(
+                "{self:?}: {bytes} bytes are not whole groups of {} rows of {cols}, or the other \
+                 buffer has {other}",
+                self.rows()
+            )));
+        }
+        Ok((rows, cols / ty.block_size()))
+    }
+
+    /// Interleaves a matrix (`src`: rows of `cols` values, whole groups of rows) into `dst`
+    /// (the same size).
+    pub fn pack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<()> {
+        let (_, nb) = self.check(cols, src.len(), dst.len())?;
+        let (r_n, bs) = (self.rows(), self.ty().type_size());
+        let pieces: Vec<_> = (0..r_n).map(|r| self.pieces(r)).collect();
+        for (g, group) in dst.chunks_exact_mut(nb * r_n * bs).enumerate() {
+            for (i, block) in group.chunks_exact_mut(r_n * bs).enumerate() {
+                for (r, pieces) in pieces.iter().enumerate() {
+                    let sb = &src[((g * r_n + r) * nb + i) * bs..][..bs];
+                    for &(from, to, len) in pieces {
+                        block[to..to + len].copy_from_slice(&sb[from..from + len]);
+                    }
                 }
             }
         }
+        Ok(())
     }
-    debug_assert_eq!(rows, dst.len() / (nb * 144));
-    Ok(())
-}
 
-/// Row `r` of an interleaved Q4_K matrix of `cols` columns, back in plain Q4_K (`dst`: one
-/// row, `Q4_K.row_size(cols)` bytes).
-pub fn unpack_q4_k_x8_row(packed: &[u8], cols: usize, r: usize, dst: &mut [u8]) -> Result<()> {
-    let (rows, nb) = check(cols, packed.len(), packed.len())?;
-    if r >= rows || dst.len() != nb * 144 {
-        return Err(KilnError::invalid(format!("Q4_K×8: no row {r} of {rows}, or a {}-byte row", dst.len())));
-    }
-    let group = &packed[(r / Q4K_X8_ROWS) * nb * Q4K_X8_BLOCK..][..nb * Q4K_X8_BLOCK];
-    for (block, sb) in group.chunks_exact(Q4K_X8_BLOCK).zip(dst.chunks_exact_mut(144)) {
-        for (from, to, len) in x8_pieces(r % Q4K_X8_ROWS) {
-            sb[from..from + len].copy_from_slice(&block[to..to + len]);
+    /// Row `r` of an interleaved matrix of `cols` columns, back in the plain layout (`dst`:
+    /// one row).
+    pub fn unpack_row(self, packed: &[u8], cols: usize, r: usize, dst: &mut [u8]) -> Result<()> {
+        let (rows, nb) = self.check(cols, packed.len(), packed.len())?;
+        let (r_n, bs) = (self.rows(), self.ty().type_size());
+        if r >= rows || dst.len() != nb * bs {
+            return Err(KilnError::invalid(format!(
+                "{self:?}: no row {r} of {rows}, or a {}-byte row",
+                dst.len()
+            )));
         }
+        let pieces = self.pieces(r % r_n);
+        let group = &packed[(r / r_n) * nb * r_n * bs..][..nb * r_n * bs];
+        for (block, sb) in group.chunks_exact(r_n * bs).zip(dst.chunks_exact_mut(bs)) {
+            for &(from, to, len) in &pieces {
+                sb[from..from + len].copy_from_slice(&block[to..to + len]);
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }

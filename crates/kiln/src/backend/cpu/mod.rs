@@ -2,6 +2,8 @@
 //! over a persistent thread pool.
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod interleaved;
 mod ops;
 pub use ops::rope_cache;
 pub mod pool;

@@ -1,14 +1,16 @@
-//! CPU weights: read in place from the mapped GGUF file, except Q4_K matrices, which the
-//! SIMD tiers repack at load into eight interleaved rows (`quant::interleave`, the layout
-//! their prefill and decode kernels both read); the file's pages of a repacked tensor are
-//! then released, so a weight is never held twice.
+//! CPU weights: read in place from the mapped GGUF file, except Q4_K and Q5_0 matrices,
+//! which the SIMD tiers repack with rows interleaved (`quant::interleave`: eight Q4_K rows,
+//! two Q5_0 rows; the layout their prefill and decode kernels both read) the first time
+//! they are multiplied, so a table only looked up (an untied `token_embd`) stays in the
+//! file, read a row at a time. The file's pages of a repacked tensor are then released: a
+//! weight is never held twice.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::Result;
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::{self, GgmlType};
+use crate::quant::{self, GgmlType, Interleave};
 
 /// 64 bytes on a cache line boundary: the unit of a repacked weight's buffer (its blocks
 /// are 1152 bytes, so every block and every 32-byte load stays within cache lines).
@@ -21,9 +23,9 @@ pub struct CpuWeight {
     file: Arc<GgufFile>,
     start: usize,
     len: usize,
-    /// The Q4_K×8 copy of the tensor, where it was repacked (the file's bytes then stay
-    /// unread).
-    interleaved: Option<Box<[Line]>>,
+    /// The interleaved copy of the tensor, once it was multiplied, where it is repacked (the
+    /// file's bytes then stay unread).
+    interleaved: OnceLock<Option<(Interleave, Box<[Line]>)>>,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
@@ -35,25 +37,26 @@ impl CpuWeight {
     pub(super) fn load(gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<CpuWeight> {
         let (rows, cols) = t.rows_cols();
         let row_size = t.ty.row_size(cols)?;
-        let mut w = CpuWeight {
+        Ok(CpuWeight {
             file: gguf.clone(),
             start: (gguf.data_offset + t.offset) as usize,
             len: t.size as usize,
-            interleaved: None,
+            interleaved: OnceLock::new(),
             ty: t.ty,
             rows,
             cols,
             row_size,
-        };
-        if w.ty == GgmlType::Q4_K && rows.is_multiple_of(quant::Q4K_X8_ROWS) && has_q4_k_x8_kernels() {
-            let mut lines = vec![Line([0; 64]); w.len.div_ceil(64)].into_boxed_slice();
-            // SAFETY: `Line` is 64 plain bytes, so the buffer is `64 · lines` initialized bytes.
-            let dst = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), w.len) };
-            quant::pack_q4_k_x8(w.file_bytes(), cols, dst)?;
-            w.interleaved = Some(lines);
-            gguf.release(w.start, w.len);
-        }
-        Ok(w)
+        })
+    }
+
+    /// The interleaved copy of a matrix of `layout`, its file pages released afterwards.
+    fn repack(&self, layout: Interleave) -> Box<[Line]> {
+        let mut lines = vec![Line([0; 64]); self.len.div_ceil(64)].into_boxed_slice();
+        // SAFETY: `Line` is 64 plain bytes, so the buffer is `64 · lines` initialized bytes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), self.len) };
+        layout.pack(self.file_bytes(), self.cols, dst).expect("shape checked at load");
+        self.file.release(self.start, self.len);
+        lines
     }
 
     fn file_bytes(&self) -> &[u8] {
@@ -62,22 +65,31 @@ impl CpuWeight {
 
     /// The weight's bytes in plain GGUF layout, or `None` where it was repacked.
     pub fn bytes(&self) -> Option<&[u8]> {
-        self.interleaved.is_none().then(|| self.file_bytes())
+        self.packed().is_none().then(|| self.file_bytes())
     }
 
-    /// The Q4_K×8 bytes, where the weight was repacked at load.
-    pub fn interleaved(&self) -> Option<&[u8]> {
-        // SAFETY: as in `load`: `len` initialized bytes.
-        self.interleaved
-            .as_ref()
-            .map(|l| unsafe { std::slice::from_raw_parts(l.as_ptr().cast::<u8>(), self.len) })
+    /// The interleaved layout and bytes where it was repacked (so far).
+    fn packed(&self) -> Option<(Interleave, &[u8])> {
+        // SAFETY: as in `repack`: `len` initialized bytes.
+        let bytes = |l: &[Line]| unsafe { std::slice::from_raw_parts(l.as_ptr().cast::<u8>(), self.len) };
+        self.interleaved.get()?.as_ref().map(|(layout, l)| (*layout, bytes(l)))
+    }
+
+    /// For a matmul: the interleaved layout and bytes where this CPU has kernels for one
+    /// (repacking on the first call), else `None` (multiply [`Self::bytes`]).
+    pub fn interleaved(&self) -> Option<(Interleave, &[u8])> {
+        self.interleaved.get_or_init(|| {
+            let layout = interleave_for(self.ty).filter(|l| self.rows.is_multiple_of(l.rows()))?;
+            Some((layout, self.repack(layout)))
+        });
+        self.packed()
     }
 
     /// Row `r` in plain GGUF layout (copied out of a repacked weight).
     pub fn row(&self, r: usize) -> Result<Cow<'_, [u8]>> {
-        if let Some(packed) = self.interleaved() {
+        if let Some((layout, packed)) = self.packed() {
             let mut row = vec![0u8; self.row_size];
-            quant::unpack_q4_k_x8_row(packed, self.cols, r, &mut row)?;
+            layout.unpack_row(packed, self.cols, r, &mut row)?;
             return Ok(Cow::Owned(row));
         }
         Ok(Cow::Borrowed(&self.file_bytes()[r * self.row_size..(r + 1) * self.row_size]))
@@ -99,12 +111,17 @@ impl CpuWeight {
     }
 }
 
+/// The interleaved layout weights of `ty` are repacked into on this CPU, if any.
 #[cfg(target_arch = "x86_64")]
-fn has_q4_k_x8_kernels() -> bool {
-    quant::q4_k_x8_kernels().is_some()
+fn interleave_for(ty: GgmlType) -> Option<Interleave> {
+    match ty {
+        GgmlType::Q4_K => quant::q4_k_x8_kernels().map(|_| Interleave::Q4kX8),
+        GgmlType::Q5_0 => quant::q5_0_x2_kernels().map(|_| Interleave::Q5_0X2),
+        _ => None,
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn has_q4_k_x8_kernels() -> bool {
-    false
+fn interleave_for(_: GgmlType) -> Option<Interleave> {
+    None
 }

@@ -9,12 +9,16 @@ mod ktiles;
 #[cfg(target_arch = "x86_64")]
 mod q4k_x8;
 #[cfg(target_arch = "x86_64")]
+mod q5_0_x2;
+#[cfg(target_arch = "x86_64")]
 mod q8k;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
 
 #[cfg(target_arch = "x86_64")]
 pub use q4k_x8::Q4kX8Kernels;
+#[cfg(target_arch = "x86_64")]
+pub use q5_0_x2::Q5_0X2Kernels;
 #[cfg(target_arch = "x86_64")]
 pub use tiles::{TileKernels, TILE};
 
@@ -169,6 +173,18 @@ pub fn q4_k_x8_kernels() -> Option<Q4kX8Kernels> {
 #[cfg(target_arch = "x86_64")]
 pub fn q4_k_x8_kernels_for(tier: CpuTier) -> Option<Q4kX8Kernels> {
     q4k_x8::kernels(tier.min(detected_cpu_tier()))
+}
+
+/// Matmul kernels on Q5_0×2 (`quant::interleave`) on this CPU, where kiln has them.
+#[cfg(target_arch = "x86_64")]
+pub fn q5_0_x2_kernels() -> Option<Q5_0X2Kernels> {
+    q5_0_x2::kernels(cpu_tier())
+}
+
+/// [`q5_0_x2_kernels`] for a given tier, capped at what the CPU supports (for tests).
+#[cfg(target_arch = "x86_64")]
+pub fn q5_0_x2_kernels_for(tier: CpuTier) -> Option<Q5_0X2Kernels> {
+    q5_0_x2::kernels(tier.min(detected_cpu_tier()))
 }
 
 // NEON (aarch64) is the seam for an ARM tier: a `neon` module with the same `VecDotFn`
