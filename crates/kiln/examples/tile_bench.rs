@@ -146,7 +146,9 @@ fn q5_0_x2(rows: usize, next: &mut impl FnMut() -> f32) {
     }
     for t in 0..toks {
         let x: Vec<f32> = (0..n).map(|_| next()).collect();
-        Q5_0X2Kernels::prepare(&x, &mut a[t * ar..(t + 1) * ar]).unwrap();
+        if let Some(k) = q5_0_x2_kernels_for(CpuTier::Avx2) {
+            k.prepare(&x, &mut a[t * ar..(t + 1) * ar]).unwrap();
+        }
     }
     let mut packed = vec![0u8; w.len()];
     Interleave::Q5_0X2.pack(&w, n, &mut packed).unwrap();

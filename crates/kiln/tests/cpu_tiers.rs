@@ -244,7 +244,10 @@ fn interleaved_q5_0_matches_the_row_major_tiles() {
             })
             .collect();
         quantize_activation(GgmlType::Q8_0, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
-        Q5_0X2Kernels::prepare(&y, &mut prepared[t * pr..(t + 1) * pr]).unwrap();
+        let k = q5_0_x2_kernels_for(detected_cpu_tier());
+        if let Some(k) = k {
+            k.prepare(&y, &mut prepared[t * pr..(t + 1) * pr]).unwrap();
+        }
     }
     let mut packed = vec![0u8; w.len()];
     Interleave::Q5_0X2.pack(&w, n, &mut packed).unwrap();

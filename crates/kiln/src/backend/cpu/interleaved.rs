@@ -27,21 +27,24 @@ pub(super) fn matmul(
     let group = layout.rows();
     // The kernels and the activations in the form they read.
     type Dots<'k> = Box<dyn Fn(&[u8], &[u8], usize, &mut [f32]) + Sync + 'k>;
-    let (act_row, dots): (usize, Dots) = match layout {
+    type Prepare<'k> = Box<dyn Fn(&[f32], &mut [u8]) + Sync + 'k>;
+    let (act_row, prepare, dots): (usize, Prepare, Dots) = match layout {
         Interleave::Q4kX8 => {
             let k8 = quant::q4_k_x8_kernels().expect("weights are repacked only where the kernels exist");
             let act_row = GgmlType::Q8_K.row_size(k).expect("weight rows are whole blocks");
-            (act_row, Box::new(move |w, a, nt, v| k8.dots(w, a, k, nt, v, group)))
+            let prepare = |src: &[f32], dst: &mut [u8]| {
+                quant::quantize_activation(GgmlType::Q8_K, src, dst).expect("sizes match")
+            };
+            (act_row, Box::new(prepare), Box::new(move |w, a, nt, v| k8.dots(w, a, k, nt, v, group)))
         }
         Interleave::Q5_0X2 => {
             let k2 = quant::q5_0_x2_kernels().expect("weights are repacked only where the kernels exist");
-            (Q5_0X2Kernels::act_row_size(k), Box::new(move |w, a, nt, v| k2.dots(w, a, k, nt, v, group)))
+            let prepare = move |src: &[f32], dst: &mut [u8]| k2.prepare(src, dst).expect("sizes match");
+            let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k2.dots(w, a, k, nt, v, group);
+            (Q5_0X2Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
         }
     };
-    let act = quantize_rows(pool, x, n_tok, k, act_row, act_buf, &|src, dst| match layout {
-        Interleave::Q4kX8 => quant::quantize_activation(GgmlType::Q8_K, src, dst).expect("sizes match"),
-        Interleave::Q5_0X2 => Q5_0X2Kernels::prepare(src, dst).expect("sizes match"),
-    });
+    let act = quantize_rows(pool, x, n_tok, k, act_row, act_buf, &prepare);
     let op = SyncPtr(out.as_mut_ptr());
     // SAFETY: element (t, r) is written by the task owning row r only.
     let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };

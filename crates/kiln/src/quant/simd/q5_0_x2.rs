@@ -106,6 +106,15 @@ unsafe fn core<const T: usize, const VNNI: bool>(
     }
 }
 
+/// `-16 ·` the sum of each four quants of the prepared block at `b`, as eight i32.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lane_offsets(b: *mut u8) {
+    let q = loadu(b.add(ACT_QS));
+    let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    let init = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<4>(sums));
+    _mm256_storeu_si256(b.add(ACT_INIT).cast(), init);
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn vnni_dot(acc: __m256i, q: __m256i, y: __m256i) -> __m256i {
@@ -140,19 +149,17 @@ impl Q5_0X2Kernels {
 
     /// Quantizes an activation row (`x`, a multiple of 32 values) for [`Self::dots`]: the
     /// Q8_0 blocks of `quantize_activation`, with d as f32 and the lanes' offsets.
-    pub fn prepare(x: &[f32], dst: &mut [u8]) -> crate::error::Result<()> {
+    pub fn prepare(&self, x: &[f32], dst: &mut [u8]) -> crate::error::Result<()> {
         if !x.len().is_multiple_of(32) || dst.len() != Self::act_row_size(x.len()) {
             return Err(crate::error::KilnError::invalid("Q5_0×2 activations: mis-sized row"));
         }
         for (v, b) in x.chunks_exact(32).zip(dst.chunks_exact_mut(ACT)) {
-            crate::quant::quantize_activation(crate::quant::GgmlType::Q8_0, v, &mut b[..34])?;
+            super::avx2::quantize_q8_0_act(v, &mut b[..34]);
             let d = crate::quant::f16_at(b, 0);
             b[34..36].fill(0);
             b[ACT_D..ACT_D + 4].copy_from_slice(&d.to_le_bytes());
-            for l in 0..8 {
-                let sum: i32 = b[ACT_QS + 4 * l..ACT_QS + 4 * l + 4].iter().map(|&q| q as i8 as i32).sum();
-                b[ACT_INIT + 4 * l..ACT_INIT + 4 * l + 4].copy_from_slice(&(-16 * sum).to_le_bytes());
-            }
+            // SAFETY: these kernels exist only on AVX2 tiers and up; `b` holds the block.
+            unsafe { lane_offsets(b.as_mut_ptr()) };
         }
         Ok(())
     }
