@@ -120,6 +120,9 @@ impl GgufFile {
         if let Storage::Mmap(m) = &self.data {
             let (lo, hi) = (start.next_multiple_of(PAGE), (start + len).min(m.len()) / PAGE * PAGE);
             if lo < hi {
+                // Huge mappings first: a fault on a neighbouring tensor could otherwise map a
+                // whole huge page of the file back, released pages included.
+                let _ = m.advise_range(memmap2::Advice::NoHugePage, lo, hi - lo);
                 // SAFETY: the map is read-only and backed by the file, so dropped pages come
                 // back with the same bytes: no reference into it sees a change.
                 let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo) };
