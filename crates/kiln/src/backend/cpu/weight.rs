@@ -8,15 +8,9 @@
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
-use crate::error::Result;
+use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType, Interleave};
-
-/// 64 bytes on a cache line boundary: the unit of a repacked weight's buffer (its blocks
-/// are 1152 bytes, so every block and every 32-byte load stays within cache lines).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
 
 /// A weight matrix (or vector).
 pub struct CpuWeight {
@@ -25,7 +19,7 @@ pub struct CpuWeight {
     len: usize,
     /// The interleaved copy of the tensor, once it was multiplied, where it is repacked (the
     /// file's bytes then stay unread).
-    interleaved: OnceLock<Option<(Interleave, Box<[Line]>)>>,
+    interleaved: OnceLock<Option<(Interleave, memmap2::MmapMut)>>,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
@@ -50,13 +44,17 @@ impl CpuWeight {
     }
 
     /// The interleaved copy of a matrix of `layout`, its file pages released afterwards.
-    fn repack(&self, layout: Interleave) -> Box<[Line]> {
-        let mut lines = vec![Line([0; 64]); self.len.div_ceil(64)].into_boxed_slice();
-        // SAFETY: `Line` is 64 plain bytes, so the buffer is `64 · lines` initialized bytes.
-        let dst = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), self.len) };
-        layout.pack(self.file_bytes(), self.cols, dst).expect("shape checked at load");
+    /// Anonymous pages asked for as huge pages: decode streams every weight once per token,
+    /// as the file's huge mappings did.
+    fn repack(&self, layout: Interleave) -> Result<memmap2::MmapMut> {
+        let mut dst = memmap2::MmapOptions::new().len(self.len.max(1)).map_anon().map_err(|e| {
+            KilnError::Backend(format!("cannot allocate {} bytes for a weight: {e}", self.len))
+        })?;
+        #[cfg(target_os = "linux")]
+        let _ = dst.advise(memmap2::Advice::HugePage);
+        layout.pack(self.file_bytes(), self.cols, &mut dst[..self.len])?;
         self.file.release(self.start, self.len);
-        lines
+        Ok(dst)
     }
 
     fn file_bytes(&self) -> &[u8] {
@@ -70,9 +68,7 @@ impl CpuWeight {
 
     /// The interleaved layout and bytes where it was repacked (so far).
     fn packed(&self) -> Option<(Interleave, &[u8])> {
-        // SAFETY: as in `repack`: `len` initialized bytes.
-        let bytes = |l: &[Line]| unsafe { std::slice::from_raw_parts(l.as_ptr().cast::<u8>(), self.len) };
-        self.interleaved.get()?.as_ref().map(|(layout, l)| (*layout, bytes(l)))
+        self.interleaved.get()?.as_ref().map(|(layout, m)| (*layout, &m[..self.len]))
     }
 
     /// For a matmul: the interleaved layout and bytes where this CPU has kernels for one
@@ -80,7 +76,8 @@ impl CpuWeight {
     pub fn interleaved(&self) -> Option<(Interleave, &[u8])> {
         self.interleaved.get_or_init(|| {
             let layout = interleave_for(self.ty).filter(|l| self.rows.is_multiple_of(l.rows()))?;
-            Some((layout, self.repack(layout)))
+            // Out of memory for the copy: multiply the file's bytes in place instead.
+            self.repack(layout).ok().map(|m| (layout, m))
         });
         self.packed()
     }
