@@ -56,7 +56,9 @@ pub(super) fn matmul(
             let nt = (n_tok - t0).min(TOKENS);
             for r in rows.clone().step_by(group) {
                 dots(&packed[r * rs..(r + group) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
-                (0..nt * group).for_each(|i| put(t0 + i / group, r + i % group, v[i]));
+                for (t, vt) in v.chunks_exact(group).take(nt).enumerate() {
+                    vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));
+                }
             }
         }
     });
