@@ -4,7 +4,9 @@
 //!     cargo run --release -p kiln --example tile_bench [ROWS]
 //!
 //! Prints ns per (weight row × token × block) for the prefill tile (2 rows × 4 tokens) and
-//! per (weight row × block) for the decode tile (4 rows × 1 token), rows of 1536 values.
+//! per (weight row × block) for the decode tile (4 rows × 1 token), rows of 1536 values;
+//! then the same for the interleaved layouts the CPU backend repacks Q4_K and Q5_0 into
+//! (8 tokens per prefill call), to compare with the row-major lines above.
 
 #[cfg(target_arch = "x86_64")]
 fn main() {
