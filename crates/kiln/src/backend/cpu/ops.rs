@@ -53,12 +53,12 @@ pub(super) fn rows_per_task(n_rows: usize, n_threads: usize) -> usize {
 /// pattern (R rows block by block, interleaved) is not one the hardware prefetchers follow
 /// well, and decode streams every weight from DRAM once per token.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_ROWS: usize = 2 * quant::TILE;
+pub(super) const PREFETCH_ROWS: usize = 2 * quant::TILE;
 
 /// Hints the cache lines of `bytes` into L1 (nothing is read).
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn prefetch(bytes: &[u8]) {
+pub(super) fn prefetch(bytes: &[u8]) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     for off in (0..bytes.len()).step_by(64) {
         // SAFETY: a prefetch of an address inside the slice; it never faults.
