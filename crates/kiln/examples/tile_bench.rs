@@ -4,7 +4,9 @@
 //!     cargo run --release -p kiln --example tile_bench [ROWS]
 //!
 //! Prints ns per (weight row × token × block) for the prefill tile (2 rows × 4 tokens) and
-//! per (weight row × block) for the decode tile (4 rows × 1 token), rows of 1536 values.
+//! per (weight row × block) for the decode tile (4 rows × 1 token), rows of 1536 values;
+//! then the same for the interleaved layouts the CPU backend repacks Q4_K and Q5_0 into
+//! (8 tokens per prefill call), to compare with the row-major lines above.
 
 #[cfg(target_arch = "x86_64")]
 fn main() {
@@ -66,6 +68,120 @@ fn main() {
             gemm[1],
             gemv[0],
             gemv[1],
+            if sink.is_nan() { " NaN!" } else { "" }
+        );
+    }
+    q4_k_x8(rows, &mut next);
+    q5_0_x2(rows, &mut next);
+}
+
+/// Q4_K interleaved eight rows (what the CPU backend repacks Q4_K into) against the
+/// row-major tiles, the same interleaved bursts: prefill as 8 rows × 8 tokens per call,
+/// decode as 8 rows × 1 token.
+#[cfg(target_arch = "x86_64")]
+fn q4_k_x8(rows: usize, next: &mut impl FnMut() -> f32) {
+    use kiln::quant::{
+        q4_k_x8_kernels_for, quantize_activation, quantize_row, CpuTier, GgmlType, Interleave, Q4K_X8_ROWS,
+    };
+    use std::time::Instant;
+    let (n, toks) = (1536, 8);
+    let rows = rows.next_multiple_of(Q4K_X8_ROWS);
+    let (wr, ar) = (GgmlType::Q4_K.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
+    let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
+    for r in 0..rows {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        quantize_row(GgmlType::Q4_K, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    for t in 0..toks {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        quantize_activation(GgmlType::Q8_K, &x, &mut a[t * ar..(t + 1) * ar]).unwrap();
+    }
+    let mut packed = vec![0u8; w.len()];
+    Interleave::Q4kX8.pack(&w, n, &mut packed).unwrap();
+    let blocks = n / 256;
+    let reps = (1280 / rows).max(1);
+    let group = wr * Q4K_X8_ROWS;
+    let mut sink = 0f32;
+    for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni] {
+        let Some(k) = q4_k_x8_kernels_for(tier) else { continue };
+        let (mut gemm, mut gemv) = (f64::MAX, f64::MAX);
+        for _ in 0..200 {
+            let mut out = [0f32; 64];
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                for g in 0..rows / Q4K_X8_ROWS {
+                    k.dots(&packed[g * group..(g + 1) * group], &a, n, toks, &mut out, 8);
+                    sink += out[0];
+                }
+            }
+            gemm = gemm.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * toks * blocks) as f64);
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                for g in 0..rows / Q4K_X8_ROWS {
+                    k.dots(&packed[g * group..(g + 1) * group], &a[..ar], n, 1, &mut out, 8);
+                    sink += out[0];
+                }
+            }
+            gemv = gemv.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * blocks) as f64);
+        }
+        println!(
+            "Q4_K×8 {}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
+            tier.name(),
+            if sink.is_nan() { " NaN!" } else { "" }
+        );
+    }
+}
+
+/// Q5_0 interleaved two rows, the same way: prefill as 2 rows × 8 tokens per call, decode
+/// as 2 rows × 1 token (ns per row × token × 32-value block).
+#[cfg(target_arch = "x86_64")]
+fn q5_0_x2(rows: usize, next: &mut impl FnMut() -> f32) {
+    use kiln::quant::{q5_0_x2_kernels_for, quantize_row, CpuTier, GgmlType, Interleave, Q5_0X2Kernels};
+    use std::time::Instant;
+    let (n, toks) = (1536, 8);
+    let wr = GgmlType::Q5_0.row_size(n).unwrap();
+    let ar = Q5_0X2Kernels::act_row_size(n);
+    let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
+    for r in 0..rows {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        quantize_row(GgmlType::Q5_0, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    for t in 0..toks {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        if let Some(k) = q5_0_x2_kernels_for(CpuTier::Avx2) {
+            k.prepare(&x, &mut a[t * ar..(t + 1) * ar]).unwrap();
+        }
+    }
+    let mut packed = vec![0u8; w.len()];
+    Interleave::Q5_0X2.pack(&w, n, &mut packed).unwrap();
+    let blocks = n / 32;
+    let reps = (1280 / rows).max(1);
+    let mut sink = 0f32;
+    for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni] {
+        let Some(k) = q5_0_x2_kernels_for(tier) else { continue };
+        let (mut gemm, mut gemv) = (f64::MAX, f64::MAX);
+        for _ in 0..200 {
+            let mut out = [0f32; 16];
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                for p in 0..rows / 2 {
+                    k.dots(&packed[2 * p * wr..2 * (p + 1) * wr], &a, n, toks, &mut out, 2);
+                    sink += out[0];
+                }
+            }
+            gemm = gemm.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * toks * blocks) as f64);
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                for p in 0..rows / 2 {
+                    k.dots(&packed[2 * p * wr..2 * (p + 1) * wr], &a[..ar], n, 1, &mut out, 2);
+                    sink += out[0];
+                }
+            }
+            gemv = gemv.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * blocks) as f64);
+        }
+        println!(
+            "Q5_0×2 {}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
+            tier.name(),
             if sink.is_nan() { " NaN!" } else { "" }
         );
     }

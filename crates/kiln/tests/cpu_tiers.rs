@@ -127,3 +127,178 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
         }
     }
 }
+
+/// Q4_K×8 (eight rows interleaved at load) gives the row-major Q4_K tiles' bits on every
+/// tier and token count, and unpacks back to the original rows.
+#[test]
+fn interleaved_q4_k_matches_the_row_major_tiles() {
+    use kiln::quant::{q4_k_x8_kernels_for, Interleave, Q4K_X8_ROWS};
+    let mut rng = Rng(11);
+    let (ty, n, rows, toks) = (GgmlType::Q4_K, 1536, 16, 11);
+    let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
+    let mut w = vec![0u8; wr * rows];
+    for r in 0..rows {
+        // Mixed magnitudes, so scales and mins span their 6-bit range.
+        let s = 0.05 + 3.0 * (r % 5) as f32;
+        let x: Vec<f32> = (0..n).map(|i| rng.f() * s + if i % 97 < 40 { 1.5 * s } else { 0.0 }).collect();
+        quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    let mut a = vec![0u8; ar * toks];
+    for t in 0..toks {
+        // Extreme activations (quants at ±127) bound the 16-bit partial sums.
+        let y: Vec<f32> = (0..n)
+            .map(|i| {
+                if t == 0 {
+                    if i % 3 == 0 {
+                        -8.0
+                    } else {
+                        8.0
+                    }
+                } else {
+                    rng.f()
+                }
+            })
+            .collect();
+        quantize_activation(GgmlType::Q8_K, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
+    }
+    let mut packed = vec![0u8; w.len()];
+    Interleave::Q4kX8.pack(&w, n, &mut packed).unwrap();
+    assert_ne!(packed, w);
+    let mut row = vec![0u8; wr];
+    for r in 0..rows {
+        Interleave::Q4kX8.unpack_row(&packed, n, r, &mut row).unwrap();
+        assert_eq!(row, w[r * wr..(r + 1) * wr], "row {r} round trip");
+    }
+    assert!(
+        Interleave::Q4kX8.pack(&w[..wr * 12], n, &mut packed[..wr * 12]).is_err(),
+        "12 rows are not whole groups"
+    );
+    let mut tested = 0;
+    for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
+        let Some(k) = q4_k_x8_kernels_for(tier) else {
+            assert_eq!(tier, CpuTier::Scalar);
+            continue;
+        };
+        tested += 1;
+        let tk = tile_kernels_for(ty, tier).unwrap();
+        let group = wr * Q4K_X8_ROWS;
+        for g in 0..rows / Q4K_X8_ROWS {
+            for n_tok in 1..=8 {
+                for t0 in [0, toks - n_tok] {
+                    let mut out = vec![f32::NAN; 8 * 9];
+                    let acts = &a[t0 * ar..(t0 + n_tok) * ar];
+                    k.dots(&packed[g * group..(g + 1) * group], acts, n, n_tok, &mut out, 9);
+                    for t in 0..n_tok {
+                        for r in 0..Q4K_X8_ROWS {
+                            let row = g * Q4K_X8_ROWS + r;
+                            let want = tk.one(&w[row * wr..][..wr], &a[(t0 + t) * ar..][..ar], n);
+                            let got = out[t * 9 + r];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{tier:?} row {row} token {} of {n_tok}: {got} vs {want}",
+                                t0 + t
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = [0f32; 8];
+        k.dots(&packed[..group - 1], &a[..ar], n, 1, &mut out, 8);
+        assert!(out.iter().all(|v| v.is_nan()), "mis-sized weights give NaN");
+    }
+    if detected_cpu_tier() >= CpuTier::Avx2 {
+        assert!(tested > 0);
+    }
+}
+
+/// Q5_0×2 (two rows interleaved at load, activations prepared with their lane offsets)
+/// gives the row-major Q5_0 tiles' bits on every tier and token count, and unpacks back to
+/// the original rows.
+#[test]
+fn interleaved_q5_0_matches_the_row_major_tiles() {
+    use kiln::quant::{q5_0_x2_kernels_for, Interleave, Q5_0X2Kernels};
+    let mut rng = Rng(13);
+    let (ty, n, rows, toks) = (GgmlType::Q5_0, 896, 6, 11);
+    let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_0.row_size(n).unwrap());
+    let mut w = vec![0u8; wr * rows];
+    for r in 0..rows {
+        let x: Vec<f32> = (0..n).map(|_| rng.f() * (0.1 + r as f32)).collect();
+        quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    let (mut a, mut prepared) = (vec![0u8; ar * toks], vec![0u8; Q5_0X2Kernels::act_row_size(n) * toks]);
+    let pr = Q5_0X2Kernels::act_row_size(n);
+    for t in 0..toks {
+        let y: Vec<f32> = (0..n)
+            .map(|i| {
+                if t == 0 {
+                    if i % 5 == 0 {
+                        -3.0
+                    } else {
+                        3.0
+                    }
+                } else {
+                    rng.f()
+                }
+            })
+            .collect();
+        quantize_activation(GgmlType::Q8_0, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
+        let k = q5_0_x2_kernels_for(detected_cpu_tier());
+        if let Some(k) = k {
+            k.prepare(&y, &mut prepared[t * pr..(t + 1) * pr]).unwrap();
+        }
+    }
+    let mut packed = vec![0u8; w.len()];
+    Interleave::Q5_0X2.pack(&w, n, &mut packed).unwrap();
+    assert_ne!(packed, w);
+    let mut row = vec![0u8; wr];
+    for r in 0..rows {
+        Interleave::Q5_0X2.unpack_row(&packed, n, r, &mut row).unwrap();
+        assert_eq!(row, w[r * wr..(r + 1) * wr], "row {r} round trip");
+    }
+    assert!(Interleave::Q5_0X2.pack(&w[..wr * 3], n, &mut packed[..wr * 3]).is_err(), "3 rows are not pairs");
+    let mut tested = 0;
+    for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
+        let Some(k) = q5_0_x2_kernels_for(tier) else {
+            assert_eq!(tier, CpuTier::Scalar);
+            continue;
+        };
+        tested += 1;
+        let tk = tile_kernels_for(ty, tier).unwrap();
+        for p in 0..rows / 2 {
+            for n_tok in 1..=8 {
+                for t0 in [0, toks - n_tok] {
+                    let mut out = vec![f32::NAN; 3 * 8];
+                    k.dots(
+                        &packed[2 * p * wr..2 * (p + 1) * wr],
+                        &prepared[t0 * pr..(t0 + n_tok) * pr],
+                        n,
+                        n_tok,
+                        &mut out,
+                        3,
+                    );
+                    for t in 0..n_tok {
+                        for r in 0..2 {
+                            let row = 2 * p + r;
+                            let want = tk.one(&w[row * wr..][..wr], &a[(t0 + t) * ar..][..ar], n);
+                            let got = out[t * 3 + r];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{tier:?} row {row} token {} of {n_tok}: {got} vs {want}",
+                                t0 + t
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = [0f32; 2];
+        k.dots(&packed[..2 * wr - 1], &prepared[..pr], n, 1, &mut out, 2);
+        assert!(out.iter().all(|v| v.is_nan()), "mis-sized weights give NaN");
+    }
+    if detected_cpu_tier() >= CpuTier::Avx2 {
+        assert!(tested > 0);
+    }
+}

@@ -217,3 +217,27 @@ fn activation_quantization_is_bit_exact() {
         assert_eq!(got, q8_act_reference(ty, &x), "{ty}");
     }
 }
+
+/// Q8_K activations (SIMD where the CPU has it) give the reference quantizer's bytes:
+/// random superblocks, an all-zero one, one whose largest magnitude appears first negative
+/// then positive (the first wins), exact halves (ties) and a NaN (skipped by the max).
+#[test]
+fn q8_k_activation_quantization_is_bit_exact() {
+    let mut rng = Rng(0x5eed_0f08);
+    let mut x: Vec<f32> = (0..256 * 12).map(|_| rng.normal(2.0)).collect();
+    x[..256].fill(0.0);
+    for (i, v) in x[256..512].iter_mut().enumerate() {
+        *v = match i {
+            37 => -9.0,
+            200 => 9.0,
+            _ => (i % 17) as f32 * 0.5 - 4.0,
+        };
+    }
+    x[600] = f32::NAN;
+    x[1000] = 1e-30;
+    let mut want = vec![0u8; GgmlType::Q8_K.row_size(x.len()).unwrap()];
+    quantize_row(GgmlType::Q8_K, &x, &mut want).unwrap();
+    let mut got = vec![0u8; want.len()];
+    quantize_activation(GgmlType::Q8_K, &x, &mut got).unwrap();
+    assert_eq!(got, want);
+}

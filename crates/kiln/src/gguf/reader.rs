@@ -110,6 +110,27 @@ impl GgufFile {
         &self.data
     }
 
+    /// Tells the OS that bytes `start..start + len` of the file will not be read soon, so
+    /// the resident pages wholly inside them leave this process's memory (a backend that
+    /// copied a tensor into its own layout calls it). Reads still work: a page is read back
+    /// from the file. A no-op for images held in memory or where the OS refuses.
+    pub fn release(&self, start: usize, len: usize) {
+        const PAGE: usize = 4096;
+        #[cfg(unix)]
+        if let Storage::Mmap(m) = &self.data {
+            let (lo, hi) = (start.next_multiple_of(PAGE), (start + len).min(m.len()) / PAGE * PAGE);
+            if lo < hi {
+                // Huge mappings first: a fault on a neighbouring tensor could otherwise map a
+                // whole huge page of the file back, released pages included.
+                let _ = m.advise_range(memmap2::Advice::NoHugePage, lo, hi - lo);
+                // SAFETY: the map is read-only and backed by the file, so dropped pages come
+                // back with the same bytes: no reference into it sees a change.
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo) };
+            }
+        }
+        let _ = (start, len);
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.index.get(key).map(|&i| &self.metadata[i].1)
     }

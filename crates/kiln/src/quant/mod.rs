@@ -12,6 +12,7 @@
 //! [`vec_dot_fn`] (chosen once per type; `KILN_CPU=scalar|avx2|avx512` caps the tier).
 
 mod float;
+mod interleave;
 mod iquants;
 mod kquants;
 mod kquants_ref;
@@ -19,9 +20,13 @@ mod legacy;
 mod simd;
 mod types;
 
+pub use interleave::{Interleave, Q4K_X8_BLOCK, Q4K_X8_ROWS};
 pub use simd::{cpu_tier, detected_cpu_tier, vec_dot_f16, vec_dot_fn, vec_dot_fn_for, CpuTier};
 #[cfg(target_arch = "x86_64")]
-pub use simd::{tile_kernels, tile_kernels_for, TileKernels, TILE};
+pub use simd::{
+    q4_k_x8_kernels, q4_k_x8_kernels_for, q5_0_x2_kernels, q5_0_x2_kernels_for, tile_kernels,
+    tile_kernels_for, Q4kX8Kernels, Q5_0X2Kernels, TileKernels, TILE,
+};
 pub use types::{GgmlType, ALL_TYPES};
 
 use crate::error::{KilnError, Result};

@@ -2,10 +2,14 @@
 //! over a persistent thread pool.
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod interleaved;
 mod ops;
 pub use ops::rope_cache;
 pub mod pool;
 mod vexp;
+mod weight;
+pub use weight::CpuWeight;
 
 use std::sync::Arc;
 
@@ -14,37 +18,8 @@ use half::f16;
 use super::{Activation, AttnPlan, Backend, RopeParams};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::{self, GgmlType};
+use crate::quant;
 use pool::ThreadPool;
-
-/// A weight matrix (or vector) borrowed from the mapped GGUF file.
-pub struct CpuWeight {
-    file: Arc<GgufFile>,
-    start: usize,
-    len: usize,
-    pub ty: GgmlType,
-    pub rows: usize,
-    pub cols: usize,
-    /// Bytes per row.
-    pub row_size: usize,
-}
-
-impl CpuWeight {
-    pub fn bytes(&self) -> &[u8] {
-        &self.file.bytes()[self.start..self.start + self.len]
-    }
-
-    pub fn row(&self, r: usize) -> &[u8] {
-        &self.bytes()[r * self.row_size..(r + 1) * self.row_size]
-    }
-
-    /// The weight as f32 values (small vectors: norms, biases).
-    pub fn to_f32(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.rows * self.cols];
-        quant::dequantize_row(self.ty, self.bytes(), &mut out).expect("type checked at load");
-        out
-    }
-}
 
 type VectorCache = std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>;
 
@@ -71,7 +46,7 @@ impl CpuBackend {
 
     fn vector(&self, w: &CpuWeight) -> Arc<Vec<f32>> {
         let mut cache = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
-        cache.entry((Arc::as_ptr(&w.file) as usize, w.start)).or_insert_with(|| Arc::new(w.to_f32())).clone()
+        cache.entry(w.key()).or_insert_with(|| Arc::new(w.to_f32())).clone()
     }
 }
 
@@ -96,17 +71,7 @@ impl Backend for CpuBackend {
                 msg: format!("unsupported tensor type {}", t.ty.name()),
             });
         }
-        let (rows, cols) = t.rows_cols();
-        let row_size = t.ty.row_size(cols)?;
-        Ok(CpuWeight {
-            file: gguf.clone(),
-            start: (gguf.data_offset + t.offset) as usize,
-            len: t.size as usize,
-            ty: t.ty,
-            rows,
-            cols,
-            row_size,
-        })
+        CpuWeight::load(gguf, t)
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -139,7 +104,7 @@ impl Backend for CpuBackend {
                 )));
             }
             let dst = &mut out[i * d..(i + 1) * d];
-            quant::dequantize_row(table.ty, table.row(id as usize), dst)?;
+            quant::dequantize_row(table.ty, &table.row(id as usize)?, dst)?;
             if scale != 1.0 {
                 dst.iter_mut().for_each(|x| *x *= scale);
             }

@@ -42,7 +42,7 @@ const TOKEN_TILE: usize = 8;
 /// Weight rows per pool task: enough tasks per thread to balance load (and to absorb a
 /// descheduled thread on a busy machine), few enough that claiming stays cheap, for a
 /// 576-row projection and a 151,936-row vocabulary alike.
-fn rows_per_task(n_rows: usize, n_threads: usize) -> usize {
+pub(super) fn rows_per_task(n_rows: usize, n_threads: usize) -> usize {
     if n_threads <= 1 {
         return n_rows.max(1);
     }
@@ -53,17 +53,47 @@ fn rows_per_task(n_rows: usize, n_threads: usize) -> usize {
 /// pattern (R rows block by block, interleaved) is not one the hardware prefetchers follow
 /// well, and decode streams every weight from DRAM once per token.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_ROWS: usize = 2 * quant::TILE;
+pub(super) const PREFETCH_ROWS: usize = 2 * quant::TILE;
 
 /// Hints the cache lines of `bytes` into L1 (nothing is read).
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn prefetch(bytes: &[u8]) {
+pub(super) fn prefetch(bytes: &[u8]) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     for off in (0..bytes.len()).step_by(64) {
         // SAFETY: a prefetch of an address inside the slice; it never faults.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(off) as *const i8) };
     }
+}
+
+/// The `n_tok` rows of `k` values of `x`, each quantized by `quantize` into `row_bytes`
+/// of `buf` (grown once and reused), on the pool where there is enough work.
+pub(super) fn quantize_rows<'a>(
+    pool: &ThreadPool,
+    x: &[f32],
+    n_tok: usize,
+    k: usize,
+    row_bytes: usize,
+    buf: &'a mut Vec<u8>,
+    quantize: &(dyn Fn(&[f32], &mut [u8]) + Sync),
+) -> &'a [u8] {
+    if buf.len() < row_bytes * n_tok {
+        buf.resize(row_bytes * n_tok, 0);
+    }
+    let q = &mut buf[..row_bytes * n_tok];
+    if n_tok * k <= 1 << 14 {
+        for (src, dst) in x.chunks_exact(k).zip(q.chunks_exact_mut(row_bytes)) {
+            quantize(src, dst);
+        }
+    } else {
+        let qp = SyncPtr(q.as_mut_ptr());
+        pool.run(n_tok, &|t| {
+            // SAFETY: each task writes its own row of `q`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(qp.get().add(t * row_bytes), row_bytes) };
+            quantize(&x[t * k..(t + 1) * k], dst);
+        });
+    }
+    &buf[..row_bytes * n_tok]
 }
 
 /// `out[t, r] = dot(w[r], x[t])` with `x` quantized to the weight's dot type first (into
@@ -77,37 +107,28 @@ pub fn matmul(
     out: &mut [f32],
     act_buf: &mut Vec<u8>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some((layout, packed)) = w.interleaved() {
+        return super::interleaved::matmul(pool, w, layout, packed, x, n_tok, out, act_buf);
+    }
     let k = w.cols;
     let vdt = w.ty.vec_dot_type();
     let act_row = vdt.row_size(k).expect("weight rows are whole blocks");
     let act: &[u8] = if vdt == GgmlType::F32 {
         bytemuck::cast_slice(x)
     } else {
-        if act_buf.len() < act_row * n_tok {
-            act_buf.resize(act_row * n_tok, 0);
-        }
-        let q = &mut act_buf[..act_row * n_tok];
-        if n_tok * k <= 1 << 14 {
-            for (src, dst) in x.chunks_exact(k).zip(q.chunks_exact_mut(act_row)) {
-                quant::quantize_activation(vdt, src, dst).expect("sizes match");
-            }
-        } else {
-            let qp = SyncPtr(q.as_mut_ptr());
-            pool.run(n_tok, &|t| {
-                // SAFETY: each task writes its own row of `q`.
-                let dst = unsafe { std::slice::from_raw_parts_mut(qp.get().add(t * act_row), act_row) };
-                quant::quantize_activation(vdt, &x[t * k..(t + 1) * k], dst).expect("sizes match");
-            });
-        }
-        &act_buf[..act_row * n_tok]
+        quantize_rows(pool, x, n_tok, k, act_row, act_buf, &|src, dst| {
+            quant::quantize_activation(vdt, src, dst).expect("sizes match")
+        })
     };
     let n = w.rows;
     let op = SyncPtr(out.as_mut_ptr());
     let chunk = rows_per_task(n, pool.n_threads());
-    let (wb, rs) = (w.bytes(), w.row_size);
+    let rs = w.row_size;
     let act_at = |t: usize, count: usize| &act[t * act_row..(t + count) * act_row];
     // SAFETY (both writers): element (t, r) is written by the task owning row r only.
     let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
+    let wb = w.bytes().expect("only interleaved weights lack plain bytes");
     #[cfg(target_arch = "x86_64")]
     if let Some(tk) = quant::tile_kernels(w.ty) {
         use quant::TILE;

@@ -7,8 +7,18 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod ktiles;
 #[cfg(target_arch = "x86_64")]
+mod q4k_x8;
+#[cfg(target_arch = "x86_64")]
+mod q5_0_x2;
+#[cfg(target_arch = "x86_64")]
+mod q8k;
+#[cfg(target_arch = "x86_64")]
 mod tiles;
 
+#[cfg(target_arch = "x86_64")]
+pub use q4k_x8::Q4kX8Kernels;
+#[cfg(target_arch = "x86_64")]
+pub use q5_0_x2::Q5_0X2Kernels;
 #[cfg(target_arch = "x86_64")]
 pub use tiles::{TileKernels, TILE};
 
@@ -153,6 +163,30 @@ pub fn tile_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<TileKernels> {
     tiles::tile_kernels(ty, tier.min(detected_cpu_tier()))
 }
 
+/// Matmul kernels on Q4_K×8 (`quant::interleave`) on this CPU, where kiln has them.
+#[cfg(target_arch = "x86_64")]
+pub fn q4_k_x8_kernels() -> Option<Q4kX8Kernels> {
+    q4k_x8::kernels(cpu_tier())
+}
+
+/// [`q4_k_x8_kernels`] for a given tier, capped at what the CPU supports (for tests).
+#[cfg(target_arch = "x86_64")]
+pub fn q4_k_x8_kernels_for(tier: CpuTier) -> Option<Q4kX8Kernels> {
+    q4k_x8::kernels(tier.min(detected_cpu_tier()))
+}
+
+/// Matmul kernels on Q5_0×2 (`quant::interleave`) on this CPU, where kiln has them.
+#[cfg(target_arch = "x86_64")]
+pub fn q5_0_x2_kernels() -> Option<Q5_0X2Kernels> {
+    q5_0_x2::kernels(cpu_tier())
+}
+
+/// [`q5_0_x2_kernels`] for a given tier, capped at what the CPU supports (for tests).
+#[cfg(target_arch = "x86_64")]
+pub fn q5_0_x2_kernels_for(tier: CpuTier) -> Option<Q5_0X2Kernels> {
+    q5_0_x2::kernels(tier.min(detected_cpu_tier()))
+}
+
 // NEON (aarch64) is the seam for an ARM tier: a `neon` module with the same `VecDotFn`
 // signatures and a `CpuTier::Neon`; nothing is claimed for it yet.
 
@@ -179,6 +213,7 @@ pub(super) fn simd_quantize_activation(ty: GgmlType) -> Option<QuantizeFn> {
         match ty {
             GgmlType::Q8_0 => return Some(avx2::quantize_q8_0_act),
             GgmlType::Q8_1 => return Some(avx2::quantize_q8_1_act),
+            GgmlType::Q8_K => return Some(q8k::quantize_q8_k_act),
             _ => {}
         }
     }

@@ -1,0 +1,69 @@
+//! Matmuls on weights repacked with rows interleaved at load (`quant::interleave`): Q4_K
+//! eight rows at a time, Q5_0 two. Each kernel call gives a group of rows × up to eight
+//! tokens; a task's rows pass over eight tokens' activations while those stay in L1.
+//! Every (row, token) dot has the bits of the row-major kernels, whatever the batch.
+
+use super::ops::{prefetch, quantize_rows, rows_per_task, SyncPtr, PREFETCH_ROWS};
+use super::pool::ThreadPool;
+use super::CpuWeight;
+use crate::quant::{self, GgmlType, Interleave, Q4kX8Kernels, Q5_0X2Kernels};
+
+/// Most tokens a kernel call takes (both kernels' limit).
+const TOKENS: usize = 8;
+const _: () = assert!(Q4kX8Kernels::TOKENS == TOKENS && Q5_0X2Kernels::TOKENS == TOKENS);
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul(
+    pool: &ThreadPool,
+    w: &CpuWeight,
+    layout: Interleave,
+    packed: &[u8],
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+    act_buf: &mut Vec<u8>,
+) {
+    let (k, n, rs) = (w.cols, w.rows, w.row_size);
+    let group = layout.rows();
+    // The kernels and the activations in the form they read.
+    type Dots<'k> = Box<dyn Fn(&[u8], &[u8], usize, &mut [f32]) + Sync + 'k>;
+    type Prepare<'k> = Box<dyn Fn(&[f32], &mut [u8]) + Sync + 'k>;
+    let (act_row, prepare, dots): (usize, Prepare, Dots) = match layout {
+        Interleave::Q4kX8 => {
+            let k8 = quant::q4_k_x8_kernels().expect("weights are repacked only where the kernels exist");
+            let act_row = GgmlType::Q8_K.row_size(k).expect("weight rows are whole blocks");
+            let prepare = |src: &[f32], dst: &mut [u8]| {
+                quant::quantize_activation(GgmlType::Q8_K, src, dst).expect("sizes match")
+            };
+            (act_row, Box::new(prepare), Box::new(move |w, a, nt, v| k8.dots(w, a, k, nt, v, group)))
+        }
+        Interleave::Q5_0X2 => {
+            let k2 = quant::q5_0_x2_kernels().expect("weights are repacked only where the kernels exist");
+            let prepare = move |src: &[f32], dst: &mut [u8]| k2.prepare(src, dst).expect("sizes match");
+            let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k2.dots(w, a, k, nt, v, group);
+            (Q5_0X2Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
+        }
+    };
+    let act = quantize_rows(pool, x, n_tok, k, act_row, act_buf, &prepare);
+    let op = SyncPtr(out.as_mut_ptr());
+    // SAFETY: element (t, r) is written by the task owning row r only.
+    let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
+    let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(group);
+    pool.run(n.div_ceil(chunk), &|task| {
+        let rows = task * chunk..((task + 1) * chunk).min(n);
+        let mut v = [0f32; TOKENS * 8];
+        for t0 in (0..n_tok).step_by(TOKENS) {
+            let nt = (n_tok - t0).min(TOKENS);
+            for r in rows.clone().step_by(group) {
+                // A group of rows ahead, as the row-major GEMV does: the stream of small
+                // groups is not one the hardware prefetchers follow well enough in decode.
+                let ahead = ((r + PREFETCH_ROWS.max(group)) * rs).min(packed.len());
+                prefetch(&packed[ahead..(ahead + group * rs).min(packed.len())]);
+                dots(&packed[r * rs..(r + group) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
+                for (t, vt) in v.chunks_exact(group).take(nt).enumerate() {
+                    vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,124 @@
+//! CPU weights: read in place from the mapped GGUF file, except Q4_K and Q5_0 matrices,
+//! which the SIMD tiers repack with rows interleaved (`quant::interleave`: eight Q4_K rows,
+//! two Q5_0 rows; the layout their prefill and decode kernels both read) the first time
+//! they are multiplied, so a table only looked up (an untied `token_embd`) stays in the
+//! file, read a row at a time. The file's pages of a repacked tensor are then released: a
+//! weight is never held twice.
+
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{KilnError, Result};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::{self, GgmlType, Interleave};
+
+/// A weight matrix (or vector).
+pub struct CpuWeight {
+    file: Arc<GgufFile>,
+    start: usize,
+    len: usize,
+    /// The interleaved copy of the tensor, once it was multiplied, where it is repacked (the
+    /// file's bytes then stay unread).
+    interleaved: OnceLock<Option<(Interleave, memmap2::MmapMut)>>,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Bytes per row.
+    pub row_size: usize,
+}
+
+impl CpuWeight {
+    pub(super) fn load(gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<CpuWeight> {
+        let (rows, cols) = t.rows_cols();
+        let row_size = t.ty.row_size(cols)?;
+        Ok(CpuWeight {
+            file: gguf.clone(),
+            start: (gguf.data_offset + t.offset) as usize,
+            len: t.size as usize,
+            interleaved: OnceLock::new(),
+            ty: t.ty,
+            rows,
+            cols,
+            row_size,
+        })
+    }
+
+    /// The interleaved copy of a matrix of `layout`, its file pages released afterwards.
+    /// Anonymous pages asked for as huge pages: decode streams every weight once per token,
+    /// as the file's huge mappings did.
+    fn repack(&self, layout: Interleave) -> Result<memmap2::MmapMut> {
+        let mut dst = memmap2::MmapOptions::new().len(self.len.max(1)).map_anon().map_err(|e| {
+            KilnError::Backend(format!("cannot allocate {} bytes for a weight: {e}", self.len))
+        })?;
+        #[cfg(target_os = "linux")]
+        let _ = dst.advise(memmap2::Advice::HugePage);
+        layout.pack(self.file_bytes(), self.cols, &mut dst[..self.len])?;
+        self.file.release(self.start, self.len);
+        Ok(dst)
+    }
+
+    fn file_bytes(&self) -> &[u8] {
+        &self.file.bytes()[self.start..self.start + self.len]
+    }
+
+    /// The weight's bytes in plain GGUF layout, or `None` where it was repacked.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        self.packed().is_none().then(|| self.file_bytes())
+    }
+
+    /// The interleaved layout and bytes where it was repacked (so far).
+    fn packed(&self) -> Option<(Interleave, &[u8])> {
+        self.interleaved.get()?.as_ref().map(|(layout, m)| (*layout, &m[..self.len]))
+    }
+
+    /// For a matmul: the interleaved layout and bytes where this CPU has kernels for one
+    /// (repacking on the first call), else `None` (multiply [`Self::bytes`]).
+    pub fn interleaved(&self) -> Option<(Interleave, &[u8])> {
+        self.interleaved.get_or_init(|| {
+            let layout = interleave_for(self.ty).filter(|l| self.rows.is_multiple_of(l.rows()))?;
+            // Out of memory for the copy: multiply the file's bytes in place instead.
+            self.repack(layout).ok().map(|m| (layout, m))
+        });
+        self.packed()
+    }
+
+    /// Row `r` in plain GGUF layout (copied out of a repacked weight).
+    pub fn row(&self, r: usize) -> Result<Cow<'_, [u8]>> {
+        if let Some((layout, packed)) = self.packed() {
+            let mut row = vec![0u8; self.row_size];
+            layout.unpack_row(packed, self.cols, r, &mut row)?;
+            return Ok(Cow::Owned(row));
+        }
+        Ok(Cow::Borrowed(&self.file_bytes()[r * self.row_size..(r + 1) * self.row_size]))
+    }
+
+    /// Where the weight starts in its file (a key for caches).
+    pub(super) fn key(&self) -> (usize, usize) {
+        (Arc::as_ptr(&self.file) as usize, self.start)
+    }
+
+    /// The weight as f32 values (small vectors: norms, biases).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for (r, dst) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            let row = self.row(r).expect("rows checked at load");
+            quant::dequantize_row(self.ty, &row, dst).expect("type checked at load");
+        }
+        out
+    }
+}
+
+/// The interleaved layout weights of `ty` are repacked into on this CPU, if any.
+#[cfg(target_arch = "x86_64")]
+fn interleave_for(ty: GgmlType) -> Option<Interleave> {
+    match ty {
+        GgmlType::Q4_K => quant::q4_k_x8_kernels().map(|_| Interleave::Q4kX8),
+        GgmlType::Q5_0 => quant::q5_0_x2_kernels().map(|_| Interleave::Q5_0X2),
+        _ => None,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn interleave_for(_: GgmlType) -> Option<Interleave> {
+    None
+}

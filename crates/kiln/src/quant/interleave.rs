@@ -1,0 +1,128 @@
+//! Q4_K with eight rows interleaved ("Q4_K×8"): the layout the CPU backend repacks Q4_K
+//! matrices into at load for its SIMD tiers, so that one vector load holds eight bytes of
+//! four rows and the matmul kernels sum 32-quant groups of eight rows at once (one scale
+//! multiply per group for eight rows, not one per row: see `simd/q4k_x8.rs`).
+//!
+//! Same bytes, moved: rows 8g..8g+8 form row group g; its superblock i is one block of
+//! 8 × 144 bytes at `(g · nb + i) · 1152`:
+//!
+//! - `[0, 16)`: the eight `d` (f16), lane j holding row [`Q4K_X8_LANES`]`[j]`;
+//! - `[16, 32)`: the eight `dmin`, same lanes;
+//! - `[32, 128)`: the 12 packed scale bytes as planes: byte p of row r at `32 + 8p + r`;
+//! - `[128, 1152)`: the quants in 16 columns of 8 bytes: bytes `8c..8c+8` of row r's 128
+//!   quant bytes at `128 + 64c + 8r`.
+//!
+//! Q5_0 with two rows interleaved ("Q5_0×2"): rows 2p, 2p+1 form pair p; its block i is
+//! 44 bytes at `(p · nb + i) · 44`: the two `d`, the two 32-bit `qh`, then the two rows' 16
+//! quant bytes, so one 256-bit load holds a block of both rows (`simd/q5_0_x2.rs`).
+
+use super::GgmlType;
+use crate::error::{KilnError, Result};
+
+/// Rows per interleaved group.
+pub const Q4K_X8_ROWS: usize = 8;
+/// Bytes of one interleaved block: one superblock of each of the eight rows.
+pub const Q4K_X8_BLOCK: usize = Q4K_X8_ROWS * 144;
+/// Lane j of a block's `d`/`dmin` (and of the kernels' integer sums) holds row `LANES[j]`:
+/// the order `packs` + `madd` leave 8 rows in (rows 0, 1, 4, 5 in the low 128 bits). It is
+/// its own inverse.
+pub const Q4K_X8_LANES: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+
+/// The contiguous pieces of row `r`'s (0..8) superblock in its interleaved block, as
+/// `(offset in the superblock, offset in the block, length)`: d, dmin, the 12 scale bytes
+/// one by one, the 16 columns of 8 quant bytes.
+fn x8_pieces(r: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let lane = Q4K_X8_LANES[r];
+    let scales = (0..12).map(move |p| (4 + p, 32 + 8 * p + r, 1));
+    let quants = (0..16).map(move |c| (16 + 8 * c, 128 + 64 * c + 8 * r, 8));
+    [(0, 2 * lane, 2), (2, 16 + 2 * lane, 2)].into_iter().chain(scales).chain(quants)
+}
+
+/// A row-interleaved layout: the same bytes as the plain matrix, moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interleave {
+    Q4kX8,
+    Q5_0X2,
+}
+
+impl Interleave {
+    /// The weight type it holds.
+    pub fn ty(self) -> GgmlType {
+        match self {
+            Interleave::Q4kX8 => GgmlType::Q4_K,
+            Interleave::Q5_0X2 => GgmlType::Q5_0,
+        }
+    }
+
+    /// Rows per interleaved group.
+    pub fn rows(self) -> usize {
+        match self {
+            Interleave::Q4kX8 => Q4K_X8_ROWS,
+            Interleave::Q5_0X2 => 2,
+        }
+    }
+
+    /// The contiguous pieces of row `r` (of a group) of one block in its interleaved block.
+    fn pieces(self, r: usize) -> Vec<(usize, usize, usize)> {
+        match self {
+            Interleave::Q4kX8 => x8_pieces(r).collect(),
+            Interleave::Q5_0X2 => vec![(0, 2 * r, 2), (2, 4 + 4 * r, 4), (6, 12 + 16 * r, 16)],
+        }
+    }
+
+    /// Rows and blocks per row of a `bytes`-long matrix of `cols` columns, checked to be
+    /// whole groups of rows and to match the other buffer's `other` bytes.
+    fn check(self, cols: usize, bytes: usize, other: usize) -> Result<(usize, usize)> {
+        let ty = self.ty();
+        let row = ty.row_size(cols)?;
+        let rows = bytes / row.max(1);
+        if bytes != rows * row || !rows.is_multiple_of(self.rows()) || other != bytes {
+            return Err(KilnError::invalid(format!(
+                "{self:?}: {bytes} bytes are not whole groups of {} rows of {cols}, or the other \
+                 buffer has {other}",
+                self.rows()
+            )));
+        }
+        Ok((rows, cols / ty.block_size()))
+    }
+
+    /// Interleaves a matrix (`src`: rows of `cols` values, whole groups of rows) into `dst`
+    /// (the same size).
+    pub fn pack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<()> {
+        let (_, nb) = self.check(cols, src.len(), dst.len())?;
+        let (r_n, bs) = (self.rows(), self.ty().type_size());
+        let pieces: Vec<_> = (0..r_n).map(|r| self.pieces(r)).collect();
+        for (g, group) in dst.chunks_exact_mut(nb * r_n * bs).enumerate() {
+            for (i, block) in group.chunks_exact_mut(r_n * bs).enumerate() {
+                for (r, pieces) in pieces.iter().enumerate() {
+                    let sb = &src[((g * r_n + r) * nb + i) * bs..][..bs];
+                    for &(from, to, len) in pieces {
+                        block[to..to + len].copy_from_slice(&sb[from..from + len]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Row `r` of an interleaved matrix of `cols` columns, back in the plain layout (`dst`:
+    /// one row).
+    pub fn unpack_row(self, packed: &[u8], cols: usize, r: usize, dst: &mut [u8]) -> Result<()> {
+        let (rows, nb) = self.check(cols, packed.len(), packed.len())?;
+        let (r_n, bs) = (self.rows(), self.ty().type_size());
+        if r >= rows || dst.len() != nb * bs {
+            return Err(KilnError::invalid(format!(
+                "{self:?}: no row {r} of {rows}, or a {}-byte row",
+                dst.len()
+            )));
+        }
+        let pieces = self.pieces(r % r_n);
+        let group = &packed[(r / r_n) * nb * r_n * bs..][..nb * r_n * bs];
+        for (block, sb) in group.chunks_exact(r_n * bs).zip(dst.chunks_exact_mut(bs)) {
+            for &(from, to, len) in &pieces {
+                sb[from..from + len].copy_from_slice(&block[to..to + len]);
+            }
+        }
+        Ok(())
+    }
+}
