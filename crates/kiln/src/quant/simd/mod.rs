@@ -163,6 +163,38 @@ pub fn tile_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<TileKernels> {
     tiles::tile_kernels(ty, tier.min(detected_cpu_tier()))
 }
 
+/// An interleaved-rows kernel for a fixed number of tokens: weights `x` of `nb` blocks, the
+/// first token's activations at `y` (`ys` bytes per token), outputs at `out`, `os` apart.
+type GroupCore = unsafe fn(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize);
+
+/// Runs `n_tok` tokens through the cores for 1, 2, 4 and 8 tokens, the widest first.
+///
+/// # Safety
+/// The cores' tier was detected on this CPU, and `w`, `a` (`ys` bytes per token) and `out`
+/// (`os` apart) hold every byte the cores read and write for `n_tok` tokens.
+#[allow(clippy::too_many_arguments)]
+unsafe fn by_token_width(
+    cores: &[GroupCore; 4],
+    w: &[u8],
+    a: &[u8],
+    ys: usize,
+    nb: usize,
+    n_tok: usize,
+    out: &mut [f32],
+    os: usize,
+) {
+    let mut t = 0;
+    for (c, width) in [(3, 8), (2, 4), (1, 2), (0, 1)] {
+        while n_tok - t >= width {
+            // SAFETY: the caller's contract covers tokens t..t + width.
+            unsafe {
+                (cores[c])(w.as_ptr(), a.as_ptr().add(t * ys), ys, nb, out.as_mut_ptr().add(t * os), os)
+            };
+            t += width;
+        }
+    }
+}
+
 /// Matmul kernels on Q4_K×8 (`quant::interleave`) on this CPU, where kiln has them.
 #[cfg(target_arch = "x86_64")]
 pub fn q4_k_x8_kernels() -> Option<Q4kX8Kernels> {

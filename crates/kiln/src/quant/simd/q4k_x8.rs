@@ -31,7 +31,7 @@ const QS: usize = 128;
 
 /// `out[t * os + r] = dot(row r, token t)` for the eight rows of the interleaved blocks at
 /// `x` and T activation rows `ys` bytes apart at `y`, `nb` superblocks each.
-type Core = unsafe fn(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize);
+use super::GroupCore as Core;
 
 /// A `vpshufb` pattern: per 128-bit half, 16 byte indices (`-128` yields 0).
 type Pattern = [i8; 32];
@@ -244,18 +244,9 @@ impl Q4kX8Kernels {
             out.iter_mut().for_each(|v| *v = f32::NAN);
             return;
         }
-        let mut t = 0;
-        for (c, width) in [(3, 8), (2, 4), (1, 2), (0, 1)] {
-            while n_tok - t >= width {
-                // SAFETY: the tier was detected before these kernels were handed out, and the
-                // slices hold every byte read and written (checked above).
-                unsafe {
-                    let y = a.as_ptr().add(t * nb * Q8K_BYTES);
-                    (self.cores[c])(w.as_ptr(), y, nb * Q8K_BYTES, nb, out.as_mut_ptr().add(t * os), os)
-                };
-                t += width;
-            }
-        }
+        // SAFETY: the tier was detected before these kernels were handed out, and the slices
+        // hold every byte read and written (checked above).
+        unsafe { super::by_token_width(&self.cores, w, a, nb * Q8K_BYTES, nb, n_tok, out, os) }
     }
 }
 

@@ -33,7 +33,7 @@ const ACT_INIT: usize = 40;
 
 /// `out[t * os + r] = dot(row r, token t)` for the pair at `x` and T prepared activation
 /// rows `ys` bytes apart at `y`, `nb` blocks each.
-type Core = unsafe fn(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize);
+use super::GroupCore as Core;
 
 /// The 16 bytes at `p` in both halves.
 #[inline]
@@ -179,18 +179,9 @@ impl Q5_0X2Kernels {
             out.iter_mut().for_each(|v| *v = f32::NAN);
             return;
         }
-        let mut t = 0;
-        for (c, width) in [(3, 8), (2, 4), (1, 2), (0, 1)] {
-            while n_tok - t >= width {
-                // SAFETY: the tier was detected before these kernels were handed out, and the
-                // slices hold every byte read and written (checked above).
-                unsafe {
-                    let y = a.as_ptr().add(t * nb * ACT);
-                    (self.cores[c])(w.as_ptr(), y, nb * ACT, nb, out.as_mut_ptr().add(t * os), os)
-                };
-                t += width;
-            }
-        }
+        // SAFETY: the tier was detected before these kernels were handed out, and the slices
+        // hold every byte read and written (checked above).
+        unsafe { super::by_token_width(&self.cores, w, a, nb * ACT, nb, n_tok, out, os) }
     }
 }
 
