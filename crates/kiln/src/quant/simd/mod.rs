@@ -167,6 +167,46 @@ pub fn tile_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<TileKernels> {
 /// first token's activations at `y` (`ys` bytes per token), outputs at `out`, `os` apart.
 type GroupCore = unsafe fn(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize);
 
+/// A group kernel file's entry points: `core::<T, VNNI>` compiled for the AVX2 and the
+/// AVX-512 VNNI tiers, and `cores(tier)`, its cores for 1, 2, 4 and 8 tokens there.
+macro_rules! group_cores {
+    () => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn avx2<const T: usize>(
+            x: *const u8,
+            y: *const u8,
+            ys: usize,
+            nb: usize,
+            out: *mut f32,
+            os: usize,
+        ) {
+            core::<T, false>(x, y, ys, nb, out, os)
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn vnni<const T: usize>(
+            x: *const u8,
+            y: *const u8,
+            ys: usize,
+            nb: usize,
+            out: *mut f32,
+            os: usize,
+        ) {
+            core::<T, true>(x, y, ys, nb, out, os)
+        }
+
+        fn cores(tier: super::CpuTier) -> Option<[super::GroupCore; 4]> {
+            use super::CpuTier;
+            match tier {
+                CpuTier::Scalar => None,
+                CpuTier::Avx2 | CpuTier::Avx512 => Some([avx2::<1>, avx2::<2>, avx2::<4>, avx2::<8>]),
+                CpuTier::Avx512Vnni => Some([vnni::<1>, vnni::<2>, vnni::<4>, vnni::<8>]),
+            }
+        }
+    };
+}
+use group_cores;
+
 /// Runs `n_tok` tokens through the cores for 1, 2, 4 and 8 tokens, the widest first.
 ///
 /// # Safety

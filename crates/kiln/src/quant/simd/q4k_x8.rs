@@ -208,15 +208,7 @@ unsafe fn core<const T: usize, const VNNI: bool>(
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2<const T: usize>(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize) {
-    core::<T, false>(x, y, ys, nb, out, os)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vnni<const T: usize>(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize) {
-    core::<T, true>(x, y, ys, nb, out, os)
-}
+super::group_cores!();
 
 /// The Q4_K×8 matmul kernels of one tier.
 #[derive(Clone, Copy)]
@@ -252,12 +244,5 @@ impl Q4kX8Kernels {
 
 /// The Q4_K×8 kernels at `tier` (AVX2 and up).
 pub(super) fn kernels(tier: super::CpuTier) -> Option<Q4kX8Kernels> {
-    use super::CpuTier;
-    match tier {
-        CpuTier::Scalar => None,
-        CpuTier::Avx2 | CpuTier::Avx512 => {
-            Some(Q4kX8Kernels { cores: [avx2::<1>, avx2::<2>, avx2::<4>, avx2::<8>] })
-        }
-        CpuTier::Avx512Vnni => Some(Q4kX8Kernels { cores: [vnni::<1>, vnni::<2>, vnni::<4>, vnni::<8>] }),
-    }
+    cores(tier).map(|cores| Q4kX8Kernels { cores })
 }

@@ -121,15 +121,7 @@ unsafe fn vnni_dot(acc: __m256i, q: __m256i, y: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, q, y)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2<const T: usize>(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize) {
-    core::<T, false>(x, y, ys, nb, out, os)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vnni<const T: usize>(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize) {
-    core::<T, true>(x, y, ys, nb, out, os)
-}
+super::group_cores!();
 
 /// The Q5_0×2 matmul kernels of one tier.
 #[derive(Clone, Copy)]
@@ -187,12 +179,5 @@ impl Q5_0X2Kernels {
 
 /// The Q5_0×2 kernels at `tier` (AVX2 and up).
 pub(super) fn kernels(tier: super::CpuTier) -> Option<Q5_0X2Kernels> {
-    use super::CpuTier;
-    match tier {
-        CpuTier::Scalar => None,
-        CpuTier::Avx2 | CpuTier::Avx512 => {
-            Some(Q5_0X2Kernels { cores: [avx2::<1>, avx2::<2>, avx2::<4>, avx2::<8>] })
-        }
-        CpuTier::Avx512Vnni => Some(Q5_0X2Kernels { cores: [vnni::<1>, vnni::<2>, vnni::<4>, vnni::<8>] }),
-    }
+    cores(tier).map(|cores| Q5_0X2Kernels { cores })
 }
