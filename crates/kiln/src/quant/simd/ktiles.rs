@@ -77,32 +77,23 @@ unsafe fn scaled_sums_512(q: &[__m512i; 4], scale: &[__m512i; 4], y: *const u8) 
 
 /// `vpermw` indices that spread i16 scales over a 512-bit group pair: Q4_K's pair j takes
 /// scales 2j, 2j+1 (32 quants each); Q6_K's takes 4j..4j+4 (16 quants each).
-static Q4K_PAIR_SCALES: [[i16; 32]; 4] = {
+static Q4K_PAIR_SCALES: [[i16; 32]; 4] = pair_scale_table(16);
+static Q6K_PAIR_SCALES: [[i16; 32]; 4] = pair_scale_table(8);
+
+/// Lane l of pair j takes scale (32j + l) / `lanes_per_scale`.
+const fn pair_scale_table(lanes_per_scale: usize) -> [[i16; 32]; 4] {
     let mut t = [[0i16; 32]; 4];
     let mut j = 0;
     while j < 4 {
         let mut l = 0;
         while l < 32 {
-            t[j][l] = (2 * j + l / 16) as i16;
+            t[j][l] = ((32 * j + l) / lanes_per_scale) as i16;
             l += 1;
         }
         j += 1;
     }
     t
-};
-static Q6K_PAIR_SCALES: [[i16; 32]; 4] = {
-    let mut t = [[0i16; 32]; 4];
-    let mut j = 0;
-    while j < 4 {
-        let mut l = 0;
-        while l < 32 {
-            t[j][l] = (4 * j + l / 8) as i16;
-            l += 1;
-        }
-        j += 1;
-    }
-    t
-};
+}
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
