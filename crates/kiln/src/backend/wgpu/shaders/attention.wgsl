@@ -12,6 +12,30 @@
 var<workgroup> q16: array<f32, 256>;
 var<workgroup> pj: array<f32, 64>;
 var<workgroup> bj: array<u32, 64>;
+// Per key of a tile: the softmax rescale of the accumulator, the value's weight, and
+// whether the key raised the running max.
+var<workgroup> pms: array<f32, 64>;
+var<workgroup> pvs: array<f32, 64>;
+var<workgroup> pnew: array<u32, 64>;
+
+// Key j of the tile into this invocation's dims (lid + i * WG) of the accumulator, given
+// its values v0..v3; returns the softmax denominator carried past it.
+fn accumulate(acc: ptr<function, array<f32, 4>>, j: u32, hd: u32, lid: u32, v0: f32, v1: f32, v2: f32,
+              v3: f32, ssum: f32) -> f32 {
+    let ms = pms[j];
+    let vs = pvs[j];
+    let v = array<f32, 4>(v0, v1, v2, v3);
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        if lid + i * WG < hd {
+            var a = (*acc)[i];
+            if pnew[j] != 0u {
+                a = f16r(nc(a * ms));
+            }
+            (*acc)[i] = f16r(fma_x(v[i], vs, a));
+        }
+    }
+    return fma_x(ssum, ms, vs);
+}
 
 fn kv_at(buf_is_v: bool, e: u32) -> f32 {
     var w: u32;
@@ -76,10 +100,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         q16[d] = f16r(qs[th * hd + d]);
     }
     workgroupBarrier();
-    // Scores are computed a tile at a time (one key per invocation); the softmax update
-    // then walks the tile's keys in order with an accumulator rounded to f16 after every
-    // rescale and every fused multiply-add, as kiln's CPU backend (and ggml's one-chunk
-    // flash attention) does: the same order for every batch (batch invariance).
+    // Scores are computed a tile at a time (one key per invocation), then each key's
+    // softmax factors in parallel from the running max before it; the walk over the tile's
+    // keys in order then only rescales and accumulates, rounded to f16 after every rescale
+    // and every fused multiply-add, as kiln's CPU backend (and ggml's one-chunk flash
+    // attention) does: the same order for every batch (batch invariance).
     var m = bitcast<f32>(0xff800000u);
     var ssum = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -93,28 +118,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
         let nv = min(WG, pos - p0 + 1u);
+        // The max before key lid (every invocation walks the tile's scores, broadcast reads).
+        var before = m;
         for (var j = 0u; j < nv; j = j + 1u) {
+            if j == lid {
+                before = m;
+            }
             let sc = pj[j];
+            if sc > m {
+                m = sc;
+            }
+        }
+        if lid < nv {
+            let sc = pj[lid];
             var ms = 1.0;
             var vs = 1.0;
-            let new_max = sc > m;
-            if new_max {
-                ms = exp_acc(m - sc);
-                m = sc;
+            if sc > before {
+                ms = exp_acc(before - sc);
             } else {
-                vs = exp_acc(sc - m);
+                vs = exp_acc(sc - before);
             }
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                let d = lid + i * WG;
-                if d < hd {
-                    var a = acc[i];
-                    if new_max {
-                        a = f16r(nc(a * ms));
-                    }
-                    acc[i] = f16r(fma_x(kv_at(true, bj[j] + d), vs, a));
+            pms[lid] = ms;
+            pvs[lid] = vs;
+            pnew[lid] = u32(sc > before);
+        }
+        workgroupBarrier();
+        var j = 0u;
+        for (; j + 4u <= nv; j = j + 4u) {
+            // Four keys' values loaded before their chains: the loads overlap.
+            var vv: array<f32, 16>;
+            for (var u = 0u; u < 4u; u = u + 1u) {
+                for (var i = 0u; i < 4u; i = i + 1u) {
+                    vv[4u * u + i] = kv_at(true, bj[j + u] + min(lid + i * WG, hd - 1u));
                 }
             }
-            ssum = fma_x(ssum, ms, vs);
+            for (var u = 0u; u < 4u; u = u + 1u) {
+                ssum = accumulate(&acc, j + u, hd, lid, vv[4u * u], vv[4u * u + 1u], vv[4u * u + 2u],
+                    vv[4u * u + 3u], ssum);
+            }
+        }
+        for (; j < nv; j = j + 1u) {
+            let b = bj[j];
+            ssum = accumulate(&acc, j, hd, lid, kv_at(true, b + min(lid, hd - 1u)),
+                kv_at(true, b + min(lid + WG, hd - 1u)), kv_at(true, b + min(lid + 2u * WG, hd - 1u)),
+                kv_at(true, b + min(lid + 3u * WG, hd - 1u)), ssum);
         }
         workgroupBarrier();
     }
