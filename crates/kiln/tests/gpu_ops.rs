@@ -269,6 +269,55 @@ fn glu_fused_into_the_next_matmul_matches_cpu() {
     }
 }
 
+/// A norm (with the residual add first when `add`), then a matmul of its output; `split`
+/// reads the norm's output first so the two run unfused. Returns the matmul's output, the
+/// norm's output and the residual.
+fn norm_matmul_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, add: bool, split: bool) -> Vec<f32> {
+    let n = 3;
+    let w = weight(b, g, &format!("w.{}", ty.name()));
+    let mut x = input(b, g, "x", n, K);
+    let y = input(b, g, "y", n, K);
+    let mut h = b.alloc(n * K).unwrap();
+    let mut out = b.alloc(n * ROWS).unwrap();
+    let norm = weight(b, g, "norm");
+    if add {
+        b.add_rms_norm(&mut x, &y, 0.5, &norm, 1e-6, n, K, &mut h);
+    } else {
+        b.rms_norm(&x, &norm, 1e-6, n, K, &mut h);
+    }
+    if split {
+        read(b, &h, 1);
+    }
+    b.matmul(&w, &h, n, &mut out);
+    let mut v = read(b, &out, n * ROWS);
+    v.extend(read(b, &h, n * K));
+    v.extend(read(b, &x, n * K));
+    v
+}
+
+#[test]
+fn norm_fused_into_the_next_matmul_matches_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for mut gpu in gpus() {
+        gpu.set_matmul_path(MatmulPath::Exact);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
+            for add in [false, true] {
+                let what = format!("norm (add {add}) then matmul {ty} on {}", gpu.name());
+                let before = gpu.counts().get().1;
+                let fused = norm_matmul_out(&gpu, &g, ty, add, false);
+                // Two input uploads, the norm with its quantize, the matmul.
+                let dispatches = gpu.counts().get().1 - before;
+                assert_eq!(dispatches, 4, "{what}: {dispatches} dispatches");
+                let split = norm_matmul_out(&gpu, &g, ty, add, true);
+                let bad = fused.iter().zip(&split).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(bad, 0, "{what}: {bad} values differ from the unfused kernels");
+                compare(&what, &fused, &norm_matmul_out(&cpu, &g, ty, add, false), 0.0);
+            }
+        }
+    }
+}
+
 #[test]
 fn weights_over_the_binding_limit_are_split_by_rows() {
     let g = model();

@@ -16,6 +16,8 @@ const DOT: &str = include_str!("shaders/dot.wgsl");
 const EXP: &str = include_str!("shaders/exp.wgsl");
 const GLU: &str = include_str!("shaders/glu.wgsl");
 const ROPE_CORE: &str = include_str!("shaders/rope_core.wgsl");
+const QUANTIZE_CORE: &str = include_str!("shaders/quantize_core.wgsl");
+const NORM_QUANTIZE: &str = include_str!("shaders/norm_quantize.wgsl");
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
@@ -62,9 +64,11 @@ pub enum Kernel {
     Quantize,
     /// The gated activation (a deferred glu op) fused into the quantize that reads it.
     QuantizeGlu,
-    RmsNorm,
-    /// Residual add fused with the next RMSNorm.
-    AddRmsNorm,
+    /// RMSNorm; `true`: its output also quantized for the matmul reading it (prm[5] the
+    /// mode, the quantized rows bound last).
+    RmsNorm(bool),
+    /// Residual add fused with the next RMSNorm (and, `true`, the quantize after it).
+    AddRmsNorm(bool),
     Rope,
     /// RoPE on q and k with the KV store, fused.
     RopeStore,
@@ -89,7 +93,7 @@ impl Kernel {
             MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
-            RmsNorm | AddRmsNorm => (include_str!("shaders/rms_norm.wgsl"), "main"),
+            RmsNorm(_) | AddRmsNorm(_) => (include_str!("shaders/rms_norm.wgsl"), "main"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
             RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
@@ -229,7 +233,20 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     } else {
         src.to_string()
     };
-    let src = src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
+    let mut src =
+        src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
+    match k {
+        // The quantized rows are bound after the norm's buffers (w, x, out, and y if added).
+        Kernel::RmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "4")),
+        Kernel::AddRmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "5")),
+        Kernel::RmsNorm(false) | Kernel::AddRmsNorm(false) => {
+            src.push_str("fn norm_tail(r: u32, lid: u32) {}\n")
+        }
+        _ => {}
+    }
+    if src.contains("quantize_word(") {
+        s.push_str(QUANTIZE_CORE);
+    }
     if src.contains("glu_value(") {
         s.push_str(GLU);
     }
@@ -246,7 +263,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         src
     };
     s.push_str(&body);
-    if k == Kernel::AddRmsNorm {
+    if let Kernel::AddRmsNorm(_) = k {
         s = fuse_residual(&s);
     }
     set_opaque_flag(&s)

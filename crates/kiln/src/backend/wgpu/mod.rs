@@ -69,9 +69,9 @@ pub struct GpuBackend {
     /// What the activation scratch holds: (source buffer, mode, values). Matmuls of one
     /// input (q/k/v, gate/up) quantize it once; every other op clears this.
     act_src: Mutex<Option<(wgpu::Buffer, u32, usize)>>,
-    /// A glu op not yet dispatched: the matmul reading its output quantizes and applies it
-    /// in one kernel (QuantizeGlu); any other op dispatches it first.
-    pending_glu: Mutex<Option<PendingGlu>>,
+    /// An op not yet dispatched: the matmul reading its output runs it with the activation
+    /// quantize in one kernel; any other op dispatches it first (`flush`).
+    pending: Mutex<Option<Pending>>,
     /// The argmax ids of the last greedy step (grown on demand).
     ids: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
@@ -80,12 +80,32 @@ pub struct GpuBackend {
     matmul: MatmulPath,
 }
 
-/// `gate = act(gate) * up` over `len` values, deferred.
-struct PendingGlu {
-    gate: wgpu::Buffer,
-    up: wgpu::Buffer,
-    act: u32,
-    len: usize,
+/// A deferred op, taken by the quantize of the matmul that reads its output.
+enum Pending {
+    /// `gate = act(gate) * up` over `len` values (QuantizeGlu).
+    Glu { gate: wgpu::Buffer, up: wgpu::Buffer, act: u32, len: usize },
+    /// `out = rms_norm(x)` over `rows` rows of `dim`, after `x += y * scale` where `add`
+    /// holds (y, scale) (the norm kernels with their quantize tail).
+    Norm {
+        w: wgpu::Buffer,
+        wlen: u32,
+        x: wgpu::Buffer,
+        add: Option<(wgpu::Buffer, f32)>,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: wgpu::Buffer,
+    },
+}
+
+impl Pending {
+    /// The buffer it writes, and how many values.
+    fn output(&self) -> (&wgpu::Buffer, usize) {
+        match self {
+            Pending::Glu { gate, len, .. } => (gate, *len),
+            Pending::Norm { out, rows, dim, .. } => (out, rows * dim),
+        }
+    }
 }
 
 /// Which matmul kernel runs (`KILN_GPU_MATMUL=rows|exact|vec` overrides the adapter's
@@ -153,7 +173,7 @@ impl GpuBackend {
             rec,
             act: Mutex::new(None),
             act_src: Mutex::new(None),
-            pending_glu: Mutex::new(None),
+            pending: Mutex::new(None),
             ids: Mutex::new(None),
             counts: Arc::default(),
             split_bytes,
@@ -187,7 +207,7 @@ impl GpuBackend {
     #[doc(hidden)]
     pub fn write(&self, buf: &GpuBuf, v: &[f32]) {
         assert!(v.len() <= buf.len);
-        self.flush_glu();
+        self.flush();
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&buf.buf, 0, bytemuck::cast_slice(v));
@@ -196,7 +216,7 @@ impl GpuBackend {
     /// Overwrites a KV buffer with host f16 values (an even count; tests).
     #[doc(hidden)]
     pub fn write_kv(&self, kv: &GpuKv, v: &[half::f16]) {
-        self.flush_glu();
+        self.flush();
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&kv.buf, 0, bytemuck::cast_slice(&v[..v.len() / 2 * 2]));
     }
@@ -205,7 +225,7 @@ impl GpuBackend {
     #[doc(hidden)]
     pub fn read_kv(&self, kv: &GpuKv, n: usize) -> Vec<half::f16> {
         let mut words = vec![0f32; n.div_ceil(2)];
-        self.flush_glu();
+        self.flush();
         self.lock().read(&self.ctx, &kv.buf, &mut words).expect("read-back");
         let h: &[half::f16] = bytemuck::cast_slice(&words);
         h[..n].to_vec()
@@ -230,9 +250,7 @@ impl GpuBackend {
     }
 
     fn run(&self, k: Kernel, params: &[u32], bufs: &[&wgpu::Buffer], groups: [u32; 3]) {
-        if k != Kernel::QuantizeGlu {
-            self.flush_glu();
-        }
+        self.flush();
         self.counts.dispatches.fetch_add(1, Ordering::Relaxed);
         let pipe = self.pipes.get(&self.ctx, k);
         let mut rec = self.lock();
@@ -242,12 +260,37 @@ impl GpuBackend {
         rec.dispatch(&self.ctx, &pipe, params, bufs, groups);
     }
 
-    /// Dispatches a deferred glu op (before anything that could read or change its buffers).
-    fn flush_glu(&self) {
-        let pending = self.pending_glu.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(p) = pending {
-            self.run(Kernel::Glu, &[p.len as u32, p.act], &[&p.gate, &p.up], grid(p.len, 64));
+    /// Dispatches a deferred op (before anything that could read or change its buffers).
+    fn flush(&self) {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match pending {
+            Some(Pending::Glu { gate, up, act, len }) => {
+                self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64))
+            }
+            Some(norm) => self.run_norm(&norm, None),
+            None => {}
         }
+    }
+
+    /// Holds `p` back for the next op (after dispatching one held before).
+    fn defer(&self, p: Pending) {
+        self.flush();
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+
+    /// A deferred norm, with its output also quantized to `quantize` (mode, buffer).
+    fn run_norm(&self, p: &Pending, quantize: Option<(u32, &wgpu::Buffer)>) {
+        let Pending::Norm { w, wlen, x, add, eps, rows, dim, out } = p else {
+            unreachable!("run_norm takes a norm");
+        };
+        let scale = add.as_ref().map_or(1.0, |a| a.1);
+        let prm = [*rows as u32, *dim as u32, f(*eps), *wlen, f(scale), quantize.map_or(0, |q| q.0)];
+        let mut bufs = vec![w, x, out];
+        bufs.extend(add.as_ref().map(|a| &a.0));
+        bufs.extend(quantize.map(|q| q.1));
+        let q = quantize.is_some();
+        let k = if add.is_some() { Kernel::AddRmsNorm(q) } else { Kernel::RmsNorm(q) };
+        self.run(k, &prm, &bufs, grid(*rows, 1));
     }
 
     fn op(&self) {
@@ -311,15 +354,17 @@ impl GpuBackend {
                 act = self.act_buf(n);
                 let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
-                    let mut glu = self.pending_glu.lock().unwrap_or_else(|e| e.into_inner());
-                    match glu.take_if(|p| p.gate == x.buf && p.len == n) {
-                        Some(p) => {
-                            drop(glu);
-                            let prm = [mode, rows as u32, k as u32, p.act];
-                            self.run(Kernel::QuantizeGlu, &prm, &[&x.buf, &act, &p.up], grid(n / 4, 64));
+                    let taken = {
+                        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                        pending.take_if(|p| p.output() == (&x.buf, n))
+                    };
+                    match taken {
+                        Some(Pending::Glu { up, act: a, .. }) => {
+                            let prm = [mode, rows as u32, k as u32, a];
+                            self.run(Kernel::QuantizeGlu, &prm, &[&x.buf, &act, &up], grid(n / 4, 64));
                         }
+                        Some(norm) => self.run_norm(&norm, Some((mode, &act))),
                         None => {
-                            drop(glu);
                             let prm = [mode, rows as u32, k as u32];
                             self.run(Kernel::Quantize, &prm, &[&x.buf, &act], grid(n / 4, 64));
                         }
@@ -484,7 +529,7 @@ impl Backend for GpuBackend {
 
     fn read(&self, buf: &GpuBuf, out: &mut [f32]) {
         assert!(out.len() <= buf.len, "read of {} values from a buffer of {}", out.len(), buf.len);
-        self.flush_glu();
+        self.flush();
         self.lock().read(&self.ctx, &buf.buf, out).unwrap_or_else(|e| panic!("{e}"));
     }
 
@@ -514,8 +559,9 @@ impl Backend for GpuBackend {
 
     fn rms_norm(&self, x: &GpuBuf, w: &GpuWeight, eps: f32, rows: usize, dim: usize, out: &mut GpuBuf) {
         self.op();
-        let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32];
-        self.run(Kernel::RmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf], grid(rows, 1));
+        let (w, wlen) = (w.parts[0].buf.clone(), (w.rows * w.cols) as u32);
+        let (x, out) = (x.buf.clone(), out.buf.clone());
+        self.defer(Pending::Norm { w, wlen, x, add: None, eps, rows, dim, out });
     }
 
     fn add_rms_norm(
@@ -530,8 +576,10 @@ impl Backend for GpuBackend {
         out: &mut GpuBuf,
     ) {
         self.op();
-        let prm = [rows as u32, dim as u32, f(eps), (w.rows * w.cols) as u32, f(scale)];
-        self.run(Kernel::AddRmsNorm, &prm, &[&w.parts[0].buf, &x.buf, &out.buf, &y.buf], grid(rows, 1));
+        let (w, wlen) = (w.parts[0].buf.clone(), (w.rows * w.cols) as u32);
+        let add = Some((y.buf.clone(), scale));
+        let (x, out) = (x.buf.clone(), out.buf.clone());
+        self.defer(Pending::Norm { w, wlen, x, add, eps, rows, dim, out });
     }
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
@@ -715,9 +763,7 @@ impl Backend for GpuBackend {
             Activation::Silu => 0,
             Activation::GeluTanh => 1,
         };
-        self.flush_glu();
-        *self.pending_glu.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(PendingGlu { gate: gate.buf.clone(), up: up.buf.clone(), act: a, len });
+        self.defer(Pending::Glu { gate: gate.buf.clone(), up: up.buf.clone(), act: a, len });
     }
 
     fn add(&self, x: &mut GpuBuf, y: &GpuBuf, scale: f32, len: usize) {

@@ -53,15 +53,20 @@ fn kv_at(buf_is_v: bool, e: u32) -> f32 {
 fn dot_ggml(base: u32, hd: u32) -> f32 {
     let np = hd / 64u * 64u;
     var x: array<f32, 16>;
-    for (var l = 0u; l < 16u; l = l + 1u) {
+    // Lanes l and l + 1 read one word (base and the offsets are even): the loads halve.
+    for (var l = 0u; l < 16u; l = l + 2u) {
         var a = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+        var b = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
         for (var c = 0u; c < np; c = c + 64u) {
             for (var j = 0u; j < 4u; j = j + 1u) {
                 let e = c + j * 16u + l;
-                a[j] = fma_x(q16[e], kv_at(false, base + e), a[j]);
+                let kv = unpack2x16float(kc[(base + e) >> 1u]);
+                a[j] = fma_x(q16[e], kv.x, a[j]);
+                b[j] = fma_x(q16[e + 1u], kv.y, b[j]);
             }
         }
         x[l] = (a[0] + a[2]) + (a[1] + a[3]);
+        x[l + 1u] = (b[0] + b[2]) + (b[1] + b[3]);
     }
     for (var l = 0u; l < 8u; l = l + 1u) {
         x[l] = x[l + 8u] + x[l];
@@ -144,15 +149,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
         var j = 0u;
-        for (; j + 4u <= nv; j = j + 4u) {
-            // Four keys' values loaded before their chains: the loads overlap.
-            var vv: array<f32, 16>;
-            for (var u = 0u; u < 4u; u = u + 1u) {
+        for (; j + 8u <= nv; j = j + 8u) {
+            // Eight keys' values loaded before their chains: the loads overlap.
+            var vv: array<f32, 32>;
+            for (var u = 0u; u < 8u; u = u + 1u) {
                 for (var i = 0u; i < 4u; i = i + 1u) {
                     vv[4u * u + i] = kv_at(true, bj[j + u] + min(lid + i * WG, hd - 1u));
                 }
             }
-            for (var u = 0u; u < 4u; u = u + 1u) {
+            for (var u = 0u; u < 8u; u = u + 1u) {
                 ssum = accumulate(&acc, j + u, hd, lid, vv[4u * u], vv[4u * u + 1u], vv[4u * u + 2u],
                     vv[4u * u + 3u], ssum);
             }

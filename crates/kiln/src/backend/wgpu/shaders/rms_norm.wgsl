@@ -3,8 +3,9 @@
 // one head's worth for per-head norms). The CPU sums the f32 squares in f64; a
 // float-float (hi + lo) sum is as exact, so the mean rounds to the same f32 in any order.
 // AddRmsNorm (kernels.rs rewrites `x_at`, `x_keep`) first adds the residual: x += y *
-// scale, stored; each invocation reads back only the values it stored itself.
-// prm: n_rows, dim, eps, wlen (, scale).
+// scale, stored; each invocation reads back only the values it stored itself. `norm_tail`
+// (kernels.rs) is empty, or quantizes the rows for the next matmul (norm_quantize.wgsl).
+// prm: n_rows, dim, eps, wlen, scale, quantize mode.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
 @group(0) @binding(2) var<storage, read> xs: array<f32>;
@@ -87,4 +88,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
+    norm_tail(r, lid);
 }
