@@ -40,6 +40,31 @@ fn x4(o: u32, live: bool) -> vec4<f32> {
     }
     return v;
 }";
+/// rms_norm.wgsl's input: a word of the row, and (with the residual add) where the sum is kept.
+const NORM_IN: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
+
+fn x_at(j: u32) -> vec4<f32> {
+    return xs[j];
+}
+
+fn x_keep(j: u32, v: vec4<f32>) {}";
+const NORM_ADD_IN: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> yr: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> xo: array<vec4<f32>>;
+
+// The CPU's add: x + y * scale (the product rounded on its own).
+fn x_at(j: u32) -> vec4<f32> {
+    let s = pf(4u);
+    let y = yr[j];
+    if s == 1.0 {
+        return xs[j] + y;
+    }
+    return xs[j] + vec4<f32>(nc(y.x * s), nc(y.y * s), nc(y.z * s), nc(y.w * s));
+}
+
+fn x_keep(j: u32, v: vec4<f32>) {
+    xo[j] = v;
+}";
 /// Packed 4x8 integer dot: the WGSL builtin (naga emits OpSDot where the device has it, a
 /// polyfill elsewhere), or plain shifts on the forced fallback path.
 const DOT4_PACKED: &str = "    return dot4I8Packed(a, b);";
@@ -233,14 +258,19 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     } else {
         src.to_string()
     };
-    let mut src =
-        src.replace("//INPUT", if k == Kernel::QuantizeGlu { QUANTIZE_GLU_IN } else { QUANTIZE_IN });
+    let input = match k {
+        Kernel::QuantizeGlu => QUANTIZE_GLU_IN,
+        Kernel::RmsNorm(_) => NORM_IN,
+        Kernel::AddRmsNorm(_) => NORM_ADD_IN,
+        _ => QUANTIZE_IN,
+    };
+    let mut src = src.replace("//INPUT", input);
     match k {
-        // The quantized rows are bound after the norm's buffers (w, x, out, and y if added).
+        // The quantized rows are bound after the norm's buffers (w, x, out; y, new x).
         Kernel::RmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "4")),
-        Kernel::AddRmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "5")),
+        Kernel::AddRmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "6")),
         Kernel::RmsNorm(false) | Kernel::AddRmsNorm(false) => {
-            src.push_str("fn norm_tail(r: u32, lid: u32) {}\n")
+            src.push_str("fn norm_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n")
         }
         _ => {}
     }
@@ -263,27 +293,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         src
     };
     s.push_str(&body);
-    if let Kernel::AddRmsNorm(_) = k {
-        s = fuse_residual(&s);
-    }
     set_opaque_flag(&s)
-}
-
-/// rms_norm.wgsl with the residual add in front: `x` becomes writable, `y` is bound at 4,
-/// and each value is `x + y * scale` (the CPU's `add`), stored back before it is squared.
-fn fuse_residual(src: &str) -> String {
-    let (load, keep) = ("fn x_at(i: u32) -> f32 {\n    return xs[i];\n}", "fn x_keep(i: u32, v: f32) {\n}");
-    assert!(src.contains(load) && src.contains(keep), "rms_norm.wgsl hooks");
-    src.replace("var<storage, read> xs:", "var<storage, read_write> xs:")
-        .replace(
-            load,
-            "@group(0) @binding(4) var<storage, read> yr: array<f32>;\n\n\
-             fn x_at(i: u32) -> f32 {\n    \
-             let s = pf(4u);\n    \
-             if s == 1.0 {\n        return xs[i] + yr[i];\n    }\n    \
-             return xs[i] + nc(yr[i] * s);\n}",
-        )
-        .replace(keep, "fn x_keep(i: u32, v: f32) {\n    xs[i] = v;\n}")
 }
 
 /// Inserts `g_opaque = ...` (common.wgsl's `nc`) as the first statement of every entry point.

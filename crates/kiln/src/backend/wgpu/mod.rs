@@ -40,6 +40,9 @@ pub struct GpuWeight {
 pub struct GpuBuf {
     buf: wgpu::Buffer,
     len: usize,
+    /// The other buffer of a residual: the fused add + norm writes `x + y` there (the
+    /// norm's workgroups all read `x`), then the two swap.
+    alt: Option<wgpu::Buffer>,
 }
 
 /// f16 KV values, two per u32 word.
@@ -84,13 +87,13 @@ pub struct GpuBackend {
 enum Pending {
     /// `gate = act(gate) * up` over `len` values (QuantizeGlu).
     Glu { gate: wgpu::Buffer, up: wgpu::Buffer, act: u32, len: usize },
-    /// `out = rms_norm(x)` over `rows` rows of `dim`, after `x += y * scale` where `add`
-    /// holds (y, scale) (the norm kernels with their quantize tail).
+    /// `out = rms_norm(x)` over `rows` rows of `dim`, after `x + y * scale` is stored to
+    /// the new residual where `add` holds (y, scale, new residual).
     Norm {
         w: wgpu::Buffer,
         wlen: u32,
         x: wgpu::Buffer,
-        add: Option<(wgpu::Buffer, f32)>,
+        add: Option<(wgpu::Buffer, f32, wgpu::Buffer)>,
         eps: f32,
         rows: usize,
         dim: usize,
@@ -200,7 +203,7 @@ impl GpuBackend {
     /// Uploads f32 values as a weight vector (tests and callers with host data).
     pub fn upload_f32(&self, v: &[f32]) -> Result<GpuBuf> {
         let buf = self.ctx.upload(bytemuck::cast_slice(v), "kiln buf")?;
-        Ok(GpuBuf { buf, len: v.len() })
+        Ok(GpuBuf { buf, len: v.len(), alt: None })
     }
 
     /// Overwrites the start of `buf` with host values (tests; flushed with the next submission).
@@ -286,11 +289,15 @@ impl GpuBackend {
         let scale = add.as_ref().map_or(1.0, |a| a.1);
         let prm = [*rows as u32, *dim as u32, f(*eps), *wlen, f(scale), quantize.map_or(0, |q| q.0)];
         let mut bufs = vec![w, x, out];
-        bufs.extend(add.as_ref().map(|a| &a.0));
+        if let Some((y, _, x_new)) = add {
+            bufs.extend([y, x_new]);
+        }
         bufs.extend(quantize.map(|q| q.1));
         let q = quantize.is_some();
         let k = if add.is_some() { Kernel::AddRmsNorm(q) } else { Kernel::RmsNorm(q) };
-        self.run(k, &prm, &bufs, grid(*rows, 1));
+        // A workgroup per slice of 256 words (rms_norm.wgsl).
+        let slices = dim.div_ceil(4 * 256);
+        self.run(k, &prm, &bufs, grid(rows * slices, 1));
     }
 
     fn op(&self) {
@@ -520,7 +527,7 @@ impl Backend for GpuBackend {
     }
 
     fn alloc(&self, len: usize) -> Result<GpuBuf> {
-        Ok(GpuBuf { buf: self.ctx.storage((len * 4) as u64, "kiln buf")?, len })
+        Ok(GpuBuf { buf: self.ctx.storage((len * 4) as u64, "kiln buf")?, len, alt: None })
     }
 
     fn alloc_kv(&self, len: usize) -> Result<GpuKv> {
@@ -577,9 +584,15 @@ impl Backend for GpuBackend {
     ) {
         self.op();
         let (w, wlen) = (w.parts[0].buf.clone(), (w.rows * w.cols) as u32);
-        let add = Some((y.buf.clone(), scale));
-        let (x, out) = (x.buf.clone(), out.buf.clone());
-        self.defer(Pending::Norm { w, wlen, x, add, eps, rows, dim, out });
+        if x.alt.is_none() {
+            x.alt = Some(self.ctx.storage(x.buf.size(), "kiln buf").expect("as large as x, which exists"));
+        }
+        let x_new = x.alt.take().expect("set above");
+        let add = Some((y.buf.clone(), scale, x_new.clone()));
+        let x_old = std::mem::replace(&mut x.buf, x_new);
+        x.alt = Some(x_old.clone());
+        let out = out.buf.clone();
+        self.defer(Pending::Norm { w, wlen, x: x_old, add, eps, rows, dim, out });
     }
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {

@@ -1,29 +1,23 @@
-// out = x / sqrt(mean(x²) + eps) * w, one workgroup of NT invocations per row (a decode
-// step's norm is one workgroup: wide, so it is short); `w` has `wlen` values (`dim`, or
-// one head's worth for per-head norms). The CPU sums the f32 squares in f64; a
-// float-float (hi + lo) sum is as exact, so the mean rounds to the same f32 in any order.
-// AddRmsNorm (kernels.rs rewrites `x_at`, `x_keep`) first adds the residual: x += y *
-// scale, stored; each invocation reads back only the values it stored itself. `norm_tail`
-// (kernels.rs) is empty, or quantizes the rows for the next matmul (norm_quantize.wgsl).
+// out = x / sqrt(mean(x²) + eps) * w over rows of `dim`; `w` has `wlen` values (`dim`, or
+// one head's worth for per-head norms). A row is split into slices of NT words (four
+// values each), one workgroup per slice: every workgroup sums the squares of the whole
+// row (a few loads per invocation, all in flight at once), then normalizes its own slice,
+// so a decode step's norm is several short workgroups, not one long one. The CPU sums the
+// f32 squares in f64; a float-float (hi + lo) sum is as exact, so the mean rounds to the
+// same f32 in any order. `x_at`/`x_keep` (kernels.rs NORM_IN, NORM_ADD_IN) read the row,
+// with the residual add in front (x + y * scale, stored to the other residual buffer: other
+// workgroups still read x). `norm_tail` (kernels.rs) is empty, or quantizes the slice for
+// the next matmul (norm_quantize.wgsl).
 // prm: n_rows, dim, eps, wlen, scale, quantize mode.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
-@group(0) @binding(2) var<storage, read> xs: array<f32>;
-@group(0) @binding(3) var<storage, read_write> ys: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ys: array<vec4<f32>>;
+//INPUT
 
 const NT: u32 = 256u;
 
 var<workgroup> red_hi: array<f32, NT>;
 var<workgroup> red_lo: array<f32, NT>;
-
-// Value i of the row, and where the fused kernel stores it back (after all loads of a
-// step are issued).
-fn x_at(i: u32) -> f32 {
-    return xs[i];
-}
-
-fn x_keep(i: u32, v: f32) {
-}
 
 // hi + lo + b as a float-float pair.
 fn ff_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
@@ -31,28 +25,43 @@ fn ff_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
     return two_sum(s.x, s.y + a.y + b.y);
 }
 
+fn ff_squares(s: vec2<f32>, v: vec4<f32>) -> vec2<f32> {
+    var t = s;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        t = ff_add(t, vec2<f32>(nc(v[i] * v[i]), 0.0));
+    }
+    return t;
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
+    let dim = prm[1];
+    let nw = dim / 4u;
+    let n_slices = (nw + NT - 1u) / NT;
+    let g = wid.y * nwg.x + wid.x;
+    let r = g / n_slices;
     if r >= prm[0] {
         return;
     }
-    let dim = prm[1];
+    let slice = g % n_slices;
     let eps = pf(2u);
     let wlen = prm[3];
-    let o = r * dim;
-    // Eight values per step, loaded together: a lone workgroup (decode) is latency-bound.
+    let o = r * nw;
+    // Four words per step, loaded together; this slice's word is kept.
     var s = vec2<f32>(0.0, 0.0);
-    for (var i0 = lid; i0 < dim; i0 = i0 + 8u * NT) {
-        var v: array<f32, 8>;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            v[j] = x_at(o + min(i0 + j * NT, dim - 1u));
+    var mine = vec4<f32>(0.0);
+    for (var c0 = 0u; c0 < n_slices; c0 = c0 + 4u) {
+        var v: array<vec4<f32>, 4>;
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            v[c] = x_at(o + min((c0 + c) * NT + lid, nw - 1u));
         }
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            if i0 + j * NT < dim {
-                x_keep(o + i0 + j * NT, v[j]);
-                s = ff_add(s, vec2<f32>(nc(v[j] * v[j]), 0.0));
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            if (c0 + c) * NT + lid < nw {
+                s = ff_squares(s, v[c]);
+                if c0 + c == slice {
+                    mine = v[c];
+                }
             }
         }
     }
@@ -72,21 +81,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let m0 = hi / fd;
     let mean = m0 + (fma_x(-m0, fd, hi) + red_lo[0]) / fd;
     let scale = 1.0 / sqrt(mean + eps);
-    for (var i0 = lid; i0 < dim; i0 = i0 + 8u * NT) {
-        var v: array<f32, 8>;
-        var w: array<f32, 8>;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            let i = min(i0 + j * NT, dim - 1u);
-            if i0 + j * NT < dim {
-                v[j] = xs[o + i];
-            }
-            w[j] = wn[i % wlen];
+    let j = slice * NT + lid;
+    let live = j < nw;
+    var y = vec4<f32>(0.0);
+    if live {
+        x_keep(o + j, mine);
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            y[i] = nc(mine[i] * scale) * wn[(4u * j + i) % wlen];
         }
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            if i0 + j * NT < dim {
-                ys[o + i0 + j * NT] = nc(v[j] * scale) * w[j];
-            }
-        }
+        ys[o + j] = y;
     }
-    norm_tail(r, lid);
+    norm_tail(o + min(j, nw - 1u), y, live, lid);
 }
