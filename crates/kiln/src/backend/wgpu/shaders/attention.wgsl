@@ -18,25 +18,6 @@ var<workgroup> pms: array<f32, 64>;
 var<workgroup> pvs: array<f32, 64>;
 var<workgroup> pnew: array<u32, 64>;
 
-// Key j of the tile into this invocation's dims (lid + i * WG) of the accumulator, given
-// its values v0..v3; returns the softmax denominator carried past it.
-fn accumulate(acc: ptr<function, array<f32, 4>>, j: u32, hd: u32, lid: u32, v0: f32, v1: f32, v2: f32,
-              v3: f32, ssum: f32) -> f32 {
-    let ms = pms[j];
-    let vs = pvs[j];
-    let v = array<f32, 4>(v0, v1, v2, v3);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        if lid + i * WG < hd {
-            var a = (*acc)[i];
-            if pnew[j] != 0u {
-                a = f16r(nc(a * ms));
-            }
-            (*acc)[i] = f16r(fma_x(v[i], vs, a));
-        }
-    }
-    return fma_x(ssum, ms, vs);
-}
-
 fn kv_at(buf_is_v: bool, e: u32) -> f32 {
     var w: u32;
     if buf_is_v {
@@ -45,6 +26,16 @@ fn kv_at(buf_is_v: bool, e: u32) -> f32 {
         w = kc[e >> 1u];
     }
     return unpack2x16float(w >> ((e & 1u) * 16u)).x;
+}
+
+// One dim's accumulator past key j of the tile (value v); dims past head_dim are never
+// stored.
+fn acc_step(a: f32, v: f32, j: u32) -> f32 {
+    var b = a;
+    if pnew[j] != 0u {
+        b = f16r(nc(b * pms[j]));
+    }
+    return f16r(fma_x(v, pvs[j], b));
 }
 
 // q·k summed in the CPU's order (ggml's AVX-512 ggml_vec_dot_f16): per lane l of 16,
@@ -112,7 +103,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // attention) does: the same order for every batch (batch invariance).
     var m = bitcast<f32>(0xff800000u);
     var ssum = 0.0;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    var a0 = 0.0;
+    var a1 = 0.0;
+    var a2 = 0.0;
+    var a3 = 0.0;
     for (var p0 = first; p0 <= pos; p0 = p0 + WG) {
         let p = p0 + lid;
         if p <= pos {
@@ -148,29 +142,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             pnew[lid] = u32(sc > before);
         }
         workgroupBarrier();
+        // Eight keys' values loaded before their chains (the loads overlap); one
+        // accumulator per dim this invocation owns (head_dim <= 4 WG).
         var j = 0u;
-        for (; j + 8u <= nv; j = j + 8u) {
-            // Eight keys' values loaded before their chains: the loads overlap.
-            var vv: array<f32, 32>;
+        for (; j < nv; j = j + 8u) {
+            var v: array<vec4<f32>, 8>;
             for (var u = 0u; u < 8u; u = u + 1u) {
-                for (var i = 0u; i < 4u; i = i + 1u) {
-                    vv[4u * u + i] = kv_at(true, bj[j + u] + min(lid + i * WG, hd - 1u));
-                }
+                let b = bj[min(j + u, nv - 1u)];
+                v[u] = vec4<f32>(kv_at(true, b + min(lid, hd - 1u)), kv_at(true, b + min(lid + WG, hd - 1u)),
+                    kv_at(true, b + min(lid + 2u * WG, hd - 1u)), kv_at(true, b + min(lid + 3u * WG, hd - 1u)));
             }
-            for (var u = 0u; u < 8u; u = u + 1u) {
-                ssum = accumulate(&acc, j + u, hd, lid, vv[4u * u], vv[4u * u + 1u], vv[4u * u + 2u],
-                    vv[4u * u + 3u], ssum);
+            for (var u = 0u; u < min(8u, nv - j); u = u + 1u) {
+                a0 = acc_step(a0, v[u].x, j + u);
+                a1 = acc_step(a1, v[u].y, j + u);
+                a2 = acc_step(a2, v[u].z, j + u);
+                a3 = acc_step(a3, v[u].w, j + u);
+                ssum = fma_x(ssum, pms[j + u], pvs[j + u]);
             }
-        }
-        for (; j < nv; j = j + 1u) {
-            let b = bj[j];
-            ssum = accumulate(&acc, j, hd, lid, kv_at(true, b + min(lid, hd - 1u)),
-                kv_at(true, b + min(lid + WG, hd - 1u)), kv_at(true, b + min(lid + 2u * WG, hd - 1u)),
-                kv_at(true, b + min(lid + 3u * WG, hd - 1u)), ssum);
         }
         workgroupBarrier();
     }
     let inv = select(0.0, 1.0 / ssum, ssum != 0.0);
+    let acc = array<f32, 4>(a0, a1, a2, a3);
     for (var i = 0u; i < 4u; i = i + 1u) {
         let d = lid + i * WG;
         if d < hd {
