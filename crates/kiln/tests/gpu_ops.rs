@@ -560,7 +560,14 @@ fn fused_rope_and_kv_store_match_cpu() {
 
 /// Two sequences in a block pool of 32-slot blocks, stored through `kv_store`, then
 /// attended by a batch of query tokens from both (GQA 8:2, head_dim 64).
-fn attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, window: Option<u32>) -> Vec<f32> {
+/// Attention over a two-sequence cache; with `then` = (type, split), its output then goes
+/// through a matmul of that type (`split` reads it first, so the two run unfused).
+fn attention_out<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    window: Option<u32>,
+    then: Option<(GgmlType, bool)>,
+) -> Vec<f32> {
     let (n_head, n_kv, hd) = (8, 2, 64);
     let kv_dim = n_kv * hd;
     let n_slots = 6 * 32;
@@ -593,7 +600,39 @@ fn attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, window: Option<u32>) -> V
     };
     let mut out = b.alloc(5 * n_head * hd).unwrap();
     b.attention(&q, &kc, &vc, &plan, &mut out);
-    read(b, &out, 5 * n_head * hd)
+    let mut v = Vec::new();
+    if let Some((ty, split)) = then {
+        if split {
+            read(b, &out, 1);
+        }
+        let mut y = b.alloc(5 * ROWS).unwrap();
+        b.matmul(&weight(b, g, &format!("w.{}", ty.name())), &out, 5, &mut y);
+        v = read(b, &y, 5 * ROWS);
+    }
+    v.extend(read(b, &out, 5 * n_head * hd));
+    v
+}
+
+#[test]
+fn attention_fused_with_the_next_quantize_matches_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for mut gpu in gpus() {
+        gpu.set_matmul_path(MatmulPath::Exact);
+        // head_dim 64: whole Q8_0/Q8_1 blocks (fused), not whole Q8_K superblocks (unfused).
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
+            let what = format!("attention then matmul {ty} on {}", gpu.name());
+            let d0 = gpu.counts().get().1;
+            let fused = attention_out(&gpu, &g, None, Some((ty, false)));
+            let d1 = gpu.counts().get().1;
+            let split = attention_out(&gpu, &g, None, Some((ty, true)));
+            let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
+            assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
+            let bad = fused.iter().zip(&split).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(bad, 0, "{what}: {bad} values differ from the unfused kernels");
+            compare(&what, &fused, &attention_out(&cpu, &g, None, Some((ty, false))), 1e-9);
+        }
+    }
 }
 
 #[test]
@@ -602,8 +641,8 @@ fn kv_store_and_attention_match_cpu() {
     let cpu = CpuBackend::new(2);
     for gpu in gpus() {
         for window in [None, Some(16)] {
-            let c = attention_out(&cpu, &g, window);
-            let d = attention_out(&gpu, &g, window);
+            let c = attention_out(&cpu, &g, window, None);
+            let d = attention_out(&gpu, &g, window, None);
             compare(&format!("attention window {window:?} on {}", gpu.name()), &d, &c, 1e-9);
         }
     }
@@ -614,7 +653,7 @@ fn every_op_records_gpu_work() {
     let gpu = &gpus()[1];
     let g = model();
     let _ = elementwise(gpu, &g, 2);
-    let _ = attention_out(gpu, &g, None);
+    let _ = attention_out(gpu, &g, None, None);
     let (ops, dispatches) = gpu.counts().get();
     assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
 }

@@ -18,6 +18,7 @@ const GLU: &str = include_str!("shaders/glu.wgsl");
 const ROPE_CORE: &str = include_str!("shaders/rope_core.wgsl");
 const QUANTIZE_CORE: &str = include_str!("shaders/quantize_core.wgsl");
 const NORM_QUANTIZE: &str = include_str!("shaders/norm_quantize.wgsl");
+const ATTN_QUANTIZE: &str = include_str!("shaders/attn_quantize.wgsl");
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
@@ -99,7 +100,9 @@ pub enum Kernel {
     RopeStore,
     KvStore,
     KvShift,
-    Attention,
+    /// Attention; `true`: its output also quantized for the matmul reading it (prm[8] the
+    /// mode, the quantized rows bound last).
+    Attention(bool),
     Glu,
     Add,
     AddBias,
@@ -123,7 +126,7 @@ impl Kernel {
             RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
             KvShift => (include_str!("shaders/kv_shift.wgsl"), "main"),
-            Attention => (include_str!("shaders/attention.wgsl"), "main"),
+            Attention(_) => (include_str!("shaders/attention.wgsl"), "main"),
             Glu => (ew, "glu"),
             Add => (ew, "add"),
             AddBias => (ew, "add_bias"),
@@ -272,6 +275,8 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::RmsNorm(false) | Kernel::AddRmsNorm(false) => {
             src.push_str("fn norm_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n")
         }
+        Kernel::Attention(true) => src.push_str(ATTN_QUANTIZE),
+        Kernel::Attention(false) => src.push_str("fn attn_tail(w: u32, live: bool, lid: u32) {}\n"),
         _ => {}
     }
     if src.contains("quantize_word(") {

@@ -99,6 +99,9 @@ enum Pending {
         dim: usize,
         out: wgpu::Buffer,
     },
+    /// Attention (`prm` and `bufs` as the kernel takes them; prm[8] the quantize mode),
+    /// writing `len` values of heads of `head_dim`.
+    Attention { prm: Vec<u32>, bufs: [wgpu::Buffer; 4], groups: [u32; 3], len: usize, head_dim: usize },
 }
 
 impl Pending {
@@ -107,6 +110,16 @@ impl Pending {
         match self {
             Pending::Glu { gate, len, .. } => (gate, *len),
             Pending::Norm { out, rows, dim, .. } => (out, rows * dim),
+            Pending::Attention { bufs, len, .. } => (&bufs[3], *len),
+        }
+    }
+
+    /// Whether its kernel can quantize its output in blocks of `bs` (attention: a head's
+    /// output is whole blocks).
+    fn quantizes(&self, bs: usize) -> bool {
+        match self {
+            Pending::Attention { head_dim, .. } => head_dim.is_multiple_of(bs),
+            _ => true,
         }
     }
 }
@@ -270,6 +283,10 @@ impl GpuBackend {
             Some(Pending::Glu { gate, up, act, len }) => {
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64))
             }
+            Some(Pending::Attention { prm, bufs, groups, .. }) => {
+                let [q, kc, vc, out] = &bufs;
+                self.run(Kernel::Attention(false), &prm, &[q, kc, vc, out], groups)
+            }
             Some(norm) => self.run_norm(&norm, None),
             None => {}
         }
@@ -363,12 +380,17 @@ impl GpuBackend {
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
                     let taken = {
                         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        pending.take_if(|p| p.output() == (&x.buf, n))
+                        pending.take_if(|p| p.output() == (&x.buf, n) && p.quantizes(bs))
                     };
                     match taken {
                         Some(Pending::Glu { up, act: a, .. }) => {
                             let prm = [mode, rows as u32, k as u32, a];
                             self.run(Kernel::QuantizeGlu, &prm, &[&x.buf, &act, &up], grid(n / 4, 64));
+                        }
+                        Some(Pending::Attention { mut prm, bufs, groups, .. }) => {
+                            prm[8] = mode;
+                            let [q, kc, vc, out] = &bufs;
+                            self.run(Kernel::Attention(true), &prm, &[q, kc, vc, out, &act], groups);
                         }
                         Some(norm) => self.run_norm(&norm, Some((mode, &act))),
                         None => {
@@ -740,7 +762,7 @@ impl Backend for GpuBackend {
             plan.head_dim
         );
         let n_tok = plan.pos.len();
-        let tok_off = 8u32;
+        let tok_off = 9u32;
         let tab_off = tok_off + 3 * n_tok as u32;
         let mut table_off = Vec::with_capacity(plan.tables.len());
         let mut tables = Vec::new();
@@ -757,17 +779,16 @@ impl Backend for GpuBackend {
             plan.block_size as u32,
             tok_off,
             tab_off,
+            0,
         ];
         for i in 0..n_tok {
             prm.extend_from_slice(&[plan.pos[i], plan.first_pos(i), table_off[plan.seq[i] as usize]]);
         }
         prm.extend_from_slice(&tables);
-        self.run(
-            Kernel::Attention,
-            &prm,
-            &[&q.buf, &kc.buf, &vc.buf, &out.buf],
-            grid(n_tok * plan.n_head, 1),
-        );
+        let bufs = [q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
+        let groups = grid(n_tok * plan.n_head, 1);
+        let (len, head_dim) = (n_tok * plan.n_head * plan.head_dim, plan.head_dim);
+        self.defer(Pending::Attention { prm, bufs, groups, len, head_dim });
     }
 
     fn glu(&self, gate: &mut GpuBuf, up: &GpuBuf, act: Activation, len: usize) {

@@ -1,8 +1,9 @@
 // Causal attention over the f16 KV cache (GQA, sliding window, block tables): one
 // workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
 // Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256.
-// prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off;
-// per token at tok_off: pos, first_pos, table offset (into tab_off) of its sequence.
+// prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off, quantize
+// mode; per token at tok_off: pos, first_pos, table offset (into tab_off) of its sequence.
+// `attn_tail` (kernels.rs) is empty, or quantizes the head's output for the next matmul.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<u32>;
@@ -170,4 +171,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             ys[th * hd + d] = acc[i] * inv;
         }
     }
+    attn_tail(th * hd / 4u + min(lid, hd / 4u - 1u), lid < hd / 4u, lid);
 }
