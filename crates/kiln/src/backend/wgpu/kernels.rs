@@ -41,6 +41,30 @@ fn x4(o: u32, live: bool) -> vec4<f32> {
     }
     return v;
 }";
+/// matmul_vec.wgsl's sum of a row's NPR partials, in a fixed order: per subgroup, then the
+/// subgroups' sums in order (a tree where a subgroup would span rows).
+const ROW_SUM_SUBGROUP: &str = "fn row_sum(acc: f32, so: u32, lid: u32) -> f32 {
+    let n = subgroupAdd(1u);
+    if n > NPR {
+        return row_sum_tree(acc, so, lid);
+    }
+    let s = subgroupAdd(acc);
+    if g_sgi == 0u {
+        part[so + lid / n] = s;
+    }
+    workgroupBarrier();
+    var v = 0.0;
+    for (var i = 0u; i < NPR / n; i = i + 1u) {
+        v = v + part[so + i];
+    }
+    workgroupBarrier();
+    return v;
+}
+";
+const ROW_SUM_TREE: &str = "fn row_sum(acc: f32, so: u32, lid: u32) -> f32 {
+    return row_sum_tree(acc, so, lid);
+}
+";
 /// rms_norm.wgsl's input: a word of the row, and (with the residual add) where the sum is kept.
 const NORM_IN: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
 
@@ -144,6 +168,20 @@ pub fn rows_per_workgroup() -> usize {
     *RG.get_or_init(|| {
         let env = std::env::var("KILN_GPU_RG").ok().and_then(|v| v.parse().ok());
         env.filter(|r| [1, 2, 4].contains(r)).unwrap_or(2)
+    })
+}
+
+/// The vec matmul's shape: (weight rows per workgroup, invocations per row); tuning
+/// overrides `KILN_GPU_VEC_RG` (1, 2, 4, 8) and `KILN_GPU_NPR` (32, 64, 128), at most 256
+/// invocations in all.
+pub fn vec_shape() -> (usize, usize) {
+    static SHAPE: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *SHAPE.get_or_init(|| {
+        let env = |k: &str, ok: &[usize], d: usize| {
+            std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|v| ok.contains(v)).unwrap_or(d)
+        };
+        let npr = env("KILN_GPU_NPR", &[32, 64, 128], 64);
+        (env("KILN_GPU_VEC_RG", &[1, 2, 4, 8], 2).min(256 / npr), npr)
     })
 }
 
@@ -255,11 +293,18 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         s.push_str(&dot_consts(ty));
         s.push_str(&matmul_store(outs));
     }
-    let src = if let Kernel::Matmul(..) | Kernel::MatmulVec(..) = k {
-        s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
-        src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
-    } else {
-        src.to_string()
+    let src = match k {
+        Kernel::Matmul(..) => {
+            s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
+            src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
+        }
+        Kernel::MatmulVec(..) => {
+            let (rg, npr) = vec_shape();
+            s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
+            s.push_str(if subgroups { ROW_SUM_SUBGROUP } else { ROW_SUM_TREE });
+            src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", npr * rg))
+        }
+        _ => src.to_string(),
     };
     let input = match k {
         Kernel::QuantizeGlu => QUANTIZE_GLU_IN,

@@ -450,9 +450,7 @@ impl GpuBackend {
                 MatmulPath::Exact => {
                     (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
                 }
-                MatmulPath::Vec => {
-                    (Kernel::MatmulVec(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
-                }
+                MatmulPath::Vec => (Kernel::MatmulVec(w.ty, outs_n), grid(p.rows, kernels::vec_shape().0), 8),
             };
             g[2] = rows.div_ceil(tt) as u32;
             let mut bufs = vec![&p.buf, src];

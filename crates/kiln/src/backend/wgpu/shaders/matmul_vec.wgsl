@@ -1,7 +1,8 @@
 // out[t, col0 + r] = dot(w[r], x[t]), mul_mat_vec style, for hardware GPUs: a workgroup
-// takes RG weight rows (kernels.rs VEC_ROWS), 64 invocations each; invocation i sums units i, i + 64, ... of its row (a unit is a
-// 32-value block, a 32-value K sub-block, or 8 floats) in f32, and a fixed tree adds the
-// 64 partials. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
+// takes RG weight rows, NPR invocations each (kernels.rs); invocation i sums units i,
+// i + NPR, ... of its row (a unit is a 32-value block, a 32-value K sub-block, or 8
+// floats) in f32, and `row_sum` (kernels.rs: subgroup sums, else a fixed tree) adds the
+// NPR partials in a fixed order. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
 // pair's arithmetic never depends on the other rows or tokens: batch invariant.
 // prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word, first row
@@ -13,7 +14,22 @@
 
 const TT: u32 = 8u;
 
-var<workgroup> part: array<f32, 64 * RG>;
+var<workgroup> part: array<f32, NPR * RG>;
+
+// The fallback sum of a row's partials: a fixed halving tree.
+fn row_sum_tree(acc: f32, so: u32, lid: u32) -> f32 {
+    part[so + lid] = acc;
+    workgroupBarrier();
+    for (var s = NPR / 2u; s > 0u; s = s >> 1u) {
+        if lid < s {
+            part[so + lid] = part[so + lid] + part[so + lid + s];
+        }
+        workgroupBarrier();
+    }
+    let v = part[so];
+    workgroupBarrier();
+    return v;
+}
 
 // Unit u of the row at byte `base`, with token t.
 fn unit_dot(base: u32, u: u32, t: u32, k: u32) -> f32 {
@@ -44,16 +60,17 @@ fn unit_dot(base: u32, u: u32, t: u32, k: u32) -> f32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
+        @builtin(local_invocation_index) li: u32 /*SG*/) {
+    /*SGI*/
     // Parameters loaded together, then a branch-free body per step, so each invocation
     // has all its loads in flight at once (decode is latency-bound, not just bandwidth).
     let n_rows = prm[0];
     let k = prm[1];
     let n_tok = prm[2];
     let row_size = prm[3];
-    let slot = li / WG;
-    let lid = li % WG;
-    let so = slot * WG;
+    let slot = li / NPR;
+    let lid = li % NPR;
+    let so = slot * NPR;
     // Every invocation reaches every barrier: rows past the end compute the last row again.
     let r = (wid.y * nwg.x + wid.x) * RG + slot;
     let base = (prm[8] + min(r, n_rows - 1u)) * row_size;
@@ -65,23 +82,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tt = min(TT, n_tok - t0);
     for (var t = t0; t < t0 + tt; t = t + 1u) {
         var acc = 0.0;
-        for (var u0 = lid; u0 < nu; u0 = u0 + 2u * WG) {
+        for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
             // Two units per step; the second is clamped and masked past the row's end.
-            let u1 = min(u0 + WG, nu - 1u);
-            let m1 = select(0.0, 1.0, u0 + WG < nu);
+            let u1 = min(u0 + NPR, nu - 1u);
+            let m1 = select(0.0, 1.0, u0 + NPR < nu);
             acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
         }
-        part[so + lid] = acc;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-            if lid < s {
-                part[so + lid] = part[so + lid] + part[so + lid + s];
-            }
-            workgroupBarrier();
-        }
+        let v = row_sum(acc, so, lid);
         if lid == 0u && r < n_rows {
-            store(t, r, part[so]);
+            store(t, r, v);
         }
-        workgroupBarrier();
     }
 }
