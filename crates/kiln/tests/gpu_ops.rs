@@ -116,6 +116,13 @@ fn read<B: Backend>(b: &B, buf: &B::Buf, n: usize) -> Vec<f32> {
     out
 }
 
+/// Asserts `a` and `b` are the same bits, value for value.
+fn assert_same_bits(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let bad = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert_eq!(bad, 0, "{what}: {bad} values differ");
+}
+
 /// Types no kernel reads are widened to F16 at upload: small differences are expected.
 fn widened(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q5_1 | GgmlType::Q3_K)
@@ -164,8 +171,7 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
                 compare(&what, &d, &c, tol);
                 if !widened(ty) && exact {
                     // The same integer sums and f32 steps as the CPU: bit-identical.
-                    let bad = d.iter().zip(&c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                    assert_eq!(bad, 0, "{what}: {bad} values differ from the CPU");
+                    assert_same_bits(&format!("{what}, against the CPU"), &d, &c);
                 }
                 // Row 0 alone and inside a batch: bit-identical.
                 let alone = matmul_out(&gpu, &g, ty, 1);
@@ -203,11 +209,10 @@ fn weights_loaded_together_match_the_cpu_in_one_kernel() {
                     let d = matmul_many_out(&gpu, &g, &group, count, n);
                     let c = matmul_many_out(&cpu, &g, &group, count, n);
                     let what = format!("matmul_many {group} x{count} n={n} on {} {path:?}", gpu.name());
-                    let bad = d.iter().zip(&c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
                     if path == MatmulPath::Vec {
                         compare(&what, &d, &c, 1e-11);
                     } else {
-                        assert_eq!(bad, 0, "{what}: {bad} values differ from the CPU");
+                        assert_same_bits(&format!("{what}, against the CPU"), &d, &c);
                     }
                     // Input upload (embed), quantize, one matmul per run of one type
                     // (the mixed group's third weight is its own run).
@@ -259,8 +264,7 @@ fn glu_fused_into_the_next_matmul_matches_cpu() {
                 let dispatches = gpu.counts().get().1 - before;
                 assert_eq!(dispatches, 4, "{what}: {dispatches} dispatches");
                 let split = glu_matmul_out(&gpu, &g, ty, act, true);
-                let bad = fused.iter().zip(&split).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                assert_eq!(bad, 0, "{what}: {bad} values differ from the unfused kernels");
+                assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 // GELU's tanh differs from the CPU's table in the last bits (as the glu op).
                 let c = glu_matmul_out(&cpu, &g, ty, act, false);
                 compare(&what, &fused, &c, if act == Activation::Silu { 0.0 } else { 1e-10 });
@@ -310,8 +314,7 @@ fn norm_fused_into_the_next_matmul_matches_cpu() {
                 let dispatches = gpu.counts().get().1 - before;
                 assert_eq!(dispatches, 4, "{what}: {dispatches} dispatches");
                 let split = norm_matmul_out(&gpu, &g, ty, add, true);
-                let bad = fused.iter().zip(&split).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                assert_eq!(bad, 0, "{what}: {bad} values differ from the unfused kernels");
+                assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 compare(&what, &fused, &norm_matmul_out(&cpu, &g, ty, add, false), 0.0);
             }
         }
@@ -470,8 +473,7 @@ fn add_rms_norm_of_long_rows_is_bit_identical() {
     let c = long_add_rms_norm(&CpuBackend::new(2), &g);
     for gpu in gpus() {
         let d = long_add_rms_norm(&gpu, &g);
-        let bad = d.iter().zip(&c).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        assert_eq!(bad, 0, "add_rms_norm 2x4096 on {}: {bad} values differ from the CPU", gpu.name());
+        assert_same_bits(&format!("add_rms_norm 2x4096 on {} from the CPU", gpu.name()), &d, &c);
     }
 }
 
@@ -546,14 +548,7 @@ fn fused_rope_and_kv_store_match_cpu() {
             let r = RopeParams { n_rot, ..rope_params(neox, false, false) };
             let c = rope_kv_store_out(&cpu, &g, &r, |kv, n| kv[..n].to_vec());
             let d = rope_kv_store_out(&gpu, &g, &r, |kv, n| gpu.read_kv(kv, n));
-            assert_eq!(c.len(), d.len());
-            let diff = c.iter().zip(&d).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(
-                diff,
-                0,
-                "rope_kv_store neox {neox} n_rot {n_rot} on {}: {diff} values differ",
-                gpu.name()
-            );
+            assert_same_bits(&format!("rope_kv_store neox {neox} n_rot {n_rot} on {}", gpu.name()), &d, &c);
         }
     }
 }
@@ -628,8 +623,7 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
             let split = attention_out(&gpu, &g, None, Some((ty, true)));
             let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
             assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
-            let bad = fused.iter().zip(&split).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(bad, 0, "{what}: {bad} values differ from the unfused kernels");
+            assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
             compare(&what, &fused, &attention_out(&cpu, &g, None, Some((ty, false))), 1e-9);
         }
     }
