@@ -729,4 +729,18 @@ fn argmax_matches_the_greedy_sampler() {
         // A row shorter than the workgroup.
         assert_eq!(gpu.argmax(&x, 1, 10), vec![kiln::sample::argmax(&flat[..10])]);
     }
+    // Vocabulary-sized rows (several rounds of loads per invocation), the maximum and a
+    // tie in the last partial round.
+    let n = 151_937;
+    let mut rows: Vec<Vec<f32>> = (0..2).map(|_| rng.vec(n)).collect();
+    rows[0][n - 2] = 9.0;
+    rows[1][n - 7] = 9.0;
+    rows[1][70_000] = 9.0;
+    let flat: Vec<f32> = rows.concat();
+    let want: Vec<u32> = rows.iter().map(|r| kiln::sample::argmax(r)).collect();
+    assert_eq!(want, [n as u32 - 2, 70_000]);
+    for gpu in gpus() {
+        let x = gpu.upload_f32(&flat).unwrap();
+        assert_eq!(gpu.argmax(&x, rows.len(), n), want, "{}", gpu.name());
+    }
 }
