@@ -86,6 +86,10 @@ fn model() -> Arc<GgufFile> {
     w.add_f32("norm4k", &[4096], &rng.vec(4096)).unwrap();
     w.add_f32("headnorm", &[64], &rng.vec(64)).unwrap();
     w.add_f32("bias", &[K as u64], &rng.vec(K)).unwrap();
+    // Biases of the grouped weights (q/k/v's).
+    for (i, rows) in [37usize, 13, 21].into_iter().enumerate() {
+        w.add_f32(&format!("bias.{i}"), &[rows as u64], &rng.vec(rows)).unwrap();
+    }
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
 }
 
@@ -182,7 +186,14 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
 }
 
 /// `matmul_many` over 2 or 3 weights loaded with `load_weights`: each output as `n` rows.
-fn matmul_many_out<B: Backend>(b: &B, g: &Arc<GgufFile>, group: &str, count: usize, n: usize) -> Vec<f32> {
+fn matmul_many_out<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    group: &str,
+    count: usize,
+    n: usize,
+    bias: bool,
+) -> Vec<f32> {
     let names: Vec<String> = (0..count).map(|i| format!("{group}.{i}")).collect();
     let ts: Vec<_> = names.iter().map(|nm| g.tensor(nm).unwrap()).collect();
     let ws = b.load_weights(g, &ts).unwrap();
@@ -190,7 +201,10 @@ fn matmul_many_out<B: Backend>(b: &B, g: &Arc<GgufFile>, group: &str, count: usi
     let mut outs: Vec<B::Buf> = (0..count).map(|_| b.alloc(16 * 37).unwrap()).collect();
     let wr: Vec<&B::Weight> = ws.iter().collect();
     let mut or: Vec<&mut B::Buf> = outs.iter_mut().collect();
-    b.matmul_many(&wr, &x, n, &mut or);
+    let bs: Vec<B::Weight> =
+        (0..count).filter(|_| bias).map(|i| weight(b, g, &format!("bias.{i}"))).collect();
+    let br: Vec<Option<&B::Weight>> = bs.iter().map(Some).collect();
+    b.matmul_many(&wr, &br, &x, n, &mut or);
     ws.iter().zip(&outs).flat_map(|(w, o)| read(b, o, n * b.weight_shape(w).0)).collect()
 }
 
@@ -204,18 +218,21 @@ fn weights_loaded_together_match_the_cpu_in_one_kernel() {
             let groups =
                 GROUPED.iter().map(|ty| (format!("grp.{}", ty.name()), 1)).chain([("mix".into(), 2)]);
             for (group, kernels) in groups {
-                for (count, n) in [(3, 1), (2, 5), (3, 11)] {
+                for (count, n, bias) in
+                    [(3, 1, false), (2, 5, false), (3, 11, false), (3, 1, true), (3, 11, true)]
+                {
                     let before = gpu.counts().get().1;
-                    let d = matmul_many_out(&gpu, &g, &group, count, n);
-                    let c = matmul_many_out(&cpu, &g, &group, count, n);
-                    let what = format!("matmul_many {group} x{count} n={n} on {} {path:?}", gpu.name());
+                    let d = matmul_many_out(&gpu, &g, &group, count, n, bias);
+                    let c = matmul_many_out(&cpu, &g, &group, count, n, bias);
+                    let what =
+                        format!("matmul_many {group} x{count} n={n} bias {bias} on {} {path:?}", gpu.name());
                     if path == MatmulPath::Vec {
                         compare(&what, &d, &c, 1e-11);
                     } else {
                         assert_same_bits(&format!("{what}, against the CPU"), &d, &c);
                     }
                     // Input upload (embed), quantize, one matmul per run of one type
-                    // (the mixed group's third weight is its own run).
+                    // (the mixed group's third weight is its own run), biases added in it.
                     let dispatches = gpu.counts().get().1 - before;
                     let runs = if count == 3 { kernels } else { 1 };
                     assert_eq!(dispatches, 2 + runs, "{what}: {dispatches} dispatches");

@@ -127,11 +127,22 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// `out[rows, w.rows] = x[rows, w.cols] · wᵀ`.
     fn matmul(&self, w: &Self::Weight, x: &Self::Buf, rows: usize, out: &mut Self::Buf);
-    /// `outs[i] = x · ws[i]ᵀ` for weights of one input (q/k/v; gate/up): one kernel where
-    /// they were loaded together by `load_weights` (the GPU).
-    fn matmul_many(&self, ws: &[&Self::Weight], x: &Self::Buf, rows: usize, outs: &mut [&mut Self::Buf]) {
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+    /// `outs[i] = x · ws[i]ᵀ (+ biases[i])` for weights of one input (q/k/v; gate/up): one
+    /// kernel where they were loaded together by `load_weights` (the GPU), biases added as
+    /// the outputs are stored. `biases` is empty or has one entry per weight.
+    fn matmul_many(
+        &self,
+        ws: &[&Self::Weight],
+        biases: &[Option<&Self::Weight>],
+        x: &Self::Buf,
+        rows: usize,
+        outs: &mut [&mut Self::Buf],
+    ) {
+        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
             self.matmul(w, x, rows, out);
+            if let Some(Some(b)) = biases.get(i) {
+                self.add_bias(out, b, rows);
+            }
         }
     }
     /// Adds the bias vector `b` to each of `rows` rows.

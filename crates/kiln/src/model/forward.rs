@@ -145,12 +145,9 @@ impl<B: Backend> Model<B> {
         b.rms_norm(&s.x, &w.layers[0].attn_norm, cfg.norm_eps, n, d, &mut s.h);
         for (il, lw) in w.layers.iter().enumerate() {
             // Attention block (its norm was applied with the previous residual add).
-            b.matmul_many(&[&lw.wq, &lw.wk, &lw.wv], &s.h, n, &mut [&mut s.q, &mut s.k, &mut s.v]);
-            for (bias, x) in [(&lw.bq, &mut s.q), (&lw.bk, &mut s.k), (&lw.bv, &mut s.v)] {
-                if let Some(bias) = bias {
-                    b.add_bias(x, bias, n);
-                }
-            }
+            let biases = [lw.bq.as_ref(), lw.bk.as_ref(), lw.bv.as_ref()];
+            let qkv = &mut [&mut s.q, &mut s.k, &mut s.v];
+            b.matmul_many(&[&lw.wq, &lw.wk, &lw.wv], &biases, &s.h, n, qkv);
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 b.rms_norm(&s.q, qn, cfg.norm_eps, n * cfg.n_head, cfg.head_dim, &mut s.att);
                 std::mem::swap(&mut s.q, &mut s.att);
@@ -191,7 +188,7 @@ impl<B: Backend> Model<B> {
             }
             // Feed-forward block.
             b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, &lw.ffn_norm, cfg.norm_eps, n, d, &mut s.h);
-            b.matmul_many(&[&lw.ffn_gate, &lw.ffn_up], &s.h, n, &mut [&mut s.gate, &mut s.up]);
+            b.matmul_many(&[&lw.ffn_gate, &lw.ffn_up], &[], &s.h, n, &mut [&mut s.gate, &mut s.up]);
             b.glu(&mut s.gate, &s.up, cfg.activation, n * cfg.n_ff);
             b.matmul(&lw.ffn_down, &s.gate, n, &mut s.o);
             if let Some(pn) = &lw.ffn_post_norm {

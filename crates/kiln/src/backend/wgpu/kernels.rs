@@ -99,17 +99,25 @@ const DOT4_PLAIN: &str = "    var s = 0;
     }
     return s;";
 
+/// A matmul's outputs: how many (1, or 2-3 for weights uploaded together: q/k/v,
+/// gate/up), and whether each adds its bias vector as values are stored (q/k/v biases).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Outs {
+    pub n: u8,
+    pub bias: bool,
+}
+
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// A workgroup per weight row with the CPU's exact float chains (bit-identical). The
     /// count is of outputs (1, or 2-3 for weights uploaded together: q/k/v, gate/up).
-    Matmul(GgmlType, u8),
+    Matmul(GgmlType, Outs),
     /// An invocation per weight row (software adapters).
-    MatmulRows(GgmlType, u8),
+    MatmulRows(GgmlType, Outs),
     /// Rows split over a workgroup, f32 partial sums (not bit-identical to the CPU, still
     /// batch invariant).
-    MatmulVec(GgmlType, u8),
+    MatmulVec(GgmlType, Outs),
     Embed(GgmlType),
     Quantize,
     /// The gated activation (a deferred glu op) fused into the quantize that reads it.
@@ -243,26 +251,40 @@ fn dot_consts(ty: GgmlType) -> String {
 /// The matmuls' `store(t, r, v)` of row `r`'s value for token `t`: to `ys` at the
 /// output stride and column (prm 4, 5), or, for weights uploaded together, to the output
 /// whose rows hold `r` (bindings 3, 4, 5 from the row boundaries prm 9, 10).
-fn matmul_store(outs: u8) -> String {
-    if outs == 1 {
-        return "fn store(t: u32, r: u32, v: f32) {\n    ys[t * prm[4] + prm[5] + r] = v;\n}\n".into();
-    }
+fn matmul_store(outs: Outs) -> String {
+    let n = outs.n as usize;
     let mut s = String::new();
-    let mut body = String::new();
-    for i in 1..outs as usize {
+    for i in 1..n {
         s.push_str(&format!("@group(0) @binding({}) var<storage, read_write> ys{i}: array<f32>;\n", 3 + i));
+    }
+    if outs.bias {
+        for i in 0..n {
+            s.push_str(&format!(
+                "@group(0) @binding({}) var<storage, read> bias{i}: array<f32>;\n",
+                3 + n + i
+            ));
+        }
+    }
+    // Value v of column c of output i; the bias add is the CPU's separate add (nc: never
+    // fused with the product before it).
+    let value = |i: usize| if outs.bias { format!("nc(v) + bias{i}[c]") } else { "v".to_string() };
+    let mut body = String::new();
+    if n == 1 {
+        // prm[4] columns from prm[5] (a part of a weight split by rows).
+        body.push_str(&format!("    let c = prm[5] + r;\n    ys[t * prm[4] + c] = {};\n", value(0)));
     }
     // Output i holds rows bound[i]..bound[i + 1] of the dispatch.
     let bound = |i: usize| match i {
         0 => "0u".to_string(),
-        i if i == outs as usize => "prm[0]".to_string(),
+        i if i == n => "prm[0]".to_string(),
         i => format!("prm[{}]", 8 + i),
     };
-    for i in (0..outs as usize).rev() {
+    for i in (0..n).rev().filter(|_| n > 1) {
         let name = if i == 0 { "ys".to_string() } else { format!("ys{i}") };
         let (lo, hi) = (bound(i), bound(i + 1));
         body.push_str(&format!(
-            "    if r >= {lo} {{\n        {name}[t * ({hi} - {lo}) + r - {lo}] = v;\n        return;\n    }}\n"
+            "    if r >= {lo} {{\n        let c = r - {lo};\n        {name}[t * ({hi} - {lo}) + c] = {};\n        return;\n    }}\n",
+            value(i)
         ));
     }
     s.push_str(&format!("fn store(t: u32, r: u32, v: f32) {{\n{body}}}\n"));

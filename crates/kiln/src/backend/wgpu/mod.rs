@@ -350,9 +350,17 @@ impl GpuBackend {
             .collect())
     }
 
-    /// `outs[i] = x · ws[i]ᵀ`: one weight (its parts one kernel each), or 2-3 weights that
-    /// are consecutive runs of one buffer (one kernel, `store` routes each row's output).
-    fn matmul_to(&self, ws: &[&GpuWeight], x: &GpuBuf, rows: usize, outs: &[&wgpu::Buffer]) {
+    /// `outs[i] = x · ws[i]ᵀ (+ biases[i])`: one weight (its parts one kernel each), or 2-3
+    /// weights that are consecutive runs of one buffer (one kernel, `store` routes each
+    /// row's output); `biases` is empty or has one vector per weight.
+    fn matmul_to(
+        &self,
+        ws: &[&GpuWeight],
+        biases: &[&wgpu::Buffer],
+        x: &GpuBuf,
+        rows: usize,
+        outs: &[&wgpu::Buffer],
+    ) {
         let w = ws[0];
         {
             // An output may be a later matmul's input: what it held is stale then.
@@ -435,7 +443,7 @@ impl GpuBackend {
                 bounds[0],
                 bounds[1],
             ];
-            let outs_n = outs.len() as u8;
+            let outs_n = kernels::Outs { n: outs.len() as u8, bias: !biases.is_empty() };
             // Both exact kernels give the same bits; for prompts of 32-value block formats
             // an invocation per row is faster on the H200 (pp512: smollm2 2.2x, 7B Q4_0
             // 1.3x; K formats 0.6x, so they keep the workgroup per row).
@@ -455,6 +463,7 @@ impl GpuBackend {
             g[2] = rows.div_ceil(tt) as u32;
             let mut bufs = vec![&p.buf, src];
             bufs.extend_from_slice(outs);
+            bufs.extend_from_slice(biases);
             self.run(kernel, &prm, &bufs, g);
         }
     }
@@ -617,7 +626,7 @@ impl Backend for GpuBackend {
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
-        self.matmul_to(&[w], x, rows, &[&out.buf]);
+        self.matmul_to(&[w], &[], x, rows, &[&out.buf]);
     }
 
     fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
@@ -651,9 +660,17 @@ impl Backend for GpuBackend {
         Ok(out)
     }
 
-    fn matmul_many(&self, ws: &[&GpuWeight], x: &GpuBuf, rows: usize, outs: &mut [&mut GpuBuf]) {
+    fn matmul_many(
+        &self,
+        ws: &[&GpuWeight],
+        biases: &[Option<&GpuWeight>],
+        x: &GpuBuf,
+        rows: usize,
+        outs: &mut [&mut GpuBuf],
+    ) {
         // Weights uploaded together are consecutive runs of one buffer: one kernel (and
-        // one op, for the dispatch counter) per run.
+        // one op, for the dispatch counter) per run, adding the run's biases as it stores
+        // where every weight of the run has one.
         let next = |a: &GpuWeight, b: &GpuWeight| {
             let (a, b) = (&a.parts, &b.parts);
             a.len() == 1 && b.len() == 1 && a[0].buf == b[0].buf && b[0].first == a[0].first + a[0].rows
@@ -666,7 +683,18 @@ impl Backend for GpuBackend {
             }
             self.counts.ops.fetch_add(1, Ordering::Relaxed);
             let bufs: Vec<&wgpu::Buffer> = outs[i..j].iter().map(|o| &o.buf).collect();
-            self.matmul_to(&ws[i..j], x, rows, &bufs);
+            let run = biases.get(i..j).unwrap_or_default();
+            if run.iter().all(|b| b.is_some()) && !run.is_empty() {
+                let bs: Vec<&wgpu::Buffer> = run.iter().flatten().map(|b| &b.parts[0].buf).collect();
+                self.matmul_to(&ws[i..j], &bs, x, rows, &bufs);
+            } else {
+                self.matmul_to(&ws[i..j], &[], x, rows, &bufs);
+                for (b, out) in run.iter().zip(outs[i..j].iter_mut()) {
+                    if let Some(b) = b {
+                        self.add_bias(out, b, rows);
+                    }
+                }
+            }
             i = j;
         }
     }
