@@ -42,12 +42,28 @@ fn x4(o: u32, live: bool) -> vec4<f32> {
     return v;
 }";
 /// matmul_vec.wgsl's sum of a row's NPR partials, in a fixed order: per subgroup, then the
-/// subgroups' sums in order (a tree where a subgroup would span rows).
-const ROW_SUM_SUBGROUP: &str = "fn row_sum(acc: f32, so: u32, lid: u32) -> f32 {
+/// subgroups' sums in order, where every subgroup is a run of consecutive invocations
+/// inside one row's (checked once per workgroup: WGSL promises neither), else a tree.
+const ROW_SUM_SUBGROUP: &str = "var<workgroup> sg_split: u32;
+
+fn rows_by_subgroup(li: u32) -> bool {
     let n = subgroupAdd(1u);
-    if n > NPR {
+    let first = subgroupBroadcastFirst(li);
+    if li == 0u {
+        sg_split = 0u;
+    }
+    workgroupBarrier();
+    if n > NPR || NPR % n != 0u || first % n != 0u || first + g_sgi != li {
+        sg_split = 1u;
+    }
+    return workgroupUniformLoad(&sg_split) == 0u;
+}
+
+fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
+    if !by_subgroup {
         return row_sum_tree(acc, so, lid);
     }
+    let n = subgroupAdd(1u);
     let s = subgroupAdd(acc);
     if g_sgi == 0u {
         part[so + lid / n] = s;
@@ -61,7 +77,11 @@ const ROW_SUM_SUBGROUP: &str = "fn row_sum(acc: f32, so: u32, lid: u32) -> f32 {
     return v;
 }
 ";
-const ROW_SUM_TREE: &str = "fn row_sum(acc: f32, so: u32, lid: u32) -> f32 {
+const ROW_SUM_TREE: &str = "fn rows_by_subgroup(li: u32) -> bool {
+    return false;
+}
+
+fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
     return row_sum_tree(acc, so, lid);
 }
 ";

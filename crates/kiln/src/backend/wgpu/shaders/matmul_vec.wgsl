@@ -62,6 +62,7 @@ fn unit_dot(base: u32, u: u32, t: u32, k: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32 /*SG*/) {
     /*SGI*/
+    let by_subgroup = rows_by_subgroup(li);
     // Parameters loaded together, then a branch-free body per step, so each invocation
     // has all its loads in flight at once (decode is latency-bound, not just bandwidth).
     let n_rows = prm[0];
@@ -88,7 +89,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let m1 = select(0.0, 1.0, u0 + NPR < nu);
             acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
         }
-        let v = row_sum(acc, so, lid);
+        let v = row_sum(acc, so, lid, by_subgroup);
         if lid == 0u && r < n_rows {
             store(t, r, v);
         }
