@@ -49,23 +49,6 @@ pub(super) fn rows_per_task(n_rows: usize, n_threads: usize) -> usize {
     (n_rows / (n_threads * 8)).clamp(4, 1024).next_multiple_of(4)
 }
 
-/// How far ahead of the rows being multiplied a GEMV asks for weight rows: the access
-/// pattern (R rows block by block, interleaved) is not one the hardware prefetchers follow
-/// well, and decode streams every weight from DRAM once per token.
-#[cfg(target_arch = "x86_64")]
-pub(super) const PREFETCH_ROWS: usize = 2 * quant::TILE;
-
-/// Hints the cache lines of `bytes` into L1 (nothing is read).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-pub(super) fn prefetch(bytes: &[u8]) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    for off in (0..bytes.len()).step_by(64) {
-        // SAFETY: a prefetch of an address inside the slice; it never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(off) as *const i8) };
-    }
-}
-
 /// The `n_tok` rows of `k` values of `x`, each quantized by `quantize` into `row_bytes`
 /// of `buf` (grown once and reused), on the pool where there is enough work.
 pub(super) fn quantize_rows<'a>(
@@ -140,8 +123,6 @@ pub fn matmul(
                 for t in 0..n_tok {
                     let mut r = rows.start;
                     while r + TILE <= rows.end {
-                        let ahead = ((r + PREFETCH_ROWS) * rs).min(wb.len());
-                        prefetch(&wb[ahead..(ahead + TILE * rs).min(wb.len())]);
                         tk.rows4(&wb[r * rs..(r + TILE) * rs], act_at(t, 1), k, &mut v);
                         (0..TILE).for_each(|i| put(t, r + i, v[i]));
                         r += TILE;
