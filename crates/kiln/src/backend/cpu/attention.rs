@@ -10,6 +10,10 @@
 //! sequence, and widens each K/V row to f32 once for the whole tile. Every query still
 //! sees its keys in ascending position with the same arithmetic, so its result does not
 //! depend on the tile. Scratch lives on the task's stack: no allocation.
+//!
+//! The f16 primitives (dot, rescale, multiply-add with rounding) run 16 lanes wide where
+//! the CPU has AVX-512 F, each lane with the arithmetic of the 8-lane AVX2 forms, so every
+//! tier gives the same bits (~1.3x on gemma3-270m's pp512 attention).
 
 use half::f16;
 
