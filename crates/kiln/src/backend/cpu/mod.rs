@@ -191,6 +191,10 @@ impl Backend for CpuBackend {
         x[..len].iter_mut().for_each(|x| *x *= s);
     }
 
+    fn argmax(&self, x: &Vec<f32>, rows: usize, n: usize) -> Vec<u32> {
+        ops::argmax_rows(&x[..rows * n], n)
+    }
+
     fn gather_rows(&self, x: &Vec<f32>, rows: &[u32], dim: usize, out: &mut Vec<f32>) {
         for (j, &r) in rows.iter().enumerate() {
             let r = r as usize;
