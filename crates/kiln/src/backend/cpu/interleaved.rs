@@ -3,7 +3,7 @@
 //! tokens; a task's rows pass over eight tokens' activations while those stay in L1.
 //! Every (row, token) dot has the bits of the row-major kernels, whatever the batch.
 
-use super::ops::{prefetch, quantize_rows, rows_per_task, SyncPtr, PREFETCH_ROWS};
+use super::ops::{quantize_rows, rows_per_task, SyncPtr};
 use super::pool::ThreadPool;
 use super::CpuWeight;
 use crate::quant::{self, GgmlType, Interleave, Q4kX8Kernels, Q5_0X2Kernels};
@@ -55,10 +55,6 @@ pub(super) fn matmul(
         for t0 in (0..n_tok).step_by(TOKENS) {
             let nt = (n_tok - t0).min(TOKENS);
             for r in rows.clone().step_by(group) {
-                // A group of rows ahead, as the row-major GEMV does: the stream of small
-                // groups is not one the hardware prefetchers follow well enough in decode.
-                let ahead = ((r + PREFETCH_ROWS.max(group)) * rs).min(packed.len());
-                prefetch(&packed[ahead..(ahead + group * rs).min(packed.len())]);
                 dots(&packed[r * rs..(r + group) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
                 for (t, vt) in v.chunks_exact(group).take(nt).enumerate() {
                     vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));

@@ -1,6 +1,7 @@
 //! The CPU backend: weights read in place from the mmap, kernels from `quant`, work spread
 //! over a persistent thread pool.
 
+mod arena;
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;
@@ -29,6 +30,8 @@ pub struct CpuBackend {
     vectors: std::sync::Mutex<VectorCache>,
     /// Quantized activations of the current matmul, grown to the largest batch once.
     act_buf: std::sync::Mutex<Vec<u8>>,
+    /// The arena of repacked weights of each file loaded (keyed by the file's address).
+    arenas: std::sync::Mutex<std::collections::HashMap<usize, std::sync::Weak<arena::Arena>>>,
 }
 
 impl CpuBackend {
@@ -37,11 +40,28 @@ impl CpuBackend {
             pool: ThreadPool::new(n_threads),
             vectors: Default::default(),
             act_buf: Default::default(),
+            arenas: Default::default(),
         }
     }
 
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// `gguf`'s arena, shared by all its weights, sized for all its tensors (a file's data
+    /// are at most its size; slices are rounded up to cache lines); `None` where the
+    /// address space cannot be reserved.
+    fn arena(&self, gguf: &Arc<GgufFile>) -> Option<Arc<arena::Arena>> {
+        let mut arenas = self.arenas.lock().unwrap_or_else(|e| e.into_inner());
+        arenas.retain(|_, a| a.strong_count() > 0);
+        let key = Arc::as_ptr(gguf) as usize;
+        if let Some(a) = arenas.get(&key).and_then(|a| a.upgrade()) {
+            return Some(a);
+        }
+        let cap = gguf.file_size() as usize + 64 * gguf.tensors.len();
+        let a = Arc::new(arena::Arena::new(cap).ok()?);
+        arenas.insert(key, Arc::downgrade(&a));
+        Some(a)
     }
 
     fn vector(&self, w: &CpuWeight) -> Arc<Vec<f32>> {
@@ -71,7 +91,7 @@ impl Backend for CpuBackend {
                 msg: format!("unsupported tensor type {}", t.ty.name()),
             });
         }
-        CpuWeight::load(gguf, t)
+        CpuWeight::load(gguf, self.arena(gguf), t)
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -169,6 +189,10 @@ impl Backend for CpuBackend {
 
     fn scale(&self, x: &mut Vec<f32>, s: f32, len: usize) {
         x[..len].iter_mut().for_each(|x| *x *= s);
+    }
+
+    fn argmax(&self, x: &Vec<f32>, rows: usize, n: usize) -> Vec<u32> {
+        ops::argmax_rows(&x[..rows * n], n)
     }
 
     fn gather_rows(&self, x: &Vec<f32>, rows: &[u32], dim: usize, out: &mut Vec<f32>) {

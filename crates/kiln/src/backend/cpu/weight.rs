@@ -3,12 +3,13 @@
 //! two Q5_0 rows; the layout their prefill and decode kernels both read) the first time
 //! they are multiplied, so a table only looked up (an untied `token_embd`) stays in the
 //! file, read a row at a time. The file's pages of a repacked tensor are then released: a
-//! weight is never held twice.
+//! weight is never held twice. Repacked tensors live in their file's [`Arena`] (huge pages).
 
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
-use crate::error::{KilnError, Result};
+use super::arena::Arena;
+use crate::error::Result;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType, Interleave};
 
@@ -17,9 +18,11 @@ pub struct CpuWeight {
     file: Arc<GgufFile>,
     start: usize,
     len: usize,
-    /// The interleaved copy of the tensor, once it was multiplied, where it is repacked (the
-    /// file's bytes then stay unread).
-    interleaved: OnceLock<Option<(Interleave, memmap2::MmapMut)>>,
+    /// Where repacked copies of the file's tensors go (if it could be reserved).
+    arena: Option<Arc<Arena>>,
+    /// The interleaved copy of the tensor (an arena and its offset there), once it was
+    /// multiplied, where it is repacked (the file's bytes then stay unread).
+    interleaved: OnceLock<Option<(Interleave, Arc<Arena>, usize)>>,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
@@ -28,13 +31,14 @@ pub struct CpuWeight {
 }
 
 impl CpuWeight {
-    pub(super) fn load(gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<CpuWeight> {
+    pub(super) fn load(gguf: &Arc<GgufFile>, arena: Option<Arc<Arena>>, t: &TensorInfo) -> Result<CpuWeight> {
         let (rows, cols) = t.rows_cols();
         let row_size = t.ty.row_size(cols)?;
         Ok(CpuWeight {
             file: gguf.clone(),
             start: (gguf.data_offset + t.offset) as usize,
             len: t.size as usize,
+            arena,
             interleaved: OnceLock::new(),
             ty: t.ty,
             rows,
@@ -43,18 +47,18 @@ impl CpuWeight {
         })
     }
 
-    /// The interleaved copy of a matrix of `layout`, its file pages released afterwards.
-    /// Anonymous pages asked for as huge pages: decode streams every weight once per token,
-    /// as the file's huge mappings did.
-    fn repack(&self, layout: Interleave) -> Result<memmap2::MmapMut> {
-        let mut dst = memmap2::MmapOptions::new().len(self.len.max(1)).map_anon().map_err(|e| {
-            KilnError::Backend(format!("cannot allocate {} bytes for a weight: {e}", self.len))
-        })?;
-        #[cfg(target_os = "linux")]
-        let _ = dst.advise(memmap2::Advice::HugePage);
-        layout.pack(self.file_bytes(), self.cols, &mut dst[..self.len])?;
+    /// The interleaved copy of a matrix of `layout` (in the file's arena, else in one of
+    /// its own), its file pages released afterwards; `None` where memory is short.
+    fn repack(&self, layout: Interleave) -> Option<(Arc<Arena>, usize)> {
+        let shared = self.arena.as_ref().filter(|a| a.room() >= self.len).cloned();
+        let arena = match shared {
+            Some(a) => a,
+            None => Arc::new(Arena::new(self.len).ok()?),
+        };
+        let (off, dst) = arena.alloc(self.len)?;
+        layout.pack(self.file_bytes(), self.cols, dst).ok()?;
         self.file.release(self.start, self.len);
-        Ok(dst)
+        Some((arena, off))
     }
 
     fn file_bytes(&self) -> &[u8] {
@@ -68,7 +72,7 @@ impl CpuWeight {
 
     /// The interleaved layout and bytes where it was repacked (so far).
     fn packed(&self) -> Option<(Interleave, &[u8])> {
-        self.interleaved.get()?.as_ref().map(|(layout, m)| (*layout, &m[..self.len]))
+        self.interleaved.get()?.as_ref().map(|(layout, arena, off)| (*layout, arena.get(*off, self.len)))
     }
 
     /// For a matmul: the interleaved layout and bytes where this CPU has kernels for one
@@ -76,8 +80,8 @@ impl CpuWeight {
     pub fn interleaved(&self) -> Option<(Interleave, &[u8])> {
         self.interleaved.get_or_init(|| {
             let layout = interleave_for(self.ty).filter(|l| self.rows.is_multiple_of(l.rows()))?;
-            // Out of memory for the copy: multiply the file's bytes in place instead.
-            self.repack(layout).ok().map(|m| (layout, m))
+            // No room for the copy: multiply the file's bytes in place instead.
+            self.repack(layout).map(|(arena, off)| (layout, arena, off))
         });
         self.packed()
     }

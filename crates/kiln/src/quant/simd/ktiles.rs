@@ -13,6 +13,8 @@
 
 use std::arch::x86_64::*;
 
+use super::prefetch;
+
 use super::avx2::{f32_at, h2f, hsum_ps, loadu};
 
 /// Q8_K: f32 d, 256 quants, then 16 i16 sums of 16 quants each.
@@ -162,6 +164,7 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
     let m4 = _mm256_set1_epi8(0x0f);
     // Pair p = r·T + t is lane p % 4 of group p / 4: its sum and min accumulators.
     let (mut acc_sum, mut acc_min) = ([_mm_setzero_ps(); GROUPS], [_mm_setzero_ps(); GROUPS]);
+    let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
         let yb: [*const u8; T] = std::array::from_fn(|t| y.add(t * ys + Q8K_BYTES * i));
         // Sums of 32 quants: one per (scale, min) group.
@@ -175,6 +178,7 @@ pub(super) unsafe fn q4_k_core<const R: usize, const T: usize, const VNNI: bool>
         for r in 0..R {
             // One row's superblock, unpacked once for the T tokens.
             let xb = x.add(r * xs + 144 * i);
+            prefetch::block(xb, ahead, 144);
             let sm = q4_k_scales_mins(xb.add(4));
             let mins = _mm256_extracti128_si256::<1>(sm);
             for t in 0..T {
@@ -257,12 +261,14 @@ pub(super) unsafe fn q6_k_core<const R: usize, const T: usize, const VNNI: bool>
     let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
     let hbits = |s: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(s, m2));
     let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
         let yb: [*const u8; T] = std::array::from_fn(|t| y.add(t * ys + Q8K_BYTES * i));
         let dy: [f32; T] = std::array::from_fn(|t| f32_at(yb[t]));
         for r in 0..R {
             // One row's superblock, unpacked once for the T tokens.
             let xb = x.add(r * xs + 210 * i);
+            prefetch::block(xb, ahead, 210);
             // 16 i8 scales, one per 16 quants: group k (32 quants) takes scales 2k, 2k+1.
             let raw = _mm_loadu_si128(xb.add(192) as *const __m128i);
             let scales16 = _mm256_cvtepi8_epi16(raw);

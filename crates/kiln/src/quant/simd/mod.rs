@@ -7,6 +7,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod ktiles;
 #[cfg(target_arch = "x86_64")]
+mod prefetch;
+#[cfg(target_arch = "x86_64")]
 mod q4k_x8;
 #[cfg(target_arch = "x86_64")]
 mod q5_0_x2;

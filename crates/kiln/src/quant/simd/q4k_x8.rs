@@ -19,6 +19,8 @@
 
 use std::arch::x86_64::*;
 
+use super::prefetch;
+
 use super::avx2::{f32_at, loadu};
 use crate::quant::interleave::{Q4K_X8_BLOCK, Q4K_X8_LANES, Q4K_X8_ROWS};
 
@@ -153,8 +155,10 @@ unsafe fn core<const T: usize, const VNNI: bool>(
     let mut buf = [0u8; 128];
     let (pairs, p03, p47, min_pairs) =
         (pattern(&SCALE_PAIRS), pattern(&SCALE_03), pattern(&SCALE_47), pattern(&MIN_PAIRS));
+    let ahead = prefetch::DISTANCE;
     for i in 0..nb {
         let xb = x.add(i * Q4K_X8_BLOCK);
+        prefetch::block(xb, ahead, Q4K_X8_BLOCK);
         let yb: [*const u8; T] = std::array::from_fn(|t| y.add(t * ys + Q8K_BYTES * i));
         scales_mins(xb.add(SCALES), &mut buf);
         let mut sums = [_mm256_setzero_si256(); T];

@@ -20,6 +20,8 @@
 
 use std::arch::x86_64::*;
 
+use super::prefetch;
+
 use super::avx2::loadu;
 
 /// Bytes of an interleaved block (two rows).
@@ -79,7 +81,9 @@ unsafe fn core<const T: usize, const VNNI: bool>(
     let mut acc_lo = [_mm256_setzero_ps(); T];
     let mut acc_hi = [_mm256_setzero_ps(); T];
     let ones = _mm256_set1_epi16(1);
+    let ahead = prefetch::DISTANCE;
     for i in 0..nb {
+        prefetch::block(x.add(BLOCK * i), ahead, BLOCK);
         let (lo, hi, dx) = block(x.add(BLOCK * i));
         for t in 0..T {
             let yb = y.add(t * ys + ACT * i);

@@ -13,6 +13,8 @@
 
 use std::arch::x86_64::*;
 
+use super::prefetch;
+
 use super::avx2::{bits_32, dot_us8, hsum_ps, loadu, nibbles_32};
 use super::ktiles::{q4_k_core, q6_k_core};
 
@@ -58,11 +60,13 @@ unsafe fn q4_1_core<const R: usize, const T: usize, const VNNI: bool>(
     }
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut summs = [[0f32; T]; R];
+    let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
         let mut qx = [_mm256_setzero_si256(); R];
         let mut dmx = [_mm_setzero_ps(); R];
         for r in 0..R {
             let xb = x.add(r * xs + 20 * i);
+            prefetch::block(xb, ahead, 20);
             qx[r] = nibbles_32(xb.add(4));
             dmx[r] = two_f16(xb);
         }
@@ -103,6 +107,7 @@ unsafe fn q4_1_core_t4<const R: usize, const VNNI: bool>(
     let mut acc = [[_mm256_setzero_ps(); TILE]; R];
     let mut summs = [_mm256_setzero_ps(); R];
     let lane: [__m256i; TILE] = std::array::from_fn(|t| _mm256_set1_epi32(2 * t as i32));
+    let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
         let word = |p: *const u8| (p as *const i32).read_unaligned();
         let ds = |t: usize| word(y.add(t * ys + 36 * i));
@@ -110,6 +115,7 @@ unsafe fn q4_1_core_t4<const R: usize, const VNNI: bool>(
         let qy: [__m256i; TILE] = std::array::from_fn(|t| loadu(y.add(t * ys + 36 * i + 4)));
         for r in 0..R {
             let xb = x.add(r * xs + 20 * i);
+            prefetch::block(xb, ahead, 20);
             let qx = nibbles_32(xb.add(4));
             let p = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi32(word(xb))), dsy);
             summs[r] = _mm256_add_ps(summs[r], p);
@@ -184,12 +190,14 @@ unsafe fn q0_core<const Q5: bool, const R: usize, const T: usize, const VNNI: bo
     }
     let wb = if Q5 { 22 } else { 34 };
     let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
         let mut qx = [_mm256_setzero_si256(); R];
         let mut absx = [_mm256_setzero_si256(); R];
         let mut dx = [_mm_setzero_ps(); R];
         for r in 0..R {
             let xb = x.add(r * xs + wb * i);
+            prefetch::block(xb, ahead, wb);
             qx[r] = signed_quants::<Q5>(xb);
             absx[r] = _mm256_sign_epi8(qx[r], qx[r]);
             dx[r] = two_f16(xb);
@@ -228,6 +236,7 @@ unsafe fn q0_core_t4<const Q5: bool, const R: usize, const VNNI: bool>(
     let wb = if Q5 { 22 } else { 34 };
     let mut acc = [[_mm256_setzero_ps(); TILE]; R];
     let lane: [__m256i; TILE] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
+    let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
         let half = |p: *const u8| (p as *const i16).read_unaligned();
         let d = |t: usize| half(y.add(t * ys + 34 * i));
@@ -235,6 +244,7 @@ unsafe fn q0_core_t4<const Q5: bool, const R: usize, const VNNI: bool>(
         let qy: [__m256i; TILE] = std::array::from_fn(|t| loadu(y.add(t * ys + 34 * i + 2)));
         for r in 0..R {
             let xb = x.add(r * xs + wb * i);
+            prefetch::block(xb, ahead, wb);
             let qx = signed_quants::<Q5>(xb);
             let absx = _mm256_sign_epi8(qx, qx);
             let p = _mm256_castps128_ps256(_mm_mul_ps(_mm_cvtph_ps(_mm_set1_epi16(half(xb))), dy));
