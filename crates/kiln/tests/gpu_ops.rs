@@ -88,7 +88,7 @@ fn model() -> Arc<GgufFile> {
     w.add_f32("bias", &[K as u64], &rng.vec(K)).unwrap();
     // Biases of the grouped weights (q/k/v's).
     for (i, rows) in [37usize, 13, 21].into_iter().enumerate() {
-        w.add_f32(&format!("bias.{i}"), &[rows as u64], &rng.vec(rows)).unwrap();
+        w.add_f32(format!("bias.{i}"), &[rows as u64], &rng.vec(rows)).unwrap();
     }
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
 }
