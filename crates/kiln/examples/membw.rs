@@ -24,10 +24,8 @@ fn main() {
     for _ in 0..8 {
         let t = Instant::now();
         let sum = std::thread::scope(|s| {
-            let parts: Vec<_> = buf
-                .chunks(words.div_ceil(threads))
-                .map(|c| s.spawn(move || sum(c)))
-                .collect();
+            let parts: Vec<_> =
+                buf.chunks(words.div_ceil(threads)).map(|c| s.spawn(move || sum(c))).collect();
             parts.into_iter().map(|h| h.join().expect("reader")).fold(0u64, u64::wrapping_add)
         });
         std::hint::black_box(sum);
