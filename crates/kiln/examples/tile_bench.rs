@@ -72,6 +72,7 @@ fn main() {
         );
     }
     q4_k_x8(rows, &mut next);
+    q4_k_amx(rows, &mut next);
     q5_0_x2(rows, &mut next);
 }
 
@@ -130,6 +131,38 @@ fn q4_k_x8(rows: usize, next: &mut impl FnMut() -> f32) {
             if sink.is_nan() { " NaN!" } else { "" }
         );
     }
+}
+
+/// Q4_K×8 on AMX tiles: 16 rows × 512 tokens per call (ns per row × token × superblock).
+#[cfg(target_arch = "x86_64")]
+fn q4_k_amx(rows: usize, next: &mut impl FnMut() -> f32) {
+    use kiln::quant::{q4_k_x8_amx, quantize_activation, quantize_row, GgmlType, Interleave, Q4kX8Amx};
+    use std::time::Instant;
+    let Some(amx) = q4_k_x8_amx() else { return };
+    let (n, toks, rows) = (1536, 512, rows.next_multiple_of(16));
+    let (wr, ar) = (GgmlType::Q4_K.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
+    let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
+    for r in 0..rows {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        quantize_row(GgmlType::Q4_K, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    for t in 0..toks {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        quantize_activation(GgmlType::Q8_K, &x, &mut a[t * ar..(t + 1) * ar]).unwrap();
+    }
+    let mut packed = vec![0u8; w.len()];
+    Interleave::Q4kX8.pack(&w, n, &mut packed).unwrap();
+    let mut acts = vec![0u8; Q4kX8Amx::acts_len(n, toks)];
+    amx.prepare(&a, n, toks, &mut acts);
+    let (tile, mut out, mut best) = (wr * Q4kX8Amx::ROWS, vec![0f32; toks * Q4kX8Amx::ROWS], f64::MAX);
+    for _ in 0..50 {
+        let t0 = Instant::now();
+        for g in 0..rows / Q4kX8Amx::ROWS {
+            amx.dots(&packed[g * tile..(g + 1) * tile], &acts, n, toks, &mut out);
+        }
+        best = best.min(t0.elapsed().as_secs_f64() * 1e9 / (rows * toks * (n / 256)) as f64);
+    }
+    println!("Q4_K×8 amx: prefill {best:.2} ns{}", if out[0].is_nan() { " NaN!" } else { "" });
 }
 
 /// Q5_0 interleaved two rows, the same way: prefill as 2 rows × 8 tokens per call, decode

@@ -42,8 +42,19 @@ fn last_logits(e: &Engine, sizes: &[usize], noise: bool) -> Vec<f32> {
 
 #[test]
 fn smollm2_logits_do_not_depend_on_the_batch() {
+    check(SMOLLM2.name);
+}
+
+/// Q4_K and Q5_0 weights: batches of 16 tokens and more take the AMX Q4_K kernel where the
+/// CPU has one, smaller ones and single tokens the VNNI kernels.
+#[test]
+fn qwen05_logits_do_not_depend_on_the_batch() {
+    check(QWEN05.name);
+}
+
+fn check(name: &str) {
     let opts = EngineOptions::default().with_n_ctx(256).with_batch(128).with_n_seq(2).with_threads(2);
-    let e = Engine::load(model(SMOLLM2.name).to_str().unwrap(), opts).unwrap();
+    let e = Engine::load(model(name).to_str().unwrap(), opts).unwrap();
     // Alone: one token at a time.
     let alone = last_logits(&e, &[1; N], false);
     assert_eq!(alone.len(), e.config().n_vocab);

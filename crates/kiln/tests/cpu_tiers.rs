@@ -12,7 +12,8 @@ use kiln::quant::{
     GgmlType, TILE,
 };
 
-const ALL: [CpuTier; 4] = [CpuTier::Scalar, CpuTier::Avx2, CpuTier::Avx512, CpuTier::Avx512Vnni];
+const ALL: [CpuTier; 5] =
+    [CpuTier::Scalar, CpuTier::Avx2, CpuTier::Avx512, CpuTier::Avx512Vnni, CpuTier::Amx];
 
 /// Run by the parent test below in a child process with `KILN_CPU` set.
 #[test]
@@ -133,34 +134,9 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
 #[test]
 fn interleaved_q4_k_matches_the_row_major_tiles() {
     use kiln::quant::{q4_k_x8_kernels_for, Interleave, Q4K_X8_ROWS};
-    let mut rng = Rng(11);
     let (ty, n, rows, toks) = (GgmlType::Q4_K, 1536, 16, 11);
     let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
-    let mut w = vec![0u8; wr * rows];
-    for r in 0..rows {
-        // Mixed magnitudes, so scales and mins span their 6-bit range.
-        let s = 0.05 + 3.0 * (r % 5) as f32;
-        let x: Vec<f32> = (0..n).map(|i| rng.f() * s + if i % 97 < 40 { 1.5 * s } else { 0.0 }).collect();
-        quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
-    }
-    let mut a = vec![0u8; ar * toks];
-    for t in 0..toks {
-        // Extreme activations (quants at ±127) bound the 16-bit partial sums.
-        let y: Vec<f32> = (0..n)
-            .map(|i| {
-                if t == 0 {
-                    if i % 3 == 0 {
-                        -8.0
-                    } else {
-                        8.0
-                    }
-                } else {
-                    rng.f()
-                }
-            })
-            .collect();
-        quantize_activation(GgmlType::Q8_K, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
-    }
+    let (w, a) = q4_k_fixture(11, n, rows, toks);
     let mut packed = vec![0u8; w.len()];
     Interleave::Q4kX8.pack(&w, n, &mut packed).unwrap();
     assert_ne!(packed, w);
@@ -211,6 +187,48 @@ fn interleaved_q4_k_matches_the_row_major_tiles() {
     if detected_cpu_tier() >= CpuTier::Avx2 {
         assert!(tested > 0);
     }
+}
+
+/// The AMX prompt kernel (16 rows × 16-token tiles) gives the row-major Q4_K tiles' bits for
+/// any token count, partial last tile included.
+#[test]
+fn amx_q4_k_matches_the_row_major_tiles() {
+    use kiln::quant::{q4_k_x8_amx_for, Interleave, Q4kX8Amx};
+    let Some(amx) = q4_k_x8_amx_for(CpuTier::Amx) else {
+        assert!(detected_cpu_tier() < CpuTier::Amx);
+        println!("skip: no AMX tier on this CPU");
+        return;
+    };
+    let (ty, n, rows, toks) = (GgmlType::Q4_K, 768, 32, 70);
+    let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
+    let (w, a) = q4_k_fixture(5, n, rows, toks);
+    let mut packed = vec![0u8; w.len()];
+    Interleave::Q4kX8.pack(&w, n, &mut packed).unwrap();
+    let tk = tile_kernels_for(ty, CpuTier::Avx512Vnni).unwrap();
+    let tile = wr * Q4kX8Amx::ROWS;
+    for n_tok in [1, 16, 17, 37, 70] {
+        let mut acts = vec![0xa5u8; Q4kX8Amx::acts_len(n, n_tok)];
+        amx.prepare(&a[..n_tok * ar], n, n_tok, &mut acts);
+        for g in 0..rows / Q4kX8Amx::ROWS {
+            let mut out = vec![f32::NAN; n_tok * Q4kX8Amx::ROWS];
+            amx.dots(&packed[g * tile..(g + 1) * tile], &acts, n, n_tok, &mut out);
+            for t in 0..n_tok {
+                for r in 0..Q4kX8Amx::ROWS {
+                    let row = g * Q4kX8Amx::ROWS + r;
+                    let want = tk.one(&w[row * wr..][..wr], &a[t * ar..][..ar], n);
+                    let got = out[t * Q4kX8Amx::ROWS + r];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "row {row} token {t} of {n_tok}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+    let mut out = [0f32; 16];
+    amx.dots(&packed[..tile - 1], &[0u8; 8], n, 1, &mut out);
+    assert!(out.iter().all(|v| v.is_nan()), "mis-sized input gives NaN");
 }
 
 /// Q5_0×2 (two rows interleaved at load, activations prepared with their lane offsets)
@@ -301,4 +319,38 @@ fn interleaved_q5_0_matches_the_row_major_tiles() {
     if detected_cpu_tier() >= CpuTier::Avx2 {
         assert!(tested > 0);
     }
+}
+
+/// Q4_K rows whose scales and mins span their 6-bit range, and Q8_K activations whose first
+/// token has quants at ±127 (bounding the kernels' 16-bit partial sums).
+fn q4_k_fixture(seed: u64, n: usize, rows: usize, toks: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut rng = Rng(seed);
+    let ty = GgmlType::Q4_K;
+    let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
+    let mut w = vec![0u8; wr * rows];
+    for r in 0..rows {
+        // Mixed magnitudes, so scales and mins span their 6-bit range.
+        let s = 0.05 + 3.0 * (r % 5) as f32;
+        let x: Vec<f32> = (0..n).map(|i| rng.f() * s + if i % 97 < 40 { 1.5 * s } else { 0.0 }).collect();
+        quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    let mut a = vec![0u8; ar * toks];
+    for t in 0..toks {
+        // Extreme activations (quants at ±127) bound the 16-bit partial sums.
+        let y: Vec<f32> = (0..n)
+            .map(|i| {
+                if t == 0 {
+                    if i % 3 == 0 {
+                        -8.0
+                    } else {
+                        8.0
+                    }
+                } else {
+                    rng.f()
+                }
+            })
+            .collect();
+        quantize_activation(GgmlType::Q8_K, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
+    }
+    (w, a)
 }

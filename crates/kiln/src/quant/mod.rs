@@ -9,7 +9,7 @@
 //! Families: `float` (F32, F16, BF16), `legacy` (the 32-element Q4_0..Q8_1 blocks),
 //! `kquants` + `kquants_ref` (Q2_K..Q6_K, Q8_K), `iquants` (IQ4_NL, IQ4_XS), and `simd`:
 //! the runtime-dispatched AVX2/AVX-512 dot products the engine's hot loops use via
-//! [`vec_dot_fn`] (chosen once per type; `KILN_CPU=scalar|avx2|avx512` caps the tier).
+//! [`vec_dot_fn`] (chosen once per type; `KILN_CPU=scalar|avx2|avx512|avx512vnni|amx` caps the tier).
 
 mod float;
 mod interleave;
@@ -24,8 +24,8 @@ pub use interleave::{Interleave, Q4K_X8_BLOCK, Q4K_X8_ROWS};
 pub use simd::{cpu_tier, detected_cpu_tier, vec_dot_f16, vec_dot_fn, vec_dot_fn_for, CpuTier};
 #[cfg(target_arch = "x86_64")]
 pub use simd::{
-    q4_k_x8_kernels, q4_k_x8_kernels_for, q5_0_x2_kernels, q5_0_x2_kernels_for, tile_kernels,
-    tile_kernels_for, Q4kX8Kernels, Q5_0X2Kernels, TileKernels, TILE,
+    q4_k_x8_amx, q4_k_x8_amx_for, q4_k_x8_kernels, q4_k_x8_kernels_for, q5_0_x2_kernels, q5_0_x2_kernels_for,
+    tile_kernels, tile_kernels_for, Q4kX8Amx, Q4kX8Kernels, Q5_0X2Kernels, TileKernels, TILE,
 };
 pub use types::{GgmlType, ALL_TYPES};
 

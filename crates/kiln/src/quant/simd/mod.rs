@@ -1,7 +1,10 @@
 //! Runtime-dispatched SIMD dot products. The CPU is probed once (`is_x86_feature_detected!`,
-//! no build flags needed, so portable builds stay portable); `KILN_CPU=scalar|avx2|avx512`
-//! caps the tier, e.g. to compare against the scalar reference.
+//! no build flags needed, so portable builds stay portable);
+//! `KILN_CPU=scalar|avx2|avx512|avx512vnni|amx` caps the tier, e.g. to compare against the
+//! scalar reference.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -17,6 +20,8 @@ mod q8k;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
 
+#[cfg(target_arch = "x86_64")]
+pub use amx::Q4kX8Amx;
 #[cfg(target_arch = "x86_64")]
 pub use q4k_x8::Q4kX8Kernels;
 #[cfg(target_arch = "x86_64")]
@@ -41,6 +46,8 @@ pub enum CpuTier {
     Avx512,
     /// AVX-512 VNNI (`vpdpbusd`) on top: the matmul tile kernels use it.
     Avx512Vnni,
+    /// AMX-INT8 tiles on top (with the tile state granted by the OS): Q4_K prompt matmuls.
+    Amx,
 }
 
 impl CpuTier {
@@ -50,11 +57,12 @@ impl CpuTier {
             CpuTier::Avx2 => "avx2",
             CpuTier::Avx512 => "avx512",
             CpuTier::Avx512Vnni => "avx512vnni",
+            CpuTier::Amx => "amx",
         }
     }
 
     fn from_name(s: &str) -> Option<Self> {
-        [CpuTier::Scalar, CpuTier::Avx2, CpuTier::Avx512, CpuTier::Avx512Vnni]
+        [CpuTier::Scalar, CpuTier::Avx2, CpuTier::Avx512, CpuTier::Avx512Vnni, CpuTier::Amx]
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(s))
     }
@@ -74,7 +82,7 @@ fn detect() -> CpuTier {
     }
     if has!("avx512f") && has!("avx512bw") && has!("avx512vl") {
         if has!("avx512vnni") {
-            return CpuTier::Avx512Vnni;
+            return if amx::available() { CpuTier::Amx } else { CpuTier::Avx512Vnni };
         }
         return CpuTier::Avx512;
     }
@@ -97,7 +105,7 @@ pub fn cpu_tier() -> CpuTier {
                 Some(cap) => cap.min(detected),
                 None => {
                     eprintln!(
-                        "warning: KILN_CPU={v:?} is not scalar, avx2, avx512 or avx512vnni; using {}",
+                        "warning: KILN_CPU={v:?} is not scalar, avx2, avx512, avx512vnni or amx; using {}",
                         detected.name()
                     );
                     detected
@@ -202,7 +210,7 @@ macro_rules! group_cores {
             match tier {
                 CpuTier::Scalar => None,
                 CpuTier::Avx2 | CpuTier::Avx512 => Some([avx2::<1>, avx2::<2>, avx2::<4>, avx2::<8>]),
-                CpuTier::Avx512Vnni => Some([vnni::<1>, vnni::<2>, vnni::<4>, vnni::<8>]),
+                CpuTier::Avx512Vnni | CpuTier::Amx => Some([vnni::<1>, vnni::<2>, vnni::<4>, vnni::<8>]),
             }
         }
     };
@@ -247,6 +255,18 @@ pub fn q4_k_x8_kernels() -> Option<Q4kX8Kernels> {
 #[cfg(target_arch = "x86_64")]
 pub fn q4_k_x8_kernels_for(tier: CpuTier) -> Option<Q4kX8Kernels> {
     q4k_x8::kernels(tier.min(detected_cpu_tier()))
+}
+
+/// The AMX Q4_K×8 prompt kernel, where this CPU (and `KILN_CPU`) allows it.
+#[cfg(target_arch = "x86_64")]
+pub fn q4_k_x8_amx() -> Option<Q4kX8Amx> {
+    amx::kernel(cpu_tier())
+}
+
+/// [`q4_k_x8_amx`] for a given tier, capped at what the CPU supports (for tests).
+#[cfg(target_arch = "x86_64")]
+pub fn q4_k_x8_amx_for(tier: CpuTier) -> Option<Q4kX8Amx> {
+    amx::kernel(tier.min(detected_cpu_tier()))
 }
 
 /// Matmul kernels on Q5_0×2 (`quant::interleave`) on this CPU, where kiln has them.

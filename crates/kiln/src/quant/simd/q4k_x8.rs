@@ -63,7 +63,7 @@ unsafe fn pattern(p: &Pattern) -> __m256i {
 /// scales of group g at `8g`, mins at `64 + 8g` (`kquants::scale_min_k4` for 64 values).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales_mins(p: *const u8, buf: &mut [u8; 128]) {
+pub(super) unsafe fn scales_mins(p: *const u8, buf: &mut [u8; 128]) {
     let (y0, y1, y2) = (loadu(p), loadu(p.add(32)), loadu(p.add(64)));
     let (lo6, lo4, top) = (_mm256_set1_epi8(63), _mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
     let high = |v: __m256i| _mm256_and_si256(_mm256_srli_epi16::<2>(v), top);
