@@ -44,21 +44,30 @@ fn acc_step(a: f32, v: f32, j: u32) -> f32 {
 // tree. Products of f16 values are exact, so this reproduces the CPU's score.
 fn dot_ggml(base: u32, hd: u32) -> f32 {
     let np = hd / 64u * 64u;
-    var x: array<f32, 16>;
-    // Lanes l and l + 1 read one word (base and the offsets are even): the loads halve.
-    for (var l = 0u; l < 16u; l = l + 2u) {
-        var a = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-        var b = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-        for (var c = 0u; c < np; c = c + 64u) {
-            for (var j = 0u; j < 4u; j = j + 1u) {
-                let e = c + j * 16u + l;
-                let kv = unpack2x16float(kc[(base + e) >> 1u]);
-                a[j] = fma_x(q16[e], kv.x, a[j]);
-                b[j] = fma_x(q16[e + 1u], kv.y, b[j]);
-            }
+    // acc[4 l + j]: lane l's accumulator j. Each 64-value chunk's 32 words are loaded
+    // together (constant-bound loops: registers, all loads in flight), then folded in.
+    var acc: array<f32, 64>;
+    for (var i = 0u; i < 64u; i = i + 1u) {
+        acc[i] = 0.0;
+    }
+    for (var c = 0u; c < np; c = c + 64u) {
+        var w: array<u32, 32>;
+        for (var i = 0u; i < 32u; i = i + 1u) {
+            w[i] = kc[((base + c) >> 1u) + i];
         }
-        x[l] = (a[0] + a[2]) + (a[1] + a[3]);
-        x[l + 1u] = (b[0] + b[2]) + (b[1] + b[3]);
+        // Word i holds values e = 2i and 2i + 1: lanes e % 16, accumulator e / 16.
+        for (var i = 0u; i < 32u; i = i + 1u) {
+            let kv = unpack2x16float(w[i]);
+            let e = 2u * i;
+            let l = e % 16u;
+            let j = e / 16u;
+            acc[4u * l + j] = fma_x(q16[c + e], kv.x, acc[4u * l + j]);
+            acc[4u * l + 4u + j] = fma_x(q16[c + e + 1u], kv.y, acc[4u * l + 4u + j]);
+        }
+    }
+    var x: array<f32, 16>;
+    for (var l = 0u; l < 16u; l = l + 1u) {
+        x[l] = (acc[4u * l] + acc[4u * l + 2u]) + (acc[4u * l + 1u] + acc[4u * l + 3u]);
     }
     for (var l = 0u; l < 8u; l = l + 1u) {
         x[l] = x[l + 8u] + x[l];
@@ -118,14 +127,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
         let nv = min(WG, pos - p0 + 1u);
-        // The max before key lid (every invocation walks the tile's scores, broadcast reads).
+        // The max before key lid (every invocation walks the tile's scores, broadcast reads;
+        // a constant bound, so the loads are all in flight).
         var before = m;
-        for (var j = 0u; j < nv; j = j + 1u) {
+        for (var j = 0u; j < WG; j = j + 1u) {
             if j == lid {
                 before = m;
             }
-            let sc = pj[j];
-            if sc > m {
+            let sc = pj[min(j, nv - 1u)];
+            if j < nv && sc > m {
                 m = sc;
             }
         }
@@ -153,12 +163,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 v[u] = vec4<f32>(kv_at(true, b + min(lid, hd - 1u)), kv_at(true, b + min(lid + WG, hd - 1u)),
                     kv_at(true, b + min(lid + 2u * WG, hd - 1u)), kv_at(true, b + min(lid + 3u * WG, hd - 1u)));
             }
-            for (var u = 0u; u < min(8u, nv - j); u = u + 1u) {
-                a0 = acc_step(a0, v[u].x, j + u);
-                a1 = acc_step(a1, v[u].y, j + u);
-                a2 = acc_step(a2, v[u].z, j + u);
-                a3 = acc_step(a3, v[u].w, j + u);
-                ssum = fma_x(ssum, pms[j + u], pvs[j + u]);
+            for (var u = 0u; u < 8u; u = u + 1u) {
+                if j + u < nv {
+                    a0 = acc_step(a0, v[u].x, j + u);
+                    a1 = acc_step(a1, v[u].y, j + u);
+                    a2 = acc_step(a2, v[u].z, j + u);
+                    a3 = acc_step(a3, v[u].w, j + u);
+                    ssum = fma_x(ssum, pms[j + u], pvs[j + u]);
+                }
             }
         }
         workgroupBarrier();
