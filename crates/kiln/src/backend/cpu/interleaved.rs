@@ -57,7 +57,7 @@ pub(super) fn matmul(
     let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
     let amx = quant::q4_k_x8_amx().filter(|_| layout == Interleave::Q4kX8 && n_tok >= AMX_MIN_TOKENS);
     if let Some(amx) = amx {
-        return amx_matmul(pool, amx, packed, rs, act, k, n, n_tok, &put, &dots);
+        return amx_matmul(pool, amx, packed, rs, act, k, n, n_tok, &op, &dots);
     }
     let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(group);
     pool.run(n.div_ceil(chunk), &|task| {
@@ -87,9 +87,13 @@ fn amx_matmul(
     k: usize,
     n: usize,
     n_tok: usize,
-    put: &(dyn Fn(usize, usize, f32) + Sync),
+    out: &SyncPtr<f32>,
     dots: &DotsFn,
 ) {
+    // SAFETY: outputs (t, r..r + len) are written by the task owning rows r.. only.
+    let put = |t: usize, r: usize, v: &[f32]| unsafe {
+        std::ptr::copy_nonoverlapping(v.as_ptr(), out.get().add(t * n + r), v.len())
+    };
     const ROWS: usize = Q4kX8Amx::ROWS;
     thread_local!(static TILED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
     TILED.with_borrow_mut(|tiled| {
@@ -117,18 +121,14 @@ fn amx_matmul(
             for r in rows.step_by(ROWS) {
                 if r + ROWS <= n {
                     amx.dots(&packed[r * rs..(r + ROWS) * rs], tiled, k, n_tok, &mut v);
-                    for (t, vt) in v.chunks_exact(ROWS).enumerate() {
-                        vt.iter().enumerate().for_each(|(i, &x)| put(t, r + i, x));
-                    }
+                    v.chunks_exact(ROWS).enumerate().for_each(|(t, vt)| put(t, r, vt));
                     continue;
                 }
                 for t0 in (0..n_tok).step_by(TOKENS) {
                     let nt = (n_tok - t0).min(TOKENS);
                     let w8 = &packed[r * rs..(r + 8) * rs];
                     dots(w8, &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
-                    for (t, vt) in v.chunks_exact(8).take(nt).enumerate() {
-                        vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));
-                    }
+                    v.chunks_exact(8).take(nt).enumerate().for_each(|(t, vt)| put(t0 + t, r, vt));
                 }
             }
         });

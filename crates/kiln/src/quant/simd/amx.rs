@@ -19,6 +19,7 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 
 use super::q4k_x8::scales_mins;
 use crate::quant::interleave::{Q4K_X8_BLOCK, Q4K_X8_LANES, Q4K_X8_ROWS};
@@ -140,18 +141,22 @@ impl Q4kX8Amx {
             return;
         }
         let tiles = token_tiles(n_tok);
-        // acc[tile][sum | min][row][token]
-        let mut acc = vec![0f32; tiles * 2 * 256];
-        // SAFETY: the AMX tier was detected (tile state granted) before this kernel was
-        // handed out, and the slices hold every byte read (checked above).
-        unsafe { run(w, acts, nb, tiles, &mut acc) };
-        for t in 0..n_tok {
-            let a = &acc[(t / Self::TOKENS) * 512..];
-            for r in 0..Self::ROWS {
-                let (s, m) = (a[16 * r + t % 16], a[256 + 16 * r + t % 16]);
-                out[t * Self::ROWS + r] = s - m;
+        // acc[tile][sum | min][row][token], reused by the thread's next call.
+        thread_local!(static ACC: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) });
+        ACC.with_borrow_mut(|acc| {
+            acc.clear();
+            acc.resize(tiles * 2 * 256, 0.0);
+            // SAFETY: the AMX tier was detected (tile state granted) before this kernel
+            // was handed out, and the slices hold every byte read (checked above).
+            unsafe { run(w, acts, nb, tiles, acc) };
+            for t in 0..n_tok {
+                let a = &acc[(t / Self::TOKENS) * 512..];
+                for r in 0..Self::ROWS {
+                    let (s, m) = (a[16 * r + t % 16], a[256 + 16 * r + t % 16]);
+                    out[t * Self::ROWS + r] = s - m;
+                }
             }
-        }
+        });
     }
 }
 
