@@ -81,24 +81,11 @@ fn main() {
 /// decode as 8 rows × 1 token.
 #[cfg(target_arch = "x86_64")]
 fn q4_k_x8(rows: usize, next: &mut impl FnMut() -> f32) {
-    use kiln::quant::{
-        q4_k_x8_kernels_for, quantize_activation, quantize_row, CpuTier, GgmlType, Interleave, Q4K_X8_ROWS,
-    };
+    use kiln::quant::{q4_k_x8_kernels_for, CpuTier, Q4K_X8_ROWS};
     use std::time::Instant;
     let (n, toks) = (1536, 8);
     let rows = rows.next_multiple_of(Q4K_X8_ROWS);
-    let (wr, ar) = (GgmlType::Q4_K.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
-    let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
-    for r in 0..rows {
-        let x: Vec<f32> = (0..n).map(|_| next()).collect();
-        quantize_row(GgmlType::Q4_K, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
-    }
-    for t in 0..toks {
-        let x: Vec<f32> = (0..n).map(|_| next()).collect();
-        quantize_activation(GgmlType::Q8_K, &x, &mut a[t * ar..(t + 1) * ar]).unwrap();
-    }
-    let mut packed = vec![0u8; w.len()];
-    Interleave::Q4kX8.pack(&w, n, &mut packed).unwrap();
+    let (wr, a, packed) = q4_k_x8_inputs(n, rows, toks, next);
     let blocks = n / 256;
     let reps = (1280 / rows).max(1);
     let group = wr * Q4K_X8_ROWS;
@@ -119,7 +106,7 @@ fn q4_k_x8(rows: usize, next: &mut impl FnMut() -> f32) {
             let t0 = Instant::now();
             for _ in 0..reps {
                 for g in 0..rows / Q4K_X8_ROWS {
-                    k.dots(&packed[g * group..(g + 1) * group], &a[..ar], n, 1, &mut out, 8);
+                    k.dots(&packed[g * group..(g + 1) * group], &a[..a.len() / toks], n, 1, &mut out, 8);
                     sink += out[0];
                 }
             }
@@ -133,13 +120,16 @@ fn q4_k_x8(rows: usize, next: &mut impl FnMut() -> f32) {
     }
 }
 
-/// Q4_K×8 on AMX tiles: 16 rows × 512 tokens per call (ns per row × token × superblock).
+/// Random Q4_K rows interleaved eight at a time (`rows` of `n`), and `toks` Q8_K
+/// activation rows: (bytes per Q4_K row, activations, packed weights).
 #[cfg(target_arch = "x86_64")]
-fn q4_k_amx(rows: usize, next: &mut impl FnMut() -> f32) {
-    use kiln::quant::{q4_k_x8_amx, quantize_activation, quantize_row, GgmlType, Interleave, Q4kX8Amx};
-    use std::time::Instant;
-    let Some(amx) = q4_k_x8_amx() else { return };
-    let (n, toks, rows) = (1536, 512, rows.next_multiple_of(16));
+fn q4_k_x8_inputs(
+    n: usize,
+    rows: usize,
+    toks: usize,
+    next: &mut impl FnMut() -> f32,
+) -> (usize, Vec<u8>, Vec<u8>) {
+    use kiln::quant::{quantize_activation, quantize_row, GgmlType, Interleave};
     let (wr, ar) = (GgmlType::Q4_K.row_size(n).unwrap(), GgmlType::Q8_K.row_size(n).unwrap());
     let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
     for r in 0..rows {
@@ -152,6 +142,17 @@ fn q4_k_amx(rows: usize, next: &mut impl FnMut() -> f32) {
     }
     let mut packed = vec![0u8; w.len()];
     Interleave::Q4kX8.pack(&w, n, &mut packed).unwrap();
+    (wr, a, packed)
+}
+
+/// Q4_K×8 on AMX tiles: 16 rows × 512 tokens per call (ns per row × token × superblock).
+#[cfg(target_arch = "x86_64")]
+fn q4_k_amx(rows: usize, next: &mut impl FnMut() -> f32) {
+    use kiln::quant::{q4_k_x8_amx, Q4kX8Amx};
+    use std::time::Instant;
+    let Some(amx) = q4_k_x8_amx() else { return };
+    let (n, toks, rows) = (1536, 512, rows.next_multiple_of(16));
+    let (wr, a, packed) = q4_k_x8_inputs(n, rows, toks, next);
     let mut acts = vec![0u8; Q4kX8Amx::acts_len(n, toks)];
     amx.prepare(&a, n, toks, &mut acts);
     let (tile, mut out, mut best) = (wr * Q4kX8Amx::ROWS, vec![0f32; toks * Q4kX8Amx::ROWS], f64::MAX);
