@@ -6,10 +6,14 @@
 //! hidden states bit-identical to llama.cpp's (tests/embed_oracle.rs); kiln uses it for
 //! every batch size, so results do not depend on batching (batch invariance).
 //!
-//! Flash-style tiling: one task takes a head and a tile of consecutive queries of the same
-//! sequence, and widens each K/V row to f32 once for the whole tile. Every query still
-//! sees its keys in ascending position with the same arithmetic, so its result does not
-//! depend on the tile. Scratch lives on the task's stack: no allocation.
+//! Flash-style tiling: one task takes a KV head, some of the query heads that share it
+//! (grouped-query attention), and a tile of consecutive queries of one sequence; it widens
+//! each K/V row to f32 once for all its (query, head) rows. Keys go in blocks: each row's
+//! scores for the block, then the running maximum and every softmax weight of the block in
+//! one vectorized libm-exact `expf` (`expf.rs`), then the walk that rescales and accumulates
+//! in ascending position. Every row still sees its keys in ascending position with the
+//! same arithmetic, so its result depends neither on the tile nor on the other rows.
+//! Scratch is per thread: no allocation after the first call.
 //!
 //! The f16 primitives (dot, rescale, multiply-add with rounding) run 16 lanes wide where
 //! the CPU has AVX-512 F, each lane with the arithmetic of the 8-lane AVX2 forms, so every
@@ -17,24 +21,35 @@
 
 use half::f16;
 
+use super::expf::expf_slice;
 use super::ops::SyncPtr;
 use super::pool::ThreadPool;
 use crate::backend::AttnPlan;
 use crate::quant::{self, GgmlType};
 
-/// Queries per task; their accumulators and one K/V row stay in L1.
+/// Queries per task in a prompt; their accumulators and a block of K/V rows stay in L1.
 const Q_TILE: usize = 8;
-/// Widest head the stack scratch holds; wider heads use heap scratch per task.
-const MAX_HEAD_DIM: usize = 256;
+/// Most (query, head) rows per task.
+const MAX_ROWS: usize = 32;
+/// Keys per block: one 16-lane `expf` gives a row's weights for the whole block.
+const K_BLOCK: usize = 16;
 
 pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan, out: &mut [f32]) {
-    let n_head = plan.n_head;
     let n_tok = plan.pos.len();
+    if n_tok == 0 || plan.n_head_kv == 0 {
+        return;
+    }
+    let n_kv = plan.n_head_kv;
+    let group = plan.n_head / n_kv;
     let n_tiles = n_tok.div_ceil(Q_TILE);
+    let hs = heads_per_task(n_tiles * n_kv, group, MAX_ROWS / Q_TILE.min(n_tok), pool.n_threads());
+    let n_sub = group.div_ceil(hs);
     let op = SyncPtr(out.as_mut_ptr());
-    pool.run(n_tiles * n_head, &|task| {
-        // Heads vary fastest: a decode step's heads spread over the threads.
-        let (tile, h) = (task / n_head, task % n_head);
+    pool.run(n_tiles * n_kv * n_sub, &|task| {
+        // Head subsets vary fastest, then KV heads: a decode step's heads spread over the threads.
+        let (tile, kvh, sub) = (task / (n_kv * n_sub), task / n_sub % n_kv, task % n_sub);
+        let h0 = kvh * group + sub * hs;
+        let heads = h0..(h0 + hs).min((kvh + 1) * group);
         let t0 = tile * Q_TILE;
         let t1 = (t0 + Q_TILE).min(n_tok);
         // Split the tile into runs of one sequence.
@@ -44,119 +59,183 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
             while b < t1 && plan.seq[b] == plan.seq[a] {
                 b += 1;
             }
-            let tile = Tile { q, kc, vc, plan, h, ts: a..b, out: op };
-            if plan.head_dim <= MAX_HEAD_DIM {
-                let mut scratch = Scratch::<[f32; MAX_HEAD_DIM * Q_TILE], [f32; MAX_HEAD_DIM]> {
-                    q: [0.0; MAX_HEAD_DIM * Q_TILE],
-                    acc: [0.0; MAX_HEAD_DIM * Q_TILE],
-                    k: [0.0; MAX_HEAD_DIM],
-                    v: [0.0; MAX_HEAD_DIM],
-                };
-                run_tile(&tile, &mut scratch);
-            } else {
-                let hd = plan.head_dim;
-                let mut scratch = Scratch {
-                    q: vec![0.0; hd * Q_TILE],
-                    acc: vec![0.0; hd * Q_TILE],
-                    k: vec![0.0; hd],
-                    v: vec![0.0; hd],
-                };
-                run_tile(&tile, &mut scratch);
-            }
+            let task = Task { q, kc, vc, plan, kvh, heads: heads.clone(), ts: a..b, out: op };
+            SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
             a = b;
         }
     });
 }
 
-struct Scratch<T, R> {
-    /// f16-rounded queries of the tile, `[tile, head_dim]`.
-    q: T,
-    /// Unnormalized outputs, `[tile, head_dim]`.
-    acc: T,
-    /// The current K and V rows, widened.
-    k: R,
-    v: R,
+/// Query heads per task: as many of a KV head's group as fit in `max_heads`, split further
+/// until the tasks divide evenly over the threads (or are many), so no thread idles long.
+fn heads_per_task(units: usize, group: usize, max_heads: usize, threads: usize) -> usize {
+    let group = group.max(1);
+    for n_sub in group.div_ceil(max_heads.max(1))..=group {
+        let hs = group.div_ceil(n_sub);
+        let tasks = units * group.div_ceil(hs);
+        if tasks >= threads && (tasks % threads == 0 || tasks >= 4 * threads) {
+            return hs;
+        }
+    }
+    1
 }
 
-/// One task: head `h` for queries `ts` (all of one sequence).
-struct Tile<'a> {
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
+}
+
+#[derive(Default)]
+struct Scratch {
+    /// f16-rounded queries of the rows, `[rows, head_dim]`.
+    q: Vec<f32>,
+    /// Unnormalized outputs, `[rows, head_dim]`.
+    acc: Vec<f32>,
+    /// The current block of K and V rows, widened, `[K_BLOCK, head_dim]`.
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// One task: query heads `heads` (all reading KV head `kvh`) for queries `ts` (all of
+/// one sequence).
+struct Task<'a> {
     q: &'a [f32],
     kc: &'a [f16],
     vc: &'a [f16],
     plan: &'a AttnPlan<'a>,
-    h: usize,
+    kvh: usize,
+    heads: std::ops::Range<usize>,
     ts: std::ops::Range<usize>,
     out: SyncPtr<f32>,
 }
 
-fn run_tile<T: AsMut<[f32]>, R: AsMut<[f32]>>(t: &Tile, s: &mut Scratch<T, R>) {
+fn run_task(t: &Task, s: &mut Scratch) {
+    let hd = t.plan.head_dim;
+    let rows = t.ts.len() * t.heads.len();
+    for (v, n) in [(&mut s.q, rows), (&mut s.acc, rows), (&mut s.k, K_BLOCK), (&mut s.v, K_BLOCK)] {
+        if v.len() < n * hd {
+            v.resize(n * hd, 0.0);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY: the CPU has AVX-512 F (and AVX2, FMA, F16C).
+        return unsafe { run_task_avx512(t, s) };
+    }
     #[cfg(target_arch = "x86_64")]
     if quant::cpu_tier() >= quant::CpuTier::Avx2 {
         // SAFETY: the CPU has AVX2, FMA and F16C.
-        return unsafe { run_tile_fma(t, s) };
+        return unsafe { run_task_fma(t, s) };
     }
-    run_tile_body(t, s)
+    run_task_body(t, s)
 }
 
 /// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_tile_fma<T: AsMut<[f32]>, R: AsMut<[f32]>>(t: &Tile, s: &mut Scratch<T, R>) {
-    run_tile_body(t, s)
+unsafe fn run_task_fma(t: &Task, s: &mut Scratch) {
+    run_task_body(t, s)
+}
+
+/// And with AVX-512 F, so the 16-lane primitives inline.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn run_task_avx512(t: &Task, s: &mut Scratch) {
+    run_task_body(t, s)
 }
 
 #[inline(always)]
-fn run_tile_body<T: AsMut<[f32]>, R: AsMut<[f32]>>(tile: &Tile, s: &mut Scratch<T, R>) {
-    let Tile { q, kc, vc, plan, h, ref ts, out: op } = *tile;
-    let ts = ts.clone();
+fn run_task_body(task: &Task, s: &mut Scratch) {
+    let Task { q, kc, vc, plan, kvh, ref heads, ref ts, out: op } = *task;
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
-    let kvh = h / (n_head / plan.n_head_kv);
-    let nq = ts.len();
-    let (qs, acc) = (&mut s.q.as_mut()[..nq * hd], &mut s.acc.as_mut()[..nq * hd]);
-    let (kr, vr) = (&mut s.k.as_mut()[..hd], &mut s.v.as_mut()[..hd]);
-    for (j, t) in ts.clone().enumerate() {
-        let src = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
-        let dst = &mut qs[j * hd..(j + 1) * hd];
-        dst.copy_from_slice(src);
+    let nh = heads.len();
+    let rows = ts.len() * nh;
+    // Row `r` is query `ts.start + r / nh` on head `heads.start + r % nh`.
+    let row = |r: usize| (ts.start + r / nh, heads.start + r % nh);
+    let (qs, acc) = (&mut s.q[..rows * hd], &mut s.acc[..rows * hd]);
+    let (kb, vb) = (&mut s.k[..K_BLOCK * hd], &mut s.v[..K_BLOCK * hd]);
+    for r in 0..rows {
+        let (t, h) = row(r);
+        let dst = &mut qs[r * hd..(r + 1) * hd];
+        dst.copy_from_slice(&q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd]);
         round_f16(dst);
     }
     acc.fill(0.0);
-    let mut m = [f32::NEG_INFINITY; Q_TILE];
-    let mut sum = [0.0f32; Q_TILE];
+    let mut m = [f32::NEG_INFINITY; MAX_ROWS];
+    let mut sum = [0.0f32; MAX_ROWS];
     let seq = plan.seq[ts.start];
     let lo = ts.clone().map(|t| plan.first_pos(t)).min().unwrap_or(0);
     let hi = ts.clone().map(|t| plan.pos[t]).max().unwrap_or(0);
-    for p in lo..=hi {
-        let base = plan.slot(seq, p) * kv_dim + kvh * hd;
-        widen(&kc[base..base + hd], kr);
-        widen(&vc[base..base + hd], vr);
-        for (j, t) in ts.clone().enumerate() {
-            if p < plan.first_pos(t) || p > plan.pos[t] {
+    for p0 in (lo..=hi).step_by(K_BLOCK) {
+        let n = K_BLOCK.min((hi - p0) as usize + 1);
+        for i in 0..n {
+            let base = plan.slot(seq, p0 + i as u32) * kv_dim + kvh * hd;
+            widen(&kc[base..base + hd], &mut kb[i * hd..(i + 1) * hd]);
+            widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
+        }
+        // At depth the cache comes from memory, a row at a time: ask for the next block
+        // now, while this one computes (the hardware prefetcher misses the stride).
+        let next = p0 as usize + K_BLOCK;
+        for p in next..(next + K_BLOCK).min(hi as usize + 1) {
+            let base = plan.slot(seq, p as u32) * kv_dim + kvh * hd;
+            prefetch(&kc[base..base + hd]);
+            prefetch(&vc[base..base + hd]);
+        }
+        for r in 0..rows {
+            let t = row(r).0;
+            // The keys of the block this query sees.
+            let a = plan.first_pos(t).saturating_sub(p0) as usize;
+            let b = ((plan.pos[t] + 1).saturating_sub(p0) as usize).min(n);
+            if a >= b {
                 continue;
             }
-            let qj = &qs[j * hd..(j + 1) * hd];
-            let score = dot_f16(qj, kr) * plan.scale;
-            let a = &mut acc[j * hd..(j + 1) * hd];
-            let (ms, vs);
-            if score > m[j] {
-                ms = (m[j] - score).exp();
-                vs = 1.0;
-                m[j] = score;
-                scale_f16(a, ms);
-            } else {
-                ms = 1.0;
-                vs = (score - m[j]).exp();
+            // Scores, the running maximum, and each key's `expf` argument: `m - score`
+            // where the key raises the maximum (the rescale factor), `score - m` otherwise.
+            let qr = &qs[r * hd..(r + 1) * hd];
+            let mut w = [0.0f32; K_BLOCK];
+            let mut raised = 0u32;
+            for i in a..b {
+                let score = dot_f16(qr, &kb[i * hd..(i + 1) * hd]) * plan.scale;
+                if score > m[r] {
+                    w[i] = m[r] - score;
+                    raised |= 1 << i;
+                    m[r] = score;
+                } else {
+                    w[i] = score - m[r];
+                }
             }
-            mad_f16(a, vr, vs);
-            sum[j] = sum[j].mul_add(ms, vs); // GCC contracts ggml's `S*ms + vs`
+            expf_slice(&mut w[a..b]);
+            let ar = &mut acc[r * hd..(r + 1) * hd];
+            for i in a..b {
+                let (ms, vs) = if raised >> i & 1 == 1 {
+                    scale_f16(ar, w[i]);
+                    (w[i], 1.0)
+                } else {
+                    (1.0, w[i])
+                };
+                mad_f16(ar, &vb[i * hd..(i + 1) * hd], vs);
+                sum[r] = sum[r].mul_add(ms, vs); // GCC contracts ggml's `S*ms + vs`
+            }
         }
     }
-    for (j, t) in ts.enumerate() {
-        let inv = if sum[j] == 0.0 { 0.0 } else { 1.0 / sum[j] };
+    for r in 0..rows {
+        let (t, h) = row(r);
+        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
         // SAFETY: each task writes its own (token, head) slices of `out`.
         let o = unsafe { std::slice::from_raw_parts_mut(op.get().add((t * n_head + h) * hd), hd) };
-        o.iter_mut().zip(&acc[j * hd..(j + 1) * hd]).for_each(|(o, &a)| *o = a * inv);
+        o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]).for_each(|(o, &a)| *o = a * inv);
+    }
+}
+
+/// Asks for the cache lines of `row` (a hint; no effect on results).
+#[inline(always)]
+fn prefetch(row: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..row.len()).step_by(32) {
+        // SAFETY: prefetching is a hint and `i` is inside the slice.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(row.as_ptr().add(i).cast())
+        };
     }
 }
 
@@ -444,5 +523,127 @@ mod tests {
             unsafe { simd::wide::widen(&h, &mut w) };
             assert_eq!(w, k, "widen, n = {n}");
         }
+    }
+}
+
+#[cfg(test)]
+mod reference_tests {
+    use super::*;
+
+    /// The arithmetic before tasks grouped heads and blocked keys: one (query, head) at a
+    /// time, keys one at a time, libm's `expf` per key. The kernels must give its bits.
+    fn reference(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan) -> Vec<f32> {
+        let (n_head, hd) = (plan.n_head, plan.head_dim);
+        let kv_dim = plan.n_head_kv * hd;
+        let mut out = vec![0f32; q.len()];
+        let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
+        for t in 0..plan.pos.len() {
+            for h in 0..n_head {
+                let kvh = h / (n_head / plan.n_head_kv);
+                let mut qr = q[(t * n_head + h) * hd..][..hd].to_vec();
+                round_f16(&mut qr);
+                let mut acc = vec![0f32; hd];
+                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                for p in plan.first_pos(t)..=plan.pos[t] {
+                    let base = plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
+                    widen(&kc[base..base + hd], &mut k);
+                    widen(&vc[base..base + hd], &mut v);
+                    let score = dot_f16(&qr, &k) * plan.scale;
+                    let (ms, vs);
+                    if score > m {
+                        ms = (m - score).exp();
+                        vs = 1.0;
+                        m = score;
+                        scale_f16(&mut acc, ms);
+                    } else {
+                        ms = 1.0;
+                        vs = (score - m).exp();
+                    }
+                    mad_f16(&mut acc, &v, vs);
+                    sum = sum.mul_add(ms, vs);
+                }
+                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                let o = &mut out[(t * n_head + h) * hd..][..hd];
+                o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
+            }
+        }
+        out
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn f(&mut self) -> f32 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        }
+    }
+
+    /// Decode steps, batches of several sequences, prompts (causal tiles), a sliding
+    /// window; head shapes with and without grouped queries, head sizes the 16-lane kernels
+    /// take and one they do not; 1 to 3 threads. Keys spread widely, so the maximum moves
+    /// and some weights fall below `expf`'s underflow.
+    #[test]
+    fn matches_the_per_key_reference_bit_for_bit() {
+        let shapes = [(12, 2, 128), (9, 3, 64), (4, 1, 256), (4, 4, 80), (8, 2, 64), (6, 2, 192)];
+        let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+        let mut rng = Rng(7);
+        for (n_head, n_kv, hd) in shapes {
+            let (block_size, n_blocks) = (4usize, 160usize);
+            let slots = block_size * n_blocks;
+            let kc: Vec<f16> = (0..slots * n_kv * hd)
+                .map(|i| f16::from_f32(rng.f() * if (i / hd) % 7 == 0 { 60.0 } else { 6.0 }))
+                .collect();
+            let vc: Vec<f16> = (0..slots * n_kv * hd).map(|_| f16::from_f32(rng.f() * 2.0)).collect();
+            // Two sequences with scrambled block tables.
+            let t0: Vec<u32> = (0..n_blocks as u32 / 2).map(|b| (b * 37) % 80).collect();
+            let t1: Vec<u32> = (0..n_blocks as u32 / 2).map(|b| 80 + (b * 13) % 80).collect();
+            let tables = [&t0[..], &t1[..]];
+            // (pos, seq) lists.
+            let decode = vec![(300, 0)];
+            let batch = vec![(17, 0), (250, 1), (5, 1)];
+            let prompt: Vec<(u32, u32)> = (0..37).map(|p| (p + 3, 0)).chain((0..5).map(|p| (p, 1))).collect();
+            for (toks, window) in [(decode, None), (batch.clone(), None), (prompt.clone(), None), (prompt, Some(5))]
+            {
+                let pos: Vec<u32> = toks.iter().map(|t| t.0).collect();
+                let seq: Vec<u32> = toks.iter().map(|t| t.1).collect();
+                let plan = AttnPlan {
+                    pos: &pos,
+                    seq: &seq,
+                    tables: &tables,
+                    block_size,
+                    n_head,
+                    n_head_kv: n_kv,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    window,
+                };
+                let q: Vec<f32> = (0..pos.len() * n_head * hd).map(|_| rng.f() * 8.0).collect();
+                let want = reference(&q, &kc, &vc, &plan);
+                for pool in &pools {
+                    let mut out = vec![f32::NAN; q.len()];
+                    attention(pool, &q, &kc, &vc, &plan, &mut out);
+                    for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, {} threads: value {i}",
+                            pos.len(),
+                            pool.n_threads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_split_heads_to_keep_threads_busy() {
+        // qwen2.5-1.5b decode: a task per KV head; smollm2: three groups of 3 over 2 threads.
+        assert_eq!(heads_per_task(2, 6, 32, 2), 6);
+        assert_eq!(heads_per_task(3, 3, 32, 2), 2);
+        assert_eq!(heads_per_task(1, 4, 32, 2), 2);
+        assert_eq!(heads_per_task(3, 3, 32, 1), 3);
+        // A prompt: at most 4 heads of 8 queries per task.
+        assert_eq!(heads_per_task(128, 6, 4, 2), 3);
     }
 }
