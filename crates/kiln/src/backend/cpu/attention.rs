@@ -118,33 +118,102 @@ fn run_task(t: &Task, s: &mut Scratch) {
     }
     #[cfg(target_arch = "x86_64")]
     if quant::cpu_tier() >= quant::CpuTier::Avx512 {
-        // SAFETY: the CPU has AVX-512 F (and AVX2, FMA, F16C).
-        return unsafe { run_task_avx512(t, s) };
+        // SAFETY (all four): the CPU has AVX-512 F (and AVX2, FMA, F16C).
+        return unsafe {
+            match hd {
+                64 => run_task_avx512::<simd::wide::Heads<4>>(t, s),
+                128 => run_task_avx512::<simd::wide::Heads<8>>(t, s),
+                256 => run_task_avx512::<simd::wide::Heads<16>>(t, s),
+                _ => run_task_avx512::<AnyHead>(t, s),
+            }
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if quant::cpu_tier() >= quant::CpuTier::Avx2 {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         return unsafe { run_task_fma(t, s) };
     }
-    run_task_body(t, s)
+    run_task_body::<AnyHead>(t, s)
 }
 
 /// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_task_fma(t: &Task, s: &mut Scratch) {
-    run_task_body(t, s)
+    run_task_body::<AnyHead>(t, s)
 }
 
-/// And with AVX-512 F, so the 16-lane primitives inline.
+/// And with AVX-512 F, so the 16-lane kernels inline.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn run_task_avx512(t: &Task, s: &mut Scratch) {
-    run_task_body(t, s)
+unsafe fn run_task_avx512<K: Kernel>(t: &Task, s: &mut Scratch) {
+    run_task_body::<K>(t, s)
+}
+
+/// One row's softmax weights for a block: `w[i]` for its keys `a..b`, after `expf`;
+/// bit `i` of `raised` set where key `i` raised the running maximum (`w[i]` then rescales
+/// the accumulator and the key's own weight is 1).
+#[derive(Clone, Copy)]
+struct Weights {
+    w: [f32; K_BLOCK],
+    raised: u32,
+    a: usize,
+    b: usize,
+}
+
+/// A row's arithmetic over a block of keys: any head size with the primitives below, or
+/// specialized to one (`simd::wide::Heads`), with the same bits.
+trait Kernel {
+    /// `out[i] = dot_f16(q, K row i)` for `i` in `a..b` (other lanes: anything).
+    fn dots(q: &[f32], kb: &[f32], a: usize, b: usize, out: &mut [f32; K_BLOCK]);
+    /// `w[i] = expf(w[i])` for `i` in `a..b`.
+    fn exp(w: &mut [f32; K_BLOCK], a: usize, b: usize);
+    /// Rescales and accumulates `acc` (and its sum of weights) over the block's keys.
+    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32);
+    /// Two rows with the same keys: their independent chains interleaved.
+    fn walk2(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
+        let [a0, a1] = acc;
+        let [s0, s1] = sum;
+        Self::walk(a0, vb, wt[0], s0);
+        Self::walk(a1, vb, wt[1], s1);
+    }
+}
+
+/// Any head size, one primitive call per key.
+struct AnyHead;
+
+impl Kernel for AnyHead {
+    #[inline(always)]
+    fn dots(q: &[f32], kb: &[f32], a: usize, b: usize, out: &mut [f32; K_BLOCK]) {
+        let hd = q.len();
+        for i in a..b {
+            out[i] = dot_f16(q, &kb[i * hd..(i + 1) * hd]);
+        }
+    }
+
+    #[inline(always)]
+    fn exp(w: &mut [f32; K_BLOCK], a: usize, b: usize) {
+        expf_slice(&mut w[a..b]);
+    }
+
+    #[inline(always)]
+    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
+        let hd = acc.len();
+        for i in wt.a..wt.b {
+            let (ms, vs) = if wt.raised >> i & 1 == 1 {
+                scale_f16(acc, wt.w[i]);
+                (wt.w[i], 1.0)
+            } else {
+                (1.0, wt.w[i])
+            };
+            mad_f16(acc, &vb[i * hd..(i + 1) * hd], vs);
+            *sum = sum.mul_add(ms, vs); // GCC contracts ggml's `S*ms + vs`
+        }
+    }
 }
 
 #[inline(always)]
-fn run_task_body(task: &Task, s: &mut Scratch) {
+fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     let Task { q, kc, vc, plan, kvh, ref heads, ref ts, out: op } = *task;
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
@@ -163,6 +232,7 @@ fn run_task_body(task: &Task, s: &mut Scratch) {
     acc.fill(0.0);
     let mut m = [f32::NEG_INFINITY; MAX_ROWS];
     let mut sum = [0.0f32; MAX_ROWS];
+    let mut wts = [Weights { w: [0.0; K_BLOCK], raised: 0, a: 0, b: 0 }; MAX_ROWS];
     let seq = plan.seq[ts.start];
     let lo = ts.clone().map(|t| plan.first_pos(t)).min().unwrap_or(0);
     let hi = ts.clone().map(|t| plan.pos[t]).max().unwrap_or(0);
@@ -173,48 +243,53 @@ fn run_task_body(task: &Task, s: &mut Scratch) {
             widen(&kc[base..base + hd], &mut kb[i * hd..(i + 1) * hd]);
             widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
         }
-        // At depth the cache comes from memory, a row at a time: ask for the next block
-        // now, while this one computes (the hardware prefetcher misses the stride).
+        // At depth the cache comes from memory: ask for the next block while this one
+        // computes.
         let next = p0 as usize + K_BLOCK;
         for p in next..(next + K_BLOCK).min(hi as usize + 1) {
             let base = plan.slot(seq, p as u32) * kv_dim + kvh * hd;
             prefetch(&kc[base..base + hd]);
             prefetch(&vc[base..base + hd]);
         }
-        for r in 0..rows {
+        for (r, wt) in wts[..rows].iter_mut().enumerate() {
             let t = row(r).0;
             // The keys of the block this query sees.
-            let a = plan.first_pos(t).saturating_sub(p0) as usize;
-            let b = ((plan.pos[t] + 1).saturating_sub(p0) as usize).min(n);
-            if a >= b {
+            wt.a = plan.first_pos(t).saturating_sub(p0) as usize;
+            wt.b = ((plan.pos[t] + 1).saturating_sub(p0) as usize).min(n);
+            if wt.a >= wt.b {
                 continue;
             }
             // Scores, the running maximum, and each key's `expf` argument: `m - score`
             // where the key raises the maximum (the rescale factor), `score - m` otherwise.
-            let qr = &qs[r * hd..(r + 1) * hd];
-            let mut w = [0.0f32; K_BLOCK];
-            let mut raised = 0u32;
-            for i in a..b {
-                let score = dot_f16(qr, &kb[i * hd..(i + 1) * hd]) * plan.scale;
+            let mut d = [0.0f32; K_BLOCK];
+            K::dots(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, &mut d);
+            wt.raised = 0;
+            for i in wt.a..wt.b {
+                let score = d[i] * plan.scale;
                 if score > m[r] {
-                    w[i] = m[r] - score;
-                    raised |= 1 << i;
+                    wt.w[i] = m[r] - score;
+                    wt.raised |= 1 << i;
                     m[r] = score;
                 } else {
-                    w[i] = score - m[r];
+                    wt.w[i] = score - m[r];
                 }
             }
-            expf_slice(&mut w[a..b]);
-            let ar = &mut acc[r * hd..(r + 1) * hd];
-            for i in a..b {
-                let (ms, vs) = if raised >> i & 1 == 1 {
-                    scale_f16(ar, w[i]);
-                    (w[i], 1.0)
-                } else {
-                    (1.0, w[i])
-                };
-                mad_f16(ar, &vb[i * hd..(i + 1) * hd], vs);
-                sum[r] = sum[r].mul_add(ms, vs); // GCC contracts ggml's `S*ms + vs`
+            K::exp(&mut wt.w, wt.a, wt.b);
+        }
+        // The walks, two rows at a time where they see the same keys (a decode step's do).
+        let mut r = 0;
+        while r < rows {
+            let wt = &wts[r];
+            if wt.a >= wt.b {
+                r += 1;
+            } else if r + 1 < rows && (wts[r + 1].a, wts[r + 1].b) == (wt.a, wt.b) {
+                let (a0, a1) = acc[r * hd..(r + 2) * hd].split_at_mut(hd);
+                let (s0, s1) = sum[r..r + 2].split_at_mut(1);
+                K::walk2([a0, a1], vb, [wt, &wts[r + 1]], [&mut s0[0], &mut s1[0]]);
+                r += 2;
+            } else {
+                K::walk(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
+                r += 1;
             }
         }
     }
@@ -405,10 +480,131 @@ mod simd {
 
         use half::f16;
 
+        use super::super::{Weights, K_BLOCK};
+        use crate::backend::cpu::expf::simd::expf16;
+
         #[inline]
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         unsafe fn round16(v: __m512) -> __m512 {
             _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
+
+        /// The kernels for heads of `16 * N` values, `N` a multiple of 4 (whole blocks of
+        /// 64 in ggml's dot, so no f64 tail): the query and the accumulators in registers.
+        pub struct Heads<const N: usize>;
+
+        impl<const N: usize> super::super::Kernel for Heads<N> {
+            #[inline(always)]
+            fn dots(q: &[f32], kb: &[f32], _a: usize, _b: usize, out: &mut [f32; K_BLOCK]) {
+                // SAFETY: only instantiated behind the AVX-512 F check; `q` holds 16·N values
+                // and `kb` K_BLOCK rows of them.
+                unsafe { dots::<N>(q, kb, out) }
+            }
+
+            #[inline(always)]
+            fn exp(w: &mut [f32; K_BLOCK], _a: usize, _b: usize) {
+                // SAFETY: as above; lanes outside `a..b` are computed and ignored.
+                unsafe { _mm512_storeu_ps(w.as_mut_ptr(), expf16(_mm512_loadu_ps(w.as_ptr()))) }
+            }
+
+            #[inline(always)]
+            fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
+                assert!(acc.len() == 16 * N && vb.len() >= K_BLOCK * 16 * N);
+                // SAFETY: as above, with the sizes checked.
+                unsafe { walk::<N, 1>([acc], vb, [wt], [sum]) }
+            }
+
+            #[inline(always)]
+            fn walk2(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
+                assert!(acc.iter().all(|a| a.len() == 16 * N) && vb.len() >= K_BLOCK * 16 * N);
+                // Two rows' accumulators fit in the 32 registers up to N = 8.
+                if N > 8 {
+                    let [a0, a1] = acc;
+                    let [s0, s1] = sum;
+                    return (Self::walk(a0, vb, wt[0], s0), Self::walk(a1, vb, wt[1], s1)).0;
+                }
+                // SAFETY: as above, with the sizes checked.
+                unsafe { walk::<N, 2>(acc, vb, wt, sum) }
+            }
+        }
+
+        /// `dot_f16(q, K row i)` for all K_BLOCK rows: ggml's four accumulators per row,
+        /// then `_mm512_reduce_add_ps`'s tree (halves, quarters, pairs) for 16 rows at once
+        /// by transposing adds; each lane's additions are those of `reduce16`, in its order.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32], out: &mut [f32; K_BLOCK]) {
+            let hd = 16 * N;
+            let qv: [__m512; N] = std::array::from_fn(|j| _mm512_loadu_ps(q.as_ptr().add(16 * j)));
+            let x: [__m512; 16] = std::array::from_fn(|i| {
+                let k = kb.as_ptr().add(i * hd);
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for c in 0..N / 4 {
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(qv[4 * c + j], _mm512_loadu_ps(k.add(64 * c + 16 * j)), *a);
+                    }
+                }
+                _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]))
+            });
+            // Halves: [x_a lanes 0-7 | x_b lanes 0-7] + [x_a 8-15 | x_b 8-15].
+            let h =
+                |a, b| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xee>(a, b));
+            let y: [__m512; 8] = std::array::from_fn(|i| h(x[2 * i], x[2 * i + 1]));
+            // Quarters: each 128-bit block now holds one row's four partial sums.
+            let z: [__m512; 4] = std::array::from_fn(|i| {
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x88>(y[2 * i], y[2 * i + 1]),
+                    _mm512_shuffle_f32x4::<0xdd>(y[2 * i], y[2 * i + 1]),
+                )
+            });
+            // Pairs: `(s0 + s2) + (s1 + s3)` within each block.
+            let p = |a, b| _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xee>(a, b));
+            let (w0, w1) = (p(z[0], z[1]), p(z[2], z[3]));
+            let f = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(w0, w1), _mm512_shuffle_ps::<0xdd>(w0, w1));
+            // Lane 4c + d of `f` holds row 4d + c.
+            let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+            _mm512_storeu_ps(out.as_mut_ptr(), _mm512_permutexvar_ps(order, f));
+        }
+
+        /// The walk of `R` rows over their keys `wt[0].a..wt[0].b` (the same for all), with
+        /// each row's accumulator in registers: `scale_f16` and `mad_f16`, lane for lane.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        unsafe fn walk<const N: usize, const R: usize>(
+            acc: [&mut [f32]; R],
+            vb: &[f32],
+            wt: [&Weights; R],
+            sum: [&mut f32; R],
+        ) {
+            let hd = 16 * N;
+            let mut a: [[__m512; N]; R] = std::array::from_fn(|r| {
+                std::array::from_fn(|j| _mm512_loadu_ps(acc[r].as_ptr().add(16 * j)))
+            });
+            let mut s: [f32; R] = std::array::from_fn(|r| *sum[r]);
+            for i in wt[0].a..wt[0].b {
+                let v = vb.as_ptr().add(i * hd);
+                for r in 0..R {
+                    let e = wt[r].w[i];
+                    let (ms, vs) = if wt[r].raised >> i & 1 == 1 {
+                        let m = _mm512_set1_ps(e);
+                        a[r].iter_mut().for_each(|a| *a = round16(_mm512_mul_ps(*a, m)));
+                        (e, 1.0)
+                    } else {
+                        (1.0, e)
+                    };
+                    let w = _mm512_set1_ps(vs);
+                    for (j, a) in a[r].iter_mut().enumerate() {
+                        *a = round16(_mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * j)), w, *a));
+                    }
+                    s[r] = s[r].mul_add(ms, vs);
+                }
+            }
+            for r in 0..R {
+                for (j, a) in a[r].iter().enumerate() {
+                    _mm512_storeu_ps(acc[r].as_mut_ptr().add(16 * j), *a);
+                }
+                *sum[r] = s[r];
+            }
         }
 
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -602,7 +798,8 @@ mod reference_tests {
             let decode = vec![(300, 0)];
             let batch = vec![(17, 0), (250, 1), (5, 1)];
             let prompt: Vec<(u32, u32)> = (0..37).map(|p| (p + 3, 0)).chain((0..5).map(|p| (p, 1))).collect();
-            for (toks, window) in [(decode, None), (batch.clone(), None), (prompt.clone(), None), (prompt, Some(5))]
+            for (toks, window) in
+                [(decode, None), (batch.clone(), None), (prompt.clone(), None), (prompt, Some(5))]
             {
                 let pos: Vec<u32> = toks.iter().map(|t| t.0).collect();
                 let seq: Vec<u32> = toks.iter().map(|t| t.1).collect();

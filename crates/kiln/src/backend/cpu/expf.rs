@@ -86,7 +86,7 @@ fn expf_scalar(x: f32) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod simd {
+pub(super) mod simd {
     use std::arch::x86_64::*;
 
     use super::{C, INV_LN2_N, MAY_UFLOW, SHIFT, TAB, UFLOW};
@@ -119,7 +119,7 @@ mod simd {
     /// for the rest (overflow, infinities, NaN), which attention never feeds it.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn expf16(x: __m512) -> __m512 {
+    pub unsafe fn expf16(x: __m512) -> __m512 {
         let lo = expf8(_mm512_castps512_ps256(x));
         let hi = expf8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))));
         let mut y = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
