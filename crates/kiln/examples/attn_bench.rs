@@ -4,7 +4,9 @@
 //!     cargo run --release -p kiln --example attn_bench [DEPTH] [THREADS]
 //!
 //! Prints the best and the median of several runs (ms per token for decode, per prompt for
-//! prefill), so comparisons hold on a busy machine; the cached keys and values are random.
+//! prefill) in process CPU time divided by THREADS, so time other processes take on the
+//! cores does not count; the cached keys and values are random, a cache per layer (HOT=1:
+//! one for all, L2-resident, to see the arithmetic without the memory traffic).
 
 use half::f16;
 use kiln::backend::cpu::CpuBackend;
@@ -30,18 +32,7 @@ fn main() {
         let slots = depth + 512;
         // A cache per layer, as a model has: at depth they outgrow the caches.
         let row = slots * n_kv * hd;
-        let huge = std::env::var("HUGE").is_ok();
-        let mut alloc = |s: f32| {
-            let mut v: Vec<f16> = Vec::with_capacity(row + (1 << 20));
-            if huge {
-                let p = v.as_mut_ptr() as usize;
-                let a = p.next_multiple_of(2 << 20);
-                let end = (p + row * 2 + (2 << 20)) / (2 << 20) * (2 << 20);
-                unsafe { madvise(a as *mut u8, end - a, 14) };
-            }
-            v.extend((0..row).map(|_| f16::from_f32(next() * s)));
-            v
-        };
+        let mut alloc = |s: f32| (0..row).map(|_| f16::from_f32(next() * s)).collect::<Vec<f16>>();
         // HOT=1: one layer's cache for all, so it stays in L2 (the compute alone).
         let n_caches = if std::env::var("HOT").is_ok() { 1 } else { layers };
         let kv: Vec<Vec<f16>> = (0..n_caches).map(|_| alloc(4.0)).collect();
@@ -83,7 +74,6 @@ fn main() {
 }
 
 extern "C" {
-    fn madvise(addr: *mut u8, len: usize, advice: i32) -> i32;
     fn clock_gettime(clock: i32, ts: *mut [i64; 2]) -> i32;
 }
 
