@@ -1,0 +1,87 @@
+//! The CPU attention alone, at the head shapes of our models: one decode step over DEPTH
+//! cached positions, and a prompt of 512 tokens, per layer times the layer count:
+//!
+//!     cargo run --release -p kiln --example attn_bench [DEPTH] [THREADS]
+//!
+//! Prints the best and the median of several runs (ms per token for decode, per prompt for
+//! prefill) in process CPU time divided by THREADS, so time other processes take on the
+//! cores does not count; the cached keys and values are random, a cache per layer (HOT=1:
+//! one for all, L2-resident, to see the arithmetic without the memory traffic).
+
+use half::f16;
+use kiln::backend::cpu::CpuBackend;
+use kiln::backend::{AttnPlan, Backend};
+
+fn main() {
+    let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (depth, threads) = (arg(1, 2048), arg(2, 2));
+    let be = CpuBackend::new(threads);
+    let mut seed = 1u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    // (name, n_head, n_head_kv, head_dim, layers)
+    let shapes = [
+        ("qwen2.5-1.5b", 12, 2, 128, 28),
+        ("qwen2.5-0.5b", 14, 2, 64, 24),
+        ("smollm2-135m", 9, 3, 64, 30),
+        ("gemma3-270m", 4, 1, 256, 18),
+    ];
+    for (name, n_head, n_kv, hd, layers) in shapes {
+        let slots = depth + 512;
+        // A cache per layer, as a model has: at depth they outgrow the caches.
+        let row = slots * n_kv * hd;
+        let mut alloc = |s: f32| (0..row).map(|_| f16::from_f32(next() * s)).collect::<Vec<f16>>();
+        // HOT=1: one layer's cache for all, so it stays in L2 (the compute alone).
+        let n_caches = if std::env::var("HOT").is_ok() { 1 } else { layers };
+        let kv: Vec<Vec<f16>> = (0..n_caches).map(|_| alloc(4.0)).collect();
+        let vv: Vec<Vec<f16>> = (0..n_caches).map(|_| alloc(1.0)).collect();
+        let table: Vec<u32> = (0..slots as u32).collect();
+        let tables = [&table[..]];
+        let mut time = |n_tok: usize, p0: usize| {
+            let q: Vec<f32> = (0..n_tok * n_head * hd).map(|_| next() * 4.0).collect();
+            let pos: Vec<u32> = (p0..p0 + n_tok).map(|p| p as u32).collect();
+            let seq = vec![0u32; n_tok];
+            let plan = AttnPlan {
+                pos: &pos,
+                seq: &seq,
+                tables: &tables,
+                block_size: 1,
+                n_head,
+                n_head_kv: n_kv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
+            };
+            let mut out = vec![0f32; n_tok * n_head * hd];
+            let mut ms: Vec<f64> = (0..if n_tok == 1 { 30 } else { 5 })
+                .map(|_| {
+                    let c = cpu_ms();
+                    for l in 0..layers {
+                        be.attention(&q, &kv[l % n_caches], &vv[l % n_caches], &plan, &mut out);
+                    }
+                    (cpu_ms() - c) / threads as f64
+                })
+                .collect();
+            ms.sort_by(f64::total_cmp);
+            (ms[0], ms[ms.len() / 2])
+        };
+        let (d, dm) = time(1, depth);
+        let (p, pm) = time(512, 0);
+        println!("{name:14} decode @ d{depth}: {d:6.2} ms/token (median {dm:6.2})   prefill 512: {p:7.1} ms (median {pm:7.1})");
+    }
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, ts: *mut [i64; 2]) -> i32;
+}
+
+/// CPU time of the whole process in ms (CLOCK_PROCESS_CPUTIME_ID): unlike wall time, not
+/// counting what other processes on the cores take.
+fn cpu_ms() -> f64 {
+    let mut ts = [0i64; 2];
+    // SAFETY: `ts` is a valid timespec.
+    unsafe { clock_gettime(2, &mut ts) };
+    ts[0] as f64 * 1e3 + ts[1] as f64 * 1e-6
+}

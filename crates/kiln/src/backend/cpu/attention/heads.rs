@@ -1,0 +1,128 @@
+//! The attention kernels specialized to a head size of 16·N values (N a multiple of 4:
+//! 64, 128, 256), AVX-512 F: the query and each row's accumulator stay in registers, the
+//! dot products of 16 keys are reduced together, and two rows' walks interleave their
+//! independent dependency chains. Lane for lane the arithmetic of the generic primitives
+//! in `mod.rs`, so the same bits (`reference_tests` there).
+
+use std::arch::x86_64::*;
+
+use super::simd::wide::round16;
+use super::{Kernel, Weights, K_BLOCK};
+use crate::backend::cpu::expf::simd::expf16;
+
+/// The kernels for heads of `16 * N` values, `N` a multiple of 4 (whole blocks of
+/// 64 in ggml's dot, so no f64 tail): the query and the accumulators in registers.
+pub struct Heads<const N: usize>;
+
+impl<const N: usize> Kernel for Heads<N> {
+    #[inline(always)]
+    fn dots(q: &[f32], kb: &[f32], _a: usize, _b: usize, out: &mut [f32; K_BLOCK]) {
+        // SAFETY: only instantiated behind the AVX-512 F check; `q` holds 16·N values
+        // and `kb` K_BLOCK rows of them.
+        unsafe { dots::<N>(q, kb, out) }
+    }
+
+    #[inline(always)]
+    fn exp(w: &mut [f32; K_BLOCK], _a: usize, _b: usize) {
+        // SAFETY: as above; lanes outside `a..b` are computed and ignored.
+        unsafe { _mm512_storeu_ps(w.as_mut_ptr(), expf16(_mm512_loadu_ps(w.as_ptr()))) }
+    }
+
+    #[inline(always)]
+    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
+        assert!(acc.len() == 16 * N && vb.len() >= K_BLOCK * 16 * N);
+        // SAFETY: as above, with the sizes checked.
+        unsafe { walk::<N, 1>([acc], vb, [wt], [sum]) }
+    }
+
+    #[inline(always)]
+    fn walk2(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
+        assert!(acc.iter().all(|a| a.len() == 16 * N) && vb.len() >= K_BLOCK * 16 * N);
+        // Two rows' accumulators fit in the 32 registers up to N = 8.
+        if N > 8 {
+            let ([a0, a1], [s0, s1]) = (acc, sum);
+            Self::walk(a0, vb, wt[0], s0);
+            Self::walk(a1, vb, wt[1], s1);
+            return;
+        }
+        // SAFETY: as above, with the sizes checked.
+        unsafe { walk::<N, 2>(acc, vb, wt, sum) }
+    }
+}
+
+/// `dot_f16(q, K row i)` for all K_BLOCK rows: ggml's four accumulators per row,
+/// then `_mm512_reduce_add_ps`'s tree (halves, quarters, pairs) for 16 rows at once
+/// by transposing adds; each lane's additions are those of `reduce16`, in its order.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32], out: &mut [f32; K_BLOCK]) {
+    let hd = 16 * N;
+    let qv: [__m512; N] = std::array::from_fn(|j| _mm512_loadu_ps(q.as_ptr().add(16 * j)));
+    let x: [__m512; 16] = std::array::from_fn(|i| {
+        let k = kb.as_ptr().add(i * hd);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for c in 0..N / 4 {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(qv[4 * c + j], _mm512_loadu_ps(k.add(64 * c + 16 * j)), *a);
+            }
+        }
+        _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]))
+    });
+    // Halves: [x_a lanes 0-7 | x_b lanes 0-7] + [x_a 8-15 | x_b 8-15].
+    let h = |a, b| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xee>(a, b));
+    let y: [__m512; 8] = std::array::from_fn(|i| h(x[2 * i], x[2 * i + 1]));
+    // Quarters: each 128-bit block now holds one row's four partial sums.
+    let z: [__m512; 4] = std::array::from_fn(|i| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(y[2 * i], y[2 * i + 1]),
+            _mm512_shuffle_f32x4::<0xdd>(y[2 * i], y[2 * i + 1]),
+        )
+    });
+    // Pairs: `(s0 + s2) + (s1 + s3)` within each block.
+    let p = |a, b| _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xee>(a, b));
+    let (w0, w1) = (p(z[0], z[1]), p(z[2], z[3]));
+    let f = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(w0, w1), _mm512_shuffle_ps::<0xdd>(w0, w1));
+    // Lane 4c + d of `f` holds row 4d + c.
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out.as_mut_ptr(), _mm512_permutexvar_ps(order, f));
+}
+
+/// The walk of `R` rows over their keys `wt[0].a..wt[0].b` (the same for all), with
+/// each row's accumulator in registers: `scale_f16` and `mad_f16`, lane for lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn walk<const N: usize, const R: usize>(
+    acc: [&mut [f32]; R],
+    vb: &[f32],
+    wt: [&Weights; R],
+    sum: [&mut f32; R],
+) {
+    let hd = 16 * N;
+    let mut a: [[__m512; N]; R] =
+        std::array::from_fn(|r| std::array::from_fn(|j| _mm512_loadu_ps(acc[r].as_ptr().add(16 * j))));
+    let mut s: [f32; R] = std::array::from_fn(|r| *sum[r]);
+    for i in wt[0].a..wt[0].b {
+        let v = vb.as_ptr().add(i * hd);
+        for r in 0..R {
+            let e = wt[r].w[i];
+            let (ms, vs) = if wt[r].raised >> i & 1 == 1 {
+                let m = _mm512_set1_ps(e);
+                a[r].iter_mut().for_each(|a| *a = round16(_mm512_mul_ps(*a, m)));
+                (e, 1.0)
+            } else {
+                (1.0, e)
+            };
+            let w = _mm512_set1_ps(vs);
+            for (j, a) in a[r].iter_mut().enumerate() {
+                *a = round16(_mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * j)), w, *a));
+            }
+            s[r] = s[r].mul_add(ms, vs);
+        }
+    }
+    for r in 0..R {
+        for (j, a) in a[r].iter().enumerate() {
+            _mm512_storeu_ps(acc[r].as_mut_ptr().add(16 * j), *a);
+        }
+        *sum[r] = s[r];
+    }
+}

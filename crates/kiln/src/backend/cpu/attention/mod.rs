@@ -1,0 +1,728 @@
+//! Causal attention over the f16 KV cache with an online softmax per query, in the
+//! arithmetic of ggml's one-chunk flash-attention path (llama.cpp's CPU default): queries
+//! rounded to f16, the K dot summed in ggml's order, keys taken one at a time in ascending
+//! position, and the output accumulated in f16 (rounded after every rescale and every
+//! fused multiply-add), the sum of weights with an FMA. On short prompts this makes kiln's
+//! hidden states bit-identical to llama.cpp's (tests/embed_oracle.rs); kiln uses it for
+//! every batch size, so results do not depend on batching (batch invariance).
+//!
+//! Flash-style tiling: one task takes a KV head, some of the query heads that share it
+//! (grouped-query attention), and a tile of consecutive queries of one sequence; it widens
+//! each K/V row to f32 once for all its (query, head) rows. Keys go in blocks: each row's
+//! scores for the block, then the running maximum and every softmax weight of the block in
+//! one vectorized libm-exact `expf` (`expf.rs`), then the walk that rescales and accumulates
+//! in ascending position. Every row still sees its keys in ascending position with the
+//! same arithmetic, so its result depends neither on the tile nor on the other rows.
+//! Scratch is per thread: no allocation after the first call.
+//!
+//! The f16 primitives (dot, rescale, multiply-add with rounding) run 16 lanes wide where
+//! the CPU has AVX-512 F, each lane with the arithmetic of the 8-lane AVX2 forms, so every
+//! tier gives the same bits (~1.3x on gemma3-270m's pp512 attention).
+
+use half::f16;
+
+#[cfg(target_arch = "x86_64")]
+mod heads;
+
+use super::expf::expf_slice;
+use super::ops::SyncPtr;
+use super::pool::ThreadPool;
+use crate::backend::AttnPlan;
+use crate::quant::{self, GgmlType};
+
+/// Queries per task in a prompt; their accumulators and a block of K/V rows stay in L1.
+const Q_TILE: usize = 8;
+/// Most (query, head) rows per task.
+const MAX_ROWS: usize = 32;
+/// Keys per block: one 16-lane `expf` gives a row's weights for the whole block.
+const K_BLOCK: usize = 16;
+
+pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan, out: &mut [f32]) {
+    let n_tok = plan.pos.len();
+    if n_tok == 0 || plan.n_head_kv == 0 {
+        return;
+    }
+    let n_kv = plan.n_head_kv;
+    let group = plan.n_head / n_kv;
+    let n_tiles = n_tok.div_ceil(Q_TILE);
+    let hs = heads_per_task(n_tiles * n_kv, group, MAX_ROWS / Q_TILE.min(n_tok), pool.n_threads());
+    let n_sub = group.div_ceil(hs);
+    let op = SyncPtr(out.as_mut_ptr());
+    pool.run(n_tiles * n_kv * n_sub, &|task| {
+        // Head subsets vary fastest, then KV heads: a decode step's heads spread over the threads.
+        let (tile, kvh, sub) = (task / (n_kv * n_sub), task / n_sub % n_kv, task % n_sub);
+        let h0 = kvh * group + sub * hs;
+        let heads = h0..(h0 + hs).min((kvh + 1) * group);
+        let t0 = tile * Q_TILE;
+        let t1 = (t0 + Q_TILE).min(n_tok);
+        // Split the tile into runs of one sequence.
+        let mut a = t0;
+        while a < t1 {
+            let mut b = a + 1;
+            while b < t1 && plan.seq[b] == plan.seq[a] {
+                b += 1;
+            }
+            let task = Task { q, kc, vc, plan, kvh, heads: heads.clone(), ts: a..b, out: op };
+            SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
+            a = b;
+        }
+    });
+}
+
+/// Query heads per task: as many of a KV head's group as fit in `max_heads`, split further
+/// until the tasks divide evenly over the threads (or are many), so no thread idles long.
+fn heads_per_task(units: usize, group: usize, max_heads: usize, threads: usize) -> usize {
+    let group = group.max(1);
+    for n_sub in group.div_ceil(max_heads.max(1))..=group {
+        let hs = group.div_ceil(n_sub);
+        let tasks = units * group.div_ceil(hs);
+        if tasks >= threads && (tasks.is_multiple_of(threads) || tasks >= 4 * threads) {
+            return hs;
+        }
+    }
+    1
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
+}
+
+#[derive(Default)]
+struct Scratch {
+    /// f16-rounded queries of the rows, `[rows, head_dim]`.
+    q: Vec<f32>,
+    /// Unnormalized outputs, `[rows, head_dim]`.
+    acc: Vec<f32>,
+    /// The current block of K and V rows, widened, `[K_BLOCK, head_dim]`.
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// One task: query heads `heads` (all reading KV head `kvh`) for queries `ts` (all of
+/// one sequence).
+struct Task<'a> {
+    q: &'a [f32],
+    kc: &'a [f16],
+    vc: &'a [f16],
+    plan: &'a AttnPlan<'a>,
+    kvh: usize,
+    heads: std::ops::Range<usize>,
+    ts: std::ops::Range<usize>,
+    out: SyncPtr<f32>,
+}
+
+fn run_task(t: &Task, s: &mut Scratch) {
+    let hd = t.plan.head_dim;
+    let rows = t.ts.len() * t.heads.len();
+    for (v, n) in [(&mut s.q, rows), (&mut s.acc, rows), (&mut s.k, K_BLOCK), (&mut s.v, K_BLOCK)] {
+        if v.len() < n * hd {
+            v.resize(n * hd, 0.0);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY (all four): the CPU has AVX-512 F (and AVX2, FMA, F16C).
+        return unsafe {
+            match hd {
+                64 => run_task_avx512::<heads::Heads<4>>(t, s),
+                128 => run_task_avx512::<heads::Heads<8>>(t, s),
+                256 => run_task_avx512::<heads::Heads<16>>(t, s),
+                _ => run_task_avx512::<AnyHead>(t, s),
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { run_task_fma(t, s) };
+    }
+    run_task_body::<AnyHead>(t, s)
+}
+
+/// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_task_fma(t: &Task, s: &mut Scratch) {
+    run_task_body::<AnyHead>(t, s)
+}
+
+/// And with AVX-512 F, so the 16-lane kernels inline.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn run_task_avx512<K: Kernel>(t: &Task, s: &mut Scratch) {
+    run_task_body::<K>(t, s)
+}
+
+/// One row's softmax weights for a block: `w[i]` for its keys `a..b`, after `expf`;
+/// bit `i` of `raised` set where key `i` raised the running maximum (`w[i]` then rescales
+/// the accumulator and the key's own weight is 1).
+#[derive(Clone, Copy)]
+struct Weights {
+    w: [f32; K_BLOCK],
+    raised: u32,
+    a: usize,
+    b: usize,
+}
+
+/// A row's arithmetic over a block of keys: any head size with the primitives below, or
+/// specialized to one (`simd::wide::Heads`), with the same bits.
+trait Kernel {
+    /// `out[i] = dot_f16(q, K row i)` for `i` in `a..b` (other lanes: anything).
+    fn dots(q: &[f32], kb: &[f32], a: usize, b: usize, out: &mut [f32; K_BLOCK]);
+    /// `w[i] = expf(w[i])` for `i` in `a..b`.
+    fn exp(w: &mut [f32; K_BLOCK], a: usize, b: usize);
+    /// Rescales and accumulates `acc` (and its sum of weights) over the block's keys.
+    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32);
+    /// Two rows with the same keys: their independent chains interleaved.
+    fn walk2(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
+        let [a0, a1] = acc;
+        let [s0, s1] = sum;
+        Self::walk(a0, vb, wt[0], s0);
+        Self::walk(a1, vb, wt[1], s1);
+    }
+}
+
+/// Any head size, one primitive call per key.
+struct AnyHead;
+
+impl Kernel for AnyHead {
+    #[inline(always)]
+    fn dots(q: &[f32], kb: &[f32], a: usize, b: usize, out: &mut [f32; K_BLOCK]) {
+        let hd = q.len();
+        for i in a..b {
+            out[i] = dot_f16(q, &kb[i * hd..(i + 1) * hd]);
+        }
+    }
+
+    #[inline(always)]
+    fn exp(w: &mut [f32; K_BLOCK], a: usize, b: usize) {
+        expf_slice(&mut w[a..b]);
+    }
+
+    #[inline(always)]
+    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
+        let hd = acc.len();
+        for i in wt.a..wt.b {
+            let (ms, vs) = if wt.raised >> i & 1 == 1 {
+                scale_f16(acc, wt.w[i]);
+                (wt.w[i], 1.0)
+            } else {
+                (1.0, wt.w[i])
+            };
+            mad_f16(acc, &vb[i * hd..(i + 1) * hd], vs);
+            *sum = sum.mul_add(ms, vs); // GCC contracts ggml's `S*ms + vs`
+        }
+    }
+}
+
+#[inline(always)]
+fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
+    let Task { q, kc, vc, plan, kvh, ref heads, ref ts, out: op } = *task;
+    let (n_head, hd) = (plan.n_head, plan.head_dim);
+    let kv_dim = plan.n_head_kv * hd;
+    let nh = heads.len();
+    let rows = ts.len() * nh;
+    // Row `r` is query `ts.start + r / nh` on head `heads.start + r % nh`.
+    let row = |r: usize| (ts.start + r / nh, heads.start + r % nh);
+    let (qs, acc) = (&mut s.q[..rows * hd], &mut s.acc[..rows * hd]);
+    let (kb, vb) = (&mut s.k[..K_BLOCK * hd], &mut s.v[..K_BLOCK * hd]);
+    for r in 0..rows {
+        let (t, h) = row(r);
+        let dst = &mut qs[r * hd..(r + 1) * hd];
+        dst.copy_from_slice(&q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd]);
+        round_f16(dst);
+    }
+    acc.fill(0.0);
+    let mut m = [f32::NEG_INFINITY; MAX_ROWS];
+    let mut sum = [0.0f32; MAX_ROWS];
+    let mut wts = [Weights { w: [0.0; K_BLOCK], raised: 0, a: 0, b: 0 }; MAX_ROWS];
+    let seq = plan.seq[ts.start];
+    let lo = ts.clone().map(|t| plan.first_pos(t)).min().unwrap_or(0);
+    let hi = ts.clone().map(|t| plan.pos[t]).max().unwrap_or(0);
+    for p0 in (lo..=hi).step_by(K_BLOCK) {
+        let n = K_BLOCK.min((hi - p0) as usize + 1);
+        for i in 0..n {
+            let base = plan.slot(seq, p0 + i as u32) * kv_dim + kvh * hd;
+            widen(&kc[base..base + hd], &mut kb[i * hd..(i + 1) * hd]);
+            widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
+        }
+        // At depth the cache comes from memory: ask for the next block while this one
+        // computes.
+        let next = p0 as usize + K_BLOCK;
+        for p in next..(next + K_BLOCK).min(hi as usize + 1) {
+            let base = plan.slot(seq, p as u32) * kv_dim + kvh * hd;
+            prefetch(&kc[base..base + hd]);
+            prefetch(&vc[base..base + hd]);
+        }
+        for (r, wt) in wts[..rows].iter_mut().enumerate() {
+            let t = row(r).0;
+            // The keys of the block this query sees.
+            wt.a = plan.first_pos(t).saturating_sub(p0) as usize;
+            wt.b = ((plan.pos[t] + 1).saturating_sub(p0) as usize).min(n);
+            if wt.a >= wt.b {
+                continue;
+            }
+            // Scores, the running maximum, and each key's `expf` argument: `m - score`
+            // where the key raises the maximum (the rescale factor), `score - m` otherwise.
+            let mut d = [0.0f32; K_BLOCK];
+            K::dots(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, &mut d);
+            wt.raised = 0;
+            for (i, (w, &d)) in wt.w.iter_mut().zip(&d).enumerate().take(wt.b).skip(wt.a) {
+                let score = d * plan.scale;
+                if score > m[r] {
+                    *w = m[r] - score;
+                    wt.raised |= 1 << i;
+                    m[r] = score;
+                } else {
+                    *w = score - m[r];
+                }
+            }
+            K::exp(&mut wt.w, wt.a, wt.b);
+        }
+        // The walks, two rows at a time where they see the same keys (a decode step's do).
+        let mut r = 0;
+        while r < rows {
+            let wt = &wts[r];
+            if wt.a >= wt.b {
+                r += 1;
+            } else if r + 1 < rows && (wts[r + 1].a, wts[r + 1].b) == (wt.a, wt.b) {
+                let (a0, a1) = acc[r * hd..(r + 2) * hd].split_at_mut(hd);
+                let (s0, s1) = sum[r..r + 2].split_at_mut(1);
+                K::walk2([a0, a1], vb, [wt, &wts[r + 1]], [&mut s0[0], &mut s1[0]]);
+                r += 2;
+            } else {
+                K::walk(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
+                r += 1;
+            }
+        }
+    }
+    for r in 0..rows {
+        let (t, h) = row(r);
+        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
+        // SAFETY: each task writes its own (token, head) slices of `out`.
+        let o = unsafe { std::slice::from_raw_parts_mut(op.get().add((t * n_head + h) * hd), hd) };
+        o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]).for_each(|(o, &a)| *o = a * inv);
+    }
+}
+
+/// Asks for the cache lines of `row` (a hint; no effect on results).
+#[inline(always)]
+fn prefetch(row: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..row.len()).step_by(32) {
+        // SAFETY: prefetching is a hint and `i` is inside the slice.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(row.as_ptr().add(i).cast())
+        };
+    }
+}
+
+/// f16 -> f32 (exact), with F16C where the CPU has it.
+fn widen(src: &[f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY: the CPU has AVX-512 F; `dst` is as long as `src`.
+        return unsafe { simd::wide::widen(src, dst) };
+    }
+    quant::dequantize_row(GgmlType::F16, bytemuck::cast_slice(src), dst).expect("sizes match");
+}
+
+/// Rounds every value to the nearest f16 (ties to even), as storing to f16 does.
+fn round_f16(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY: the CPU has AVX-512 F (and AVX2, FMA, F16C).
+        return unsafe { simd::wide::round_f16(x) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::round_f16(x) };
+    }
+    x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+}
+
+/// The dot product of f16 values (held as f32) summed in the order of ggml's
+/// `ggml_vec_dot_f16` on AVX-512: four 16-lane accumulators over blocks of 64, a fixed
+/// reduction tree, the tail added in f64. Products of f16 values are exact in f32.
+fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY: the CPU has AVX-512 F (and AVX2, FMA, F16C).
+        return unsafe { simd::wide::dot_f16(q, k) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { simd::dot_f16(q, k) };
+    }
+    let np = q.len() / 64 * 64;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                *a += q[i + j * 16 + l] * k[i + j * 16 + l];
+            }
+        }
+    }
+    let x: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    reduce16(x, &q[np..], &k[np..])
+}
+
+/// `_mm512_reduce_add_ps` (halves, then quarters, then pairs), then the f64 tail.
+fn reduce16(x: [f32; 16], qt: &[f32], kt: &[f32]) -> f32 {
+    let t1: [f32; 8] = std::array::from_fn(|l| x[l + 8] + x[l]);
+    let t2: [f32; 4] = std::array::from_fn(|l| t1[l + 4] + t1[l]);
+    let mut sum = ((t2[0] + t2[2]) + (t2[1] + t2[3])) as f64;
+    for (&a, &b) in qt.iter().zip(kt) {
+        sum += (a * b) as f64;
+    }
+    sum as f32
+}
+
+/// `acc = f16(acc * s)`: the f16 accumulator's rescale.
+fn scale_f16(acc: &mut [f32], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY: the CPU has AVX-512 F (and AVX2, FMA, F16C).
+        return unsafe { simd::wide::scale_f16(acc, s) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::scale_f16(acc, s) };
+    }
+    acc.iter_mut().for_each(|a| *a = f16::from_f32(*a * s).to_f32());
+}
+
+/// `acc = f16(fma(v, s, acc))`: one key's contribution to the f16 accumulator.
+fn mad_f16(acc: &mut [f32], v: &[f32], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY: the CPU has AVX-512 F (and AVX2, FMA, F16C).
+        return unsafe { simd::wide::mad_f16(acc, v, s) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { simd::mad_f16(acc, v, s) };
+    }
+    acc.iter_mut().zip(v).for_each(|(a, &x)| *a = f16::from_f32(x.mul_add(s, *a)).to_f32());
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn round8(v: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn round_f16(x: &mut [f32]) {
+        let mut c = x.chunks_exact_mut(8);
+        for c in &mut c {
+            _mm256_storeu_ps(c.as_mut_ptr(), round8(_mm256_loadu_ps(c.as_ptr())));
+        }
+        c.into_remainder().iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
+        let np = q.len() / 64 * 64;
+        // Lanes 0-7 and 8-15 of ggml's four 16-lane accumulators.
+        let mut lo = [_mm256_setzero_ps(); 4];
+        let mut hi = [_mm256_setzero_ps(); 4];
+        for i in (0..np).step_by(64) {
+            for j in 0..4 {
+                let (qp, kp) = (q.as_ptr().add(i + j * 16), k.as_ptr().add(i + j * 16));
+                lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp), _mm256_loadu_ps(kp), lo[j]);
+                hi[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8)), _mm256_loadu_ps(kp.add(8)), hi[j]);
+            }
+        }
+        let xl = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
+        let xh = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
+        let mut x = [0f32; 16];
+        _mm256_storeu_ps(x.as_mut_ptr(), xl);
+        _mm256_storeu_ps(x.as_mut_ptr().add(8), xh);
+        super::reduce16(x, &q[np..], &k[np..])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scale_f16(acc: &mut [f32], s: f32) {
+        let vs = _mm256_set1_ps(s);
+        let mut c = acc.chunks_exact_mut(8);
+        for c in &mut c {
+            let a = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), vs);
+            _mm256_storeu_ps(c.as_mut_ptr(), round8(a));
+        }
+        c.into_remainder().iter_mut().for_each(|a| *a = f16::from_f32(*a * s).to_f32());
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mad_f16(acc: &mut [f32], v: &[f32], s: f32) {
+        let vs = _mm256_set1_ps(s);
+        let mut c = acc.chunks_exact_mut(8);
+        let mut x = v.chunks_exact(8);
+        for (c, x) in (&mut c).zip(&mut x) {
+            let a = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr()), vs, _mm256_loadu_ps(c.as_ptr()));
+            _mm256_storeu_ps(c.as_mut_ptr(), round8(a));
+        }
+        for (a, &x) in c.into_remainder().iter_mut().zip(x.remainder()) {
+            *a = f16::from_f32(x.mul_add(s, *a)).to_f32();
+        }
+    }
+    /// The same operations on 16 lanes at a time (AVX-512 F): per lane the arithmetic of
+    /// the 8-lane forms above, so the same bits, in half the instructions.
+    pub mod wide {
+        use std::arch::x86_64::*;
+
+        use half::f16;
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub(in super::super) unsafe fn round16(v: __m512) -> __m512 {
+            _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+            let n = src.len().min(dst.len());
+            let body = n / 16 * 16;
+            for i in (0..body).step_by(16) {
+                let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+                _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+            }
+            dst[body..n].iter_mut().zip(&src[body..n]).for_each(|(d, s)| *d = s.to_f32());
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub unsafe fn round_f16(x: &mut [f32]) {
+            let body = x.len() / 16 * 16;
+            for i in (0..body).step_by(16) {
+                let p = x.as_mut_ptr().add(i);
+                _mm512_storeu_ps(p, round16(_mm512_loadu_ps(p)));
+            }
+            x[body..].iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub unsafe fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
+            let np = q.len() / 64 * 64;
+            // ggml's four 16-lane accumulators.
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for i in (0..np).step_by(64) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let (qp, kp) = (q.as_ptr().add(i + j * 16), k.as_ptr().add(i + j * 16));
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp), _mm512_loadu_ps(kp), *a);
+                }
+            }
+            let x = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
+            super::super::reduce16(lanes, &q[np..], &k[np..])
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub unsafe fn scale_f16(acc: &mut [f32], s: f32) {
+            let vs = _mm512_set1_ps(s);
+            let body = acc.len() / 16 * 16;
+            for i in (0..body).step_by(16) {
+                let p = acc.as_mut_ptr().add(i);
+                _mm512_storeu_ps(p, round16(_mm512_mul_ps(_mm512_loadu_ps(p), vs)));
+            }
+            acc[body..].iter_mut().for_each(|a| *a = f16::from_f32(*a * s).to_f32());
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub unsafe fn mad_f16(acc: &mut [f32], v: &[f32], s: f32) {
+            let vs = _mm512_set1_ps(s);
+            let n = acc.len().min(v.len());
+            let body = n / 16 * 16;
+            for i in (0..body).step_by(16) {
+                let p = acc.as_mut_ptr().add(i);
+                let a = _mm512_fmadd_ps(_mm512_loadu_ps(v.as_ptr().add(i)), vs, _mm512_loadu_ps(p));
+                _mm512_storeu_ps(p, round16(a));
+            }
+            for (a, &x) in acc[body..n].iter_mut().zip(&v[body..n]) {
+                *a = f16::from_f32(x.mul_add(s, *a)).to_f32();
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::simd;
+    use half::f16;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                f16::from_f32((s >> 8) as f32 / (1 << 24) as f32 * 8.0 - 4.0).to_f32()
+            })
+            .collect()
+    }
+
+    /// The 16-lane primitives give the bits of the 8-lane ones (and of the per-value
+    /// rounding), for head sizes with and without tails.
+    #[test]
+    fn wide_primitives_match_the_avx2_ones() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2")) {
+            eprintln!("skipped: no AVX-512 F on this CPU");
+            return;
+        }
+        for n in [8, 64, 72, 80, 128, 200, 256] {
+            let (q, k) = (values(n, 1), values(n, 2));
+            // SAFETY (all calls): the CPU has AVX-512 F, AVX2, FMA and F16C (checked).
+            let (a, b) = unsafe { (simd::dot_f16(&q, &k), simd::wide::dot_f16(&q, &k)) };
+            assert_eq!(a.to_bits(), b.to_bits(), "dot, n = {n}");
+            let mut raw = values(n, 3);
+            raw.iter_mut().for_each(|x| *x *= 1.001);
+            let (mut r8, mut r16) = (raw.clone(), raw.clone());
+            unsafe { (simd::round_f16(&mut r8), simd::wide::round_f16(&mut r16)) };
+            let per_value: Vec<f32> = raw.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+            assert_eq!(r8, per_value, "round, n = {n}");
+            assert_eq!(r16, per_value, "round, n = {n}");
+            let (mut s8, mut s16) = (q.clone(), q.clone());
+            unsafe { (simd::scale_f16(&mut s8, 0.37), simd::wide::scale_f16(&mut s16, 0.37)) };
+            assert_eq!(s8, s16, "scale, n = {n}");
+            let (mut m8, mut m16) = (q.clone(), q.clone());
+            unsafe { (simd::mad_f16(&mut m8, &k, 0.61), simd::wide::mad_f16(&mut m16, &k, 0.61)) };
+            assert_eq!(m8, m16, "mad, n = {n}");
+            let h: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+            let mut w = vec![0f32; n];
+            unsafe { simd::wide::widen(&h, &mut w) };
+            assert_eq!(w, k, "widen, n = {n}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod reference_tests {
+    use super::*;
+
+    /// The arithmetic before tasks grouped heads and blocked keys: one (query, head) at a
+    /// time, keys one at a time, libm's `expf` per key. The kernels must give its bits.
+    fn reference(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan) -> Vec<f32> {
+        let (n_head, hd) = (plan.n_head, plan.head_dim);
+        let kv_dim = plan.n_head_kv * hd;
+        let mut out = vec![0f32; q.len()];
+        let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
+        for t in 0..plan.pos.len() {
+            for h in 0..n_head {
+                let kvh = h / (n_head / plan.n_head_kv);
+                let mut qr = q[(t * n_head + h) * hd..][..hd].to_vec();
+                round_f16(&mut qr);
+                let mut acc = vec![0f32; hd];
+                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                for p in plan.first_pos(t)..=plan.pos[t] {
+                    let base = plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
+                    widen(&kc[base..base + hd], &mut k);
+                    widen(&vc[base..base + hd], &mut v);
+                    let score = dot_f16(&qr, &k) * plan.scale;
+                    let (ms, vs);
+                    if score > m {
+                        ms = (m - score).exp();
+                        vs = 1.0;
+                        m = score;
+                        scale_f16(&mut acc, ms);
+                    } else {
+                        ms = 1.0;
+                        vs = (score - m).exp();
+                    }
+                    mad_f16(&mut acc, &v, vs);
+                    sum = sum.mul_add(ms, vs);
+                }
+                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                let o = &mut out[(t * n_head + h) * hd..][..hd];
+                o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
+            }
+        }
+        out
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn f(&mut self) -> f32 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        }
+    }
+
+    /// Decode steps, batches of several sequences, prompts (causal tiles), a sliding
+    /// window; head shapes with and without grouped queries, head sizes the 16-lane kernels
+    /// take and one they do not; 1 to 3 threads. Keys spread widely, so the maximum moves
+    /// and some weights fall below `expf`'s underflow.
+    #[test]
+    fn matches_the_per_key_reference_bit_for_bit() {
+        let shapes = [(12, 2, 128), (9, 3, 64), (4, 1, 256), (4, 4, 80), (8, 2, 64), (6, 2, 192)];
+        let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+        let mut rng = Rng(7);
+        for (n_head, n_kv, hd) in shapes {
+            let (block_size, n_blocks) = (4usize, 160usize);
+            let slots = block_size * n_blocks;
+            let kc: Vec<f16> = (0..slots * n_kv * hd)
+                .map(|i| f16::from_f32(rng.f() * if (i / hd) % 7 == 0 { 60.0 } else { 6.0 }))
+                .collect();
+            let vc: Vec<f16> = (0..slots * n_kv * hd).map(|_| f16::from_f32(rng.f() * 2.0)).collect();
+            // Two sequences with scrambled block tables.
+            let t0: Vec<u32> = (0..n_blocks as u32 / 2).map(|b| (b * 37) % 80).collect();
+            let t1: Vec<u32> = (0..n_blocks as u32 / 2).map(|b| 80 + (b * 13) % 80).collect();
+            let tables = [&t0[..], &t1[..]];
+            // (pos, seq) lists.
+            let decode = vec![(300, 0)];
+            let batch = vec![(17, 0), (250, 1), (5, 1)];
+            let prompt: Vec<(u32, u32)> = (0..37).map(|p| (p + 3, 0)).chain((0..5).map(|p| (p, 1))).collect();
+            for (toks, window) in
+                [(decode, None), (batch.clone(), None), (prompt.clone(), None), (prompt, Some(5))]
+            {
+                let pos: Vec<u32> = toks.iter().map(|t| t.0).collect();
+                let seq: Vec<u32> = toks.iter().map(|t| t.1).collect();
+                let plan = AttnPlan {
+                    pos: &pos,
+                    seq: &seq,
+                    tables: &tables,
+                    block_size,
+                    n_head,
+                    n_head_kv: n_kv,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    window,
+                };
+                let q: Vec<f32> = (0..pos.len() * n_head * hd).map(|_| rng.f() * 8.0).collect();
+                let want = reference(&q, &kc, &vc, &plan);
+                for pool in &pools {
+                    let mut out = vec![f32::NAN; q.len()];
+                    attention(pool, &q, &kc, &vc, &plan, &mut out);
+                    for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, {} threads: value {i}",
+                            pos.len(),
+                            pool.n_threads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_split_heads_to_keep_threads_busy() {
+        // qwen2.5-1.5b decode: a task per KV head; smollm2: three groups of 3 over 2 threads.
+        assert_eq!(heads_per_task(2, 6, 32, 2), 6);
+        assert_eq!(heads_per_task(3, 3, 32, 2), 2);
+        assert_eq!(heads_per_task(1, 4, 32, 2), 2);
+        assert_eq!(heads_per_task(3, 3, 32, 1), 3);
+        // A prompt: at most 4 heads of 8 queries per task.
+        assert_eq!(heads_per_task(128, 6, 4, 2), 3);
+    }
+}
