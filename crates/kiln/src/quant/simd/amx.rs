@@ -24,10 +24,7 @@ use std::cell::RefCell;
 use super::q4k_x8::scales_mins;
 use crate::quant::interleave::{Q4K_X8_BLOCK, Q4K_X8_LANES, Q4K_X8_ROWS};
 
-/// Q8_K: f32 d, 256 quants, then 16 i16 sums of 16 quants.
-const Q8K_BYTES: usize = 292;
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 260;
+use super::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 /// Bytes of one 16×64 tile.
 const TILE_BYTES: usize = 1024;
 /// One superblock of one tile set (16 rows or 16 tokens): four 64-quant steps.

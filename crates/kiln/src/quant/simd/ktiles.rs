@@ -17,10 +17,7 @@ use super::prefetch;
 
 use super::avx2::{f32_at, h2f, hsum_ps, loadu};
 
-/// Q8_K: f32 d, 256 quants, then 16 i16 sums of 16 quants each.
-const Q8K_BYTES: usize = 292;
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 260;
+use super::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 
 /// `vpshufb` patterns: bytes (2k, 2k+1) repeated, i.e. i16 lane k broadcast within each
 /// 128-bit half.

@@ -33,6 +33,15 @@ use std::sync::OnceLock;
 
 use super::{scalar_vec_dot_fn, GgmlType, VecDotFn};
 
+/// Q8_K activation blocks, as the k-quant kernels read them: f32 d at 0, 256 quants at
+/// [`Q8K_QS`], then 16 i16 sums of 16 quants each at [`Q8K_BSUMS`].
+#[cfg(target_arch = "x86_64")]
+const Q8K_BYTES: usize = 292;
+#[cfg(target_arch = "x86_64")]
+const Q8K_QS: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const Q8K_BSUMS: usize = 260;
+
 /// A family of CPU instructions kiln has kernels for, weakest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CpuTier {

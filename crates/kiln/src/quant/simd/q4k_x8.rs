@@ -24,10 +24,7 @@ use super::prefetch;
 use super::avx2::{f32_at, loadu};
 use crate::quant::interleave::{Q4K_X8_BLOCK, Q4K_X8_LANES, Q4K_X8_ROWS};
 
-/// Q8_K: f32 d, 256 quants, then 16 i16 sums of 16 quants each.
-const Q8K_BYTES: usize = 292;
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 260;
+use super::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 const SCALES: usize = 32;
 const QS: usize = 128;
 
