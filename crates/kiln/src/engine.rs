@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use crate::backend::cpu::{default_threads, CpuBackend};
+use crate::backend::cpu::{default_threads, AttnArith, CpuBackend};
 use crate::chat::ChatTemplate;
 use crate::error::{KilnError, Result};
 use crate::gguf::GgufFile;
@@ -56,6 +56,11 @@ pub struct EngineOptions {
     /// sequence needs room, so the cache never costs memory of its own. `Some(0)` turns
     /// it off.
     pub prefix_cache_tokens: Option<usize>,
+    /// The CPU attention's arithmetic: ggml's f16 accumulators (default: bit-identical
+    /// with llama.cpp's CPU on short prompts), or f32 ones (`KILN_ATTN=f32`: 1.5-2x faster
+    /// attention at long contexts and in prompts, logits within llama.cpp's own
+    /// flash-attention on/off spread). The GPU's exact path always follows ggml's.
+    pub attn_arith: AttnArith,
 }
 
 impl Default for EngineOptions {
@@ -67,6 +72,7 @@ impl Default for EngineOptions {
             n_seq: 1,
             device: Device::Auto,
             prefix_cache_tokens: None,
+            attn_arith: AttnArith::from_env(),
         }
     }
 }
@@ -95,6 +101,11 @@ impl EngineOptions {
     /// Where the model runs.
     pub fn with_device(mut self, d: Device) -> Self {
         self.device = d;
+        self
+    }
+    /// The CPU attention's arithmetic (see [`EngineOptions::attn_arith`]).
+    pub fn with_attn_arith(mut self, a: AttnArith) -> Self {
+        self.attn_arith = a;
         self
     }
     /// Bounds the prefix cache (see [`EngineOptions::prefix_cache_tokens`]); 0 disables it.
@@ -187,7 +198,7 @@ impl Engine {
             #[cfg(feature = "gpu")]
             Some(gpu) => boxed(ModelRunner::new(Model::load(&gguf, gpu)?, n_slots, n_ubatch)?, prefix_blocks),
             _ => {
-                let model = Model::load(&gguf, CpuBackend::new(n_threads))?;
+                let model = Model::load(&gguf, CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith))?;
                 boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks)
             }
         };

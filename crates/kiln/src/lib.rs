@@ -61,6 +61,7 @@ pub mod sample;
 pub mod session;
 pub mod tokenizer;
 
+pub use backend::cpu::AttnArith;
 pub use chat::Message;
 pub use embed::Pooling;
 pub use engine::{Device, Engine, EngineOptions};

@@ -5,6 +5,7 @@ mod support;
 
 use kiln::engine::{Engine, EngineOptions};
 use kiln::model::{Entry, OutputKind};
+use kiln::AttnArith;
 use support::*;
 
 const N: usize = 72;
@@ -42,18 +43,25 @@ fn last_logits(e: &Engine, sizes: &[usize], noise: bool) -> Vec<f32> {
 
 #[test]
 fn smollm2_logits_do_not_depend_on_the_batch() {
-    check(SMOLLM2.name);
+    check(SMOLLM2.name, AttnArith::Ggml);
+}
+
+/// The opt-in f32 attention: its key blocks are aligned to positions, not to batches.
+#[test]
+fn smollm2_f32_attention_logits_do_not_depend_on_the_batch() {
+    check(SMOLLM2.name, AttnArith::F32);
 }
 
 /// Q4_K and Q5_0 weights: batches of 16 tokens and more take the AMX Q4_K kernel where the
 /// CPU has one, smaller ones and single tokens the VNNI kernels.
 #[test]
 fn qwen05_logits_do_not_depend_on_the_batch() {
-    check(QWEN05.name);
+    check(QWEN05.name, AttnArith::Ggml);
 }
 
-fn check(name: &str) {
+fn check(name: &str, arith: AttnArith) {
     let opts = EngineOptions::default().with_n_ctx(256).with_batch(128).with_n_seq(2).with_threads(2);
+    let opts = opts.with_attn_arith(arith);
     let e = Engine::load(model(name).to_str().unwrap(), opts).unwrap();
     // Alone: one token at a time.
     let alone = last_logits(&e, &[1; N], false);

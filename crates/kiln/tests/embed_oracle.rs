@@ -5,12 +5,16 @@
 mod support;
 
 use kiln::embed::{embed_tokens, normalize, Pooling};
-use kiln::{Engine, EngineOptions};
+use kiln::{AttnArith, Engine, EngineOptions};
 use support::*;
 
-fn engine() -> Engine {
-    let opts = EngineOptions::default().with_n_ctx(512).with_threads(2);
+fn engine_with(arith: AttnArith) -> Engine {
+    let opts = EngineOptions::default().with_n_ctx(512).with_threads(2).with_attn_arith(arith);
     Engine::load(model(SMOLLM2.name).to_str().unwrap(), opts).unwrap()
+}
+
+fn engine() -> Engine {
+    engine_with(AttnArith::default())
 }
 
 #[test]
@@ -34,7 +38,17 @@ fn mean_and_last_are_the_rows_pooled() {
 
 #[test]
 fn mean_pooling_matches_llama_embedding() {
-    let e = engine();
+    // With ggml's attention arithmetic kiln mirrors ggml's on the AVX2 tier and up
+    // (activation quantization, flash-attention f16 accumulator, vector expf, FMA
+    // contractions): bit-identical here (max abs 0; the bounds leave room for other
+    // tiers). The opt-in f32 attention accumulators stay inside llama.cpp's own -fa on/off
+    // spread on these texts (~0.5 max abs; kiln's: 0.13-0.15, cosine 0.99947-0.99995, measured).
+    for (arith, min_cos, max_err) in [(AttnArith::Ggml, 0.999_999, 1e-3), (AttnArith::F32, 0.999, 0.5)] {
+        check_mean_pooling(&engine_with(arith), min_cos, max_err);
+    }
+}
+
+fn check_mean_pooling(e: &Engine, min_cos: f64, max_err: f32) {
     let fx = fixture_json("embed/smollm2-mean.json");
     for case in fx["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
@@ -47,10 +61,7 @@ fn mean_pooling_matches_llama_embedding() {
         let nb: f64 = want.iter().map(|&b| b as f64 * b as f64).sum::<f64>().sqrt();
         let cos = dot / (na * nb);
         eprintln!("{text:?}: max abs {max_abs:.5}, cosine {cos:.7}");
-        // kiln mirrors ggml's arithmetic on the AVX2 tier and up (activation quantization,
-        // flash-attention f16 accumulator, vector expf, FMA contractions): bit-identical
-        // here. llama.cpp's own -fa on/off spread on these texts is ~0.5 max abs.
-        assert!(cos > 0.999_999, "{text:?}: cosine {cos}");
-        assert!(max_abs < 1e-3, "{text:?}: max abs {max_abs}");
+        assert!(cos >= min_cos, "{text:?}: cosine {cos}");
+        assert!(max_abs <= max_err, "{text:?}: max abs {max_abs}");
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use half::f16;
-use kiln::backend::cpu::CpuBackend;
+use kiln::backend::cpu::{AttnArith, CpuBackend};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuKv, GpuWeight};
 use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
 use kiln::gguf::{GgufFile, TensorInfo};
@@ -280,7 +280,8 @@ fn run_mirror(fallback: bool, free: Option<Vec<&'static str>>) {
     let gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, fallback).unwrap();
     let stats = Arc::new(Mutex::new(Stats::new()));
     let free_mode = free.is_some();
-    let mirror = Mirror { cpu: CpuBackend::new(2), gpu, stats: stats.clone(), free };
+    let mirror =
+        Mirror { cpu: CpuBackend::new(2).with_attn_arith(AttnArith::Ggml), gpu, stats: stats.clone(), free };
     eprintln!("{}", mirror.name());
     let runner = ModelRunner::new(Model::load(&gguf, mirror).unwrap(), 256, 64).unwrap();
     let seq = runner.new_seq();

@@ -17,13 +17,16 @@ use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
 use kiln::engine::{Device, Engine, EngineOptions};
 use kiln::gguf::GgufFile;
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
+use kiln::AttnArith;
 use support::*;
 
 const TAU: f32 = 0.25;
 const MAX_NMSE: f64 = 1e-4;
 
 fn engine(m: &RealModel, device: Device) -> Engine {
+    // The GPU's exact kernels mirror ggml's attention arithmetic, so the CPU runs it too.
     let opts = EngineOptions::default().with_n_ctx(256).with_batch(64).with_threads(2).with_device(device);
+    let opts = opts.with_attn_arith(AttnArith::Ggml);
     Engine::load(model(m.name).to_str().unwrap(), opts).unwrap()
 }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use kiln::backend::cpu::CpuBackend;
+use kiln::backend::cpu::{AttnArith, CpuBackend};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
 use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
 use kiln::gguf::{GgufFile, GgufWriter};
@@ -628,7 +628,7 @@ fn attention_out<B: Backend>(
 #[test]
 fn attention_fused_with_the_next_quantize_matches_cpu() {
     let g = model();
-    let cpu = CpuBackend::new(2);
+    let cpu = CpuBackend::new(2).with_attn_arith(AttnArith::Ggml);
     for mut gpu in gpus() {
         gpu.set_matmul_path(MatmulPath::Exact);
         // head_dim 64: whole Q8_0/Q8_1 blocks (fused), not whole Q8_K superblocks (unfused).
@@ -649,7 +649,7 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
 #[test]
 fn kv_store_and_attention_match_cpu() {
     let g = model();
-    let cpu = CpuBackend::new(2);
+    let cpu = CpuBackend::new(2).with_attn_arith(AttnArith::Ggml);
     for gpu in gpus() {
         for window in [None, Some(16)] {
             let c = attention_out(&cpu, &g, window, None);
@@ -709,7 +709,7 @@ fn shifted_attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, rope: &RopeParams
 #[test]
 fn kv_shift_matches_cpu() {
     let g = model();
-    let cpu = CpuBackend::new(2);
+    let cpu = CpuBackend::new(2).with_attn_arith(AttnArith::Ggml);
     for gpu in gpus() {
         for (neox, n_rot) in [(false, 64), (true, 64), (true, 32)] {
             let rope = RopeParams { n_rot, ..rope_params(neox, false, false) };

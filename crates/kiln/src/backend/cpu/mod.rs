@@ -7,6 +7,7 @@ mod expf;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;
 mod ops;
+pub use attention::AttnArith;
 pub use ops::rope_cache;
 pub mod pool;
 mod vexp;
@@ -33,6 +34,7 @@ pub struct CpuBackend {
     act_buf: std::sync::Mutex<Vec<u8>>,
     /// The arena of repacked weights of each file loaded (keyed by the file's address).
     arenas: std::sync::Mutex<std::collections::HashMap<usize, std::sync::Weak<arena::Arena>>>,
+    attn: AttnArith,
 }
 
 impl CpuBackend {
@@ -42,7 +44,14 @@ impl CpuBackend {
             vectors: Default::default(),
             act_buf: Default::default(),
             arenas: Default::default(),
+            attn: AttnArith::from_env(),
         }
+    }
+
+    /// The attention's arithmetic (default: `KILN_ATTN`, else [`AttnArith::Ggml`]).
+    pub fn with_attn_arith(mut self, arith: AttnArith) -> Self {
+        self.attn = arith;
+        self
     }
 
     pub fn n_threads(&self) -> usize {
@@ -173,7 +182,7 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, q: &Vec<f32>, kc: &Vec<f16>, vc: &Vec<f16>, plan: &AttnPlan, out: &mut Vec<f32>) {
-        attention::attention(&self.pool, q, kc, vc, plan, out);
+        attention::attention(&self.pool, q, kc, vc, plan, self.attn, out);
     }
 
     fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, act: Activation, len: usize) {

@@ -16,10 +16,10 @@ pub struct Heads<const N: usize>;
 
 impl<const N: usize> Kernel for Heads<N> {
     #[inline(always)]
-    fn dots(q: &[f32], kb: &[f32], _a: usize, _b: usize, out: &mut [f32; K_BLOCK]) {
+    fn scores(q: &[f32], kb: &[f32], a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32 {
         // SAFETY: only instantiated behind the AVX-512 F check; `q` holds 16·N values
         // and `kb` K_BLOCK rows of them.
-        unsafe { dots::<N>(q, kb, out) }
+        unsafe { scores::<N>(q, kb, a, b, scale, out) }
     }
 
     #[inline(always)]
@@ -29,25 +29,42 @@ impl<const N: usize> Kernel for Heads<N> {
     }
 
     #[inline(always)]
-    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
+    fn walk<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
         assert!(acc.len() == 16 * N && vb.len() >= K_BLOCK * 16 * N);
         // SAFETY: as above, with the sizes checked.
-        unsafe { walk::<N, 1>([acc], vb, [wt], [sum]) }
+        unsafe { walk::<N, 1, F16>([acc], vb, [wt], [sum]) }
     }
 
     #[inline(always)]
-    fn walk2(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
+    fn walk2<const F16: bool>(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
         assert!(acc.iter().all(|a| a.len() == 16 * N) && vb.len() >= K_BLOCK * 16 * N);
         // Two rows' accumulators fit in the 32 registers up to N = 8.
         if N > 8 {
             let ([a0, a1], [s0, s1]) = (acc, sum);
-            Self::walk(a0, vb, wt[0], s0);
-            Self::walk(a1, vb, wt[1], s1);
+            Self::walk::<F16>(a0, vb, wt[0], s0);
+            Self::walk::<F16>(a1, vb, wt[1], s1);
             return;
         }
         // SAFETY: as above, with the sizes checked.
-        unsafe { walk::<N, 2>(acc, vb, wt, sum) }
+        unsafe { walk::<N, 2, F16>(acc, vb, wt, sum) }
     }
+}
+
+/// The scaled scores of the block's rows and the maximum of those in `a..b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn scores<const N: usize>(
+    q: &[f32],
+    kb: &[f32],
+    a: usize,
+    b: usize,
+    scale: f32,
+    out: &mut [f32; K_BLOCK],
+) -> f32 {
+    let s = _mm512_mul_ps(dots::<N>(q, kb), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(out.as_mut_ptr(), s);
+    let live = ((1u32 << b) - (1u32 << a)) as u16;
+    _mm512_reduce_max_ps(_mm512_mask_blend_ps(live, _mm512_set1_ps(f32::NEG_INFINITY), s))
 }
 
 /// `dot_f16(q, K row i)` for all K_BLOCK rows: ggml's four accumulators per row,
@@ -55,7 +72,7 @@ impl<const N: usize> Kernel for Heads<N> {
 /// by transposing adds; each lane's additions are those of `reduce16`, in its order.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32], out: &mut [f32; K_BLOCK]) {
+unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32]) -> __m512 {
     let hd = 16 * N;
     let qv: [__m512; N] = std::array::from_fn(|j| _mm512_loadu_ps(q.as_ptr().add(16 * j)));
     let x: [__m512; 16] = std::array::from_fn(|i| {
@@ -84,14 +101,15 @@ unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32], out: &mut [f32; K_BLOCK]) 
     let f = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(w0, w1), _mm512_shuffle_ps::<0xdd>(w0, w1));
     // Lane 4c + d of `f` holds row 4d + c.
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_storeu_ps(out.as_mut_ptr(), _mm512_permutexvar_ps(order, f));
+    _mm512_permutexvar_ps(order, f)
 }
 
 /// The walk of `R` rows over their keys `wt[0].a..wt[0].b` (the same for all), with
-/// each row's accumulator in registers: `scale_f16` and `mad_f16`, lane for lane.
+/// each row's accumulator in registers: `scale_f16` and `mad_f16` lane for lane where
+/// `F16`, else the f32 multiply-adds alone.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn walk<const N: usize, const R: usize>(
+unsafe fn walk<const N: usize, const R: usize, const F16: bool>(
     acc: [&mut [f32]; R],
     vb: &[f32],
     wt: [&Weights; R],
@@ -114,7 +132,8 @@ unsafe fn walk<const N: usize, const R: usize>(
             };
             let w = _mm512_set1_ps(vs);
             for (j, a) in a[r].iter_mut().enumerate() {
-                *a = round16(_mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * j)), w, *a));
+                let x = _mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * j)), w, *a);
+                *a = if F16 { round16(x) } else { x };
             }
             s[r] = s[r].mul_add(ms, vs);
         }

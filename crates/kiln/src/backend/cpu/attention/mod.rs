@@ -18,6 +18,14 @@
 //! The f16 primitives (dot, rescale, multiply-add with rounding) run 16 lanes wide where
 //! the CPU has AVX-512 F, each lane with the arithmetic of the 8-lane AVX2 forms, so every
 //! tier gives the same bits (~1.3x on gemma3-270m's pp512 attention).
+//!
+//! Two arithmetics ([`AttnArith`]): that one (`Ggml`, the default), and an opt-in `F32`
+//! that keeps the accumulators in f32 and rescales them once per block of 16 keys (where
+//! the block raises the row's maximum) instead of per key, as llama.cpp's tiled prompt path
+//! and its non-flash path accumulate in f32: 1.5-2x faster where attention costs most
+//! (long contexts, prompts), at the price of bit-identity with llama.cpp's CPU (its logits
+//! move within llama.cpp's own flash-attention on/off spread). Blocks are aligned to
+//! absolute positions, so the f32 result too depends on nothing but the row's own keys.
 
 use half::f16;
 
@@ -37,7 +45,36 @@ const MAX_ROWS: usize = 32;
 /// Keys per block: one 16-lane `expf` gives a row's weights for the whole block.
 const K_BLOCK: usize = 16;
 
-pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan, out: &mut [f32]) {
+/// How a row's softmax-weighted sum of values is accumulated (see the module doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttnArith {
+    /// ggml's one-chunk flash attention: an f16 accumulator rounded after every key
+    /// (bit-identical to llama.cpp's CPU on short prompts, and to the GPU's exact path).
+    #[default]
+    Ggml,
+    /// f32 accumulators, one rescale per block of keys: faster, not bit-identical.
+    F32,
+}
+
+impl AttnArith {
+    /// `KILN_ATTN=f32|ggml`, else the default.
+    pub fn from_env() -> Self {
+        match std::env::var("KILN_ATTN").as_deref() {
+            Ok("f32") => AttnArith::F32,
+            _ => AttnArith::Ggml,
+        }
+    }
+}
+
+pub fn attention(
+    pool: &ThreadPool,
+    q: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    plan: &AttnPlan,
+    arith: AttnArith,
+    out: &mut [f32],
+) {
     let n_tok = plan.pos.len();
     if n_tok == 0 || plan.n_head_kv == 0 {
         return;
@@ -62,7 +99,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], plan: &At
             while b < t1 && plan.seq[b] == plan.seq[a] {
                 b += 1;
             }
-            let task = Task { q, kc, vc, plan, kvh, heads: heads.clone(), ts: a..b, out: op };
+            let task = Task { q, kc, vc, plan, arith, kvh, heads: heads.clone(), ts: a..b, out: op };
             SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
             a = b;
         }
@@ -105,6 +142,7 @@ struct Task<'a> {
     kc: &'a [f16],
     vc: &'a [f16],
     plan: &'a AttnPlan<'a>,
+    arith: AttnArith,
     kvh: usize,
     heads: std::ops::Range<usize>,
     ts: std::ops::Range<usize>,
@@ -136,21 +174,29 @@ fn run_task(t: &Task, s: &mut Scratch) {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         return unsafe { run_task_fma(t, s) };
     }
-    run_task_body::<AnyHead>(t, s)
+    run_task_arith::<AnyHead>(t, s)
 }
 
 /// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_task_fma(t: &Task, s: &mut Scratch) {
-    run_task_body::<AnyHead>(t, s)
+    run_task_arith::<AnyHead>(t, s)
 }
 
 /// And with AVX-512 F, so the 16-lane kernels inline.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn run_task_avx512<K: Kernel>(t: &Task, s: &mut Scratch) {
-    run_task_body::<K>(t, s)
+    run_task_arith::<K>(t, s)
+}
+
+#[inline(always)]
+fn run_task_arith<K: Kernel>(t: &Task, s: &mut Scratch) {
+    match t.arith {
+        AttnArith::F32 => run_task_body::<K, false>(t, s),
+        AttnArith::Ggml => run_task_body::<K, true>(t, s),
+    }
 }
 
 /// One row's softmax weights for a block: `w[i]` for its keys `a..b`, after `expf`;
@@ -167,18 +213,20 @@ struct Weights {
 /// A row's arithmetic over a block of keys: any head size with the primitives below, or
 /// specialized to one (`simd::wide::Heads`), with the same bits.
 trait Kernel {
-    /// `out[i] = dot_f16(q, K row i)` for `i` in `a..b` (other lanes: anything).
-    fn dots(q: &[f32], kb: &[f32], a: usize, b: usize, out: &mut [f32; K_BLOCK]);
+    /// `out[i] = dot_f16(q, K row i) * scale` for `i` in `a..b` (other lanes: anything);
+    /// returns their maximum (any order: the same value).
+    fn scores(q: &[f32], kb: &[f32], a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32;
     /// `w[i] = expf(w[i])` for `i` in `a..b`.
     fn exp(w: &mut [f32; K_BLOCK], a: usize, b: usize);
-    /// Rescales and accumulates `acc` (and its sum of weights) over the block's keys.
-    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32);
+    /// Rescales and accumulates `acc` (and its sum of weights) over the block's keys,
+    /// rounding to f16 after every step where `F16` (ggml's arithmetic).
+    fn walk<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32);
     /// Two rows with the same keys: their independent chains interleaved.
-    fn walk2(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
+    fn walk2<const F16: bool>(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
         let [a0, a1] = acc;
         let [s0, s1] = sum;
-        Self::walk(a0, vb, wt[0], s0);
-        Self::walk(a1, vb, wt[1], s1);
+        Self::walk::<F16>(a0, vb, wt[0], s0);
+        Self::walk::<F16>(a1, vb, wt[1], s1);
     }
 }
 
@@ -187,11 +235,14 @@ struct AnyHead;
 
 impl Kernel for AnyHead {
     #[inline(always)]
-    fn dots(q: &[f32], kb: &[f32], a: usize, b: usize, out: &mut [f32; K_BLOCK]) {
+    fn scores(q: &[f32], kb: &[f32], a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32 {
         let hd = q.len();
+        let mut max = f32::NEG_INFINITY;
         for i in a..b {
-            out[i] = dot_f16(q, &kb[i * hd..(i + 1) * hd]);
+            out[i] = dot_f16(q, &kb[i * hd..(i + 1) * hd]) * scale;
+            max = if out[i] > max { out[i] } else { max };
         }
+        max
     }
 
     #[inline(always)]
@@ -200,7 +251,7 @@ impl Kernel for AnyHead {
     }
 
     #[inline(always)]
-    fn walk(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
+    fn walk<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
         let hd = acc.len();
         for i in wt.a..wt.b {
             let (ms, vs) = if wt.raised >> i & 1 == 1 {
@@ -209,15 +260,20 @@ impl Kernel for AnyHead {
             } else {
                 (1.0, wt.w[i])
             };
-            mad_f16(acc, &vb[i * hd..(i + 1) * hd], vs);
+            let v = &vb[i * hd..(i + 1) * hd];
+            if F16 {
+                mad_f16(acc, v, vs);
+            } else {
+                acc.iter_mut().zip(v).for_each(|(a, &x)| *a = x.mul_add(vs, *a));
+            }
             *sum = sum.mul_add(ms, vs); // GCC contracts ggml's `S*ms + vs`
         }
     }
 }
 
 #[inline(always)]
-fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
-    let Task { q, kc, vc, plan, kvh, ref heads, ref ts, out: op } = *task;
+fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
+    let Task { q, kc, vc, plan, kvh, ref heads, ref ts, out: op, .. } = *task;
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
     let nh = heads.len();
@@ -239,9 +295,10 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     let seq = plan.seq[ts.start];
     let lo = ts.clone().map(|t| plan.first_pos(t)).min().unwrap_or(0);
     let hi = ts.clone().map(|t| plan.pos[t]).max().unwrap_or(0);
-    for p0 in (lo..=hi).step_by(K_BLOCK) {
+    // Blocks start at multiples of K_BLOCK, so a row's blocks depend only on its own keys.
+    for p0 in (lo - lo % K_BLOCK as u32..=hi).step_by(K_BLOCK) {
         let n = K_BLOCK.min((hi - p0) as usize + 1);
-        for i in 0..n {
+        for i in (lo.saturating_sub(p0) as usize)..n {
             let base = plan.slot(seq, p0 + i as u32) * kv_dim + kvh * hd;
             widen(&kc[base..base + hd], &mut kb[i * hd..(i + 1) * hd]);
             widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
@@ -264,18 +321,32 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             }
             // Scores, the running maximum, and each key's `expf` argument: `m - score`
             // where the key raises the maximum (the rescale factor), `score - m` otherwise.
-            let mut d = [0.0f32; K_BLOCK];
-            K::dots(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, &mut d);
+            let mb = K::scores(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, plan.scale, &mut wt.w);
             wt.raised = 0;
-            for (i, (w, &d)) in wt.w.iter_mut().zip(&d).enumerate().take(wt.b).skip(wt.a) {
-                let score = d * plan.scale;
-                if score > m[r] {
-                    *w = m[r] - score;
-                    wt.raised |= 1 << i;
-                    m[r] = score;
-                } else {
-                    *w = score - m[r];
+            if F16 {
+                for (i, w) in wt.w.iter_mut().enumerate().take(wt.b).skip(wt.a) {
+                    let score = *w;
+                    if score > m[r] {
+                        *w = m[r] - score;
+                        wt.raised |= 1 << i;
+                        m[r] = score;
+                    } else {
+                        *w = score - m[r];
+                    }
                 }
+            } else {
+                // The block's maximum first: one rescale of the row, then every weight
+                // `expf(score - m)` (the walk adds them as they come, in key order).
+                if mb > m[r] {
+                    if m[r] > f32::NEG_INFINITY {
+                        let mut f = [m[r] - mb];
+                        expf_slice(&mut f);
+                        acc[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= f[0]);
+                        sum[r] *= f[0];
+                    }
+                    m[r] = mb;
+                }
+                wt.w.iter_mut().take(wt.b).skip(wt.a).for_each(|w| *w -= m[r]);
             }
             K::exp(&mut wt.w, wt.a, wt.b);
         }
@@ -288,10 +359,10 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             } else if r + 1 < rows && (wts[r + 1].a, wts[r + 1].b) == (wt.a, wt.b) {
                 let (a0, a1) = acc[r * hd..(r + 2) * hd].split_at_mut(hd);
                 let (s0, s1) = sum[r..r + 2].split_at_mut(1);
-                K::walk2([a0, a1], vb, [wt, &wts[r + 1]], [&mut s0[0], &mut s1[0]]);
+                K::walk2::<F16>([a0, a1], vb, [wt, &wts[r + 1]], [&mut s0[0], &mut s1[0]]);
                 r += 2;
             } else {
-                K::walk(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
+                K::walk::<F16>(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
                 r += 1;
             }
         }
@@ -648,6 +719,59 @@ mod reference_tests {
         out
     }
 
+    /// kiln's f32 arithmetic, written plainly: per row, keys in blocks aligned to
+    /// multiples of K_BLOCK; the block's maximum rescales the row once; then each key's
+    /// weight `expf(score - m)` added to the sum and multiplied into the f32 accumulator.
+    fn reference_f32(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan) -> Vec<f32> {
+        let (n_head, hd) = (plan.n_head, plan.head_dim);
+        let kv_dim = plan.n_head_kv * hd;
+        let mut out = vec![0f32; q.len()];
+        let mut v = vec![0f32; hd];
+        for t in 0..plan.pos.len() {
+            for h in 0..n_head {
+                let kvh = h / (n_head / plan.n_head_kv);
+                let mut qr = q[(t * n_head + h) * hd..][..hd].to_vec();
+                round_f16(&mut qr);
+                let row = |p: u32| plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
+                let mut acc = vec![0f32; hd];
+                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                let (first, last) = (plan.first_pos(t), plan.pos[t]);
+                let mut p0 = first - first % K_BLOCK as u32;
+                while p0 <= last {
+                    let keys = p0.max(first)..=(p0 + K_BLOCK as u32 - 1).min(last);
+                    let scores: Vec<f32> = keys
+                        .clone()
+                        .map(|p| {
+                            let mut k = vec![0f32; hd];
+                            widen(&kc[row(p)..row(p) + hd], &mut k);
+                            dot_f16(&qr, &k) * plan.scale
+                        })
+                        .collect();
+                    let mb = scores.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+                    if mb > m {
+                        if m > f32::NEG_INFINITY {
+                            let f = (m - mb).exp();
+                            acc.iter_mut().for_each(|a| *a *= f);
+                            sum *= f;
+                        }
+                        m = mb;
+                    }
+                    for (p, s) in keys.zip(scores) {
+                        let w = (s - m).exp();
+                        widen(&vc[row(p)..row(p) + hd], &mut v);
+                        acc.iter_mut().zip(&v).for_each(|(a, &x)| *a = x.mul_add(w, *a));
+                        sum += w;
+                    }
+                    p0 += K_BLOCK as u32;
+                }
+                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                let o = &mut out[(t * n_head + h) * hd..][..hd];
+                o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
+            }
+        }
+        out
+    }
+
     struct Rng(u64);
     impl Rng {
         fn f(&mut self) -> f32 {
@@ -658,10 +782,10 @@ mod reference_tests {
 
     /// Decode steps, batches of several sequences, prompts (causal tiles), a sliding
     /// window; head shapes with and without grouped queries, head sizes the 16-lane kernels
-    /// take and one they do not; 1 to 3 threads. Keys spread widely, so the maximum moves
-    /// and some weights fall below `expf`'s underflow.
+    /// take and one they do not; 1 to 3 threads; both arithmetics. Keys spread widely, so
+    /// the maximum moves and some weights fall below `expf`'s underflow.
     #[test]
-    fn matches_the_per_key_reference_bit_for_bit() {
+    fn matches_the_references_bit_for_bit() {
         let shapes = [(12, 2, 128), (9, 3, 64), (4, 1, 256), (4, 4, 80), (8, 2, 64), (6, 2, 192)];
         let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
         let mut rng = Rng(7);
@@ -697,18 +821,22 @@ mod reference_tests {
                     window,
                 };
                 let q: Vec<f32> = (0..pos.len() * n_head * hd).map(|_| rng.f() * 8.0).collect();
-                let want = reference(&q, &kc, &vc, &plan);
-                for pool in &pools {
-                    let mut out = vec![f32::NAN; q.len()];
-                    attention(pool, &q, &kc, &vc, &plan, &mut out);
-                    for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                        assert_eq!(
-                            a.to_bits(),
-                            b.to_bits(),
-                            "heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, {} threads: value {i}",
-                            pos.len(),
-                            pool.n_threads()
-                        );
+                for (arith, want) in [
+                    (AttnArith::Ggml, reference(&q, &kc, &vc, &plan)),
+                    (AttnArith::F32, reference_f32(&q, &kc, &vc, &plan)),
+                ] {
+                    for pool in &pools {
+                        let mut out = vec![f32::NAN; q.len()];
+                        attention(pool, &q, &kc, &vc, &plan, arith, &mut out);
+                        for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{arith:?}, heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, {} threads: value {i}",
+                                pos.len(),
+                                pool.n_threads()
+                            );
+                        }
                     }
                 }
             }
