@@ -47,7 +47,7 @@ fn main() {
                 pos: &pos,
                 seq: &seq,
                 tables: &tables,
-                block_size: 1,
+                block_size: kiln::kv::BLOCK_SIZE,
                 n_head,
                 n_head_kv: n_kv,
                 head_dim: hd,

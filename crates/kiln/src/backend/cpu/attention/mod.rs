@@ -296,20 +296,31 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
     let lo = ts.clone().map(|t| plan.first_pos(t)).min().unwrap_or(0);
     let hi = ts.clone().map(|t| plan.pos[t]).max().unwrap_or(0);
     // Blocks start at multiples of K_BLOCK, so a row's blocks depend only on its own keys.
+    // Where KV blocks hold whole key blocks, a key block's slots are consecutive: one
+    // block-table lookup per key block instead of a division per key.
+    let runs = plan.block_size.is_multiple_of(K_BLOCK);
+    let slots = |p0: u32| {
+        let first = runs.then(|| plan.slot(seq, p0));
+        move |i: usize| first.map_or_else(|| plan.slot(seq, p0 + i as u32), |s| s + i)
+    };
     for p0 in (lo - lo % K_BLOCK as u32..=hi).step_by(K_BLOCK) {
         let n = K_BLOCK.min((hi - p0) as usize + 1);
+        let slot = slots(p0);
         for i in (lo.saturating_sub(p0) as usize)..n {
-            let base = plan.slot(seq, p0 + i as u32) * kv_dim + kvh * hd;
+            let base = slot(i) * kv_dim + kvh * hd;
             widen(&kc[base..base + hd], &mut kb[i * hd..(i + 1) * hd]);
             widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
         }
         // At depth the cache comes from memory: ask for the next block while this one
         // computes.
-        let next = p0 as usize + K_BLOCK;
-        for p in next..(next + K_BLOCK).min(hi as usize + 1) {
-            let base = plan.slot(seq, p as u32) * kv_dim + kvh * hd;
-            prefetch(&kc[base..base + hd]);
-            prefetch(&vc[base..base + hd]);
+        let next = p0 + K_BLOCK as u32;
+        if next <= hi {
+            let slot = slots(next);
+            for i in 0..K_BLOCK.min((hi - next) as usize + 1) {
+                let base = slot(i) * kv_dim + kvh * hd;
+                prefetch(&kc[base..base + hd]);
+                prefetch(&vc[base..base + hd]);
+            }
         }
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
             let t = row(r).0;
@@ -789,16 +800,19 @@ mod reference_tests {
         let shapes = [(12, 2, 128), (9, 3, 64), (4, 1, 256), (4, 4, 80), (8, 2, 64), (6, 2, 192)];
         let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
         let mut rng = Rng(7);
-        for (n_head, n_kv, hd) in shapes {
-            let (block_size, n_blocks) = (4usize, 160usize);
-            let slots = block_size * n_blocks;
+        // KV blocks smaller than a key block (a lookup per key) and holding two (one per
+        // key block, as the engine's 32).
+        for (i, (n_head, n_kv, hd)) in shapes.into_iter().enumerate() {
+            let (block_size, n_blocks) = [(4usize, 160u32), (32, 20)][i % 2];
+            let slots = block_size * n_blocks as usize;
             let kc: Vec<f16> = (0..slots * n_kv * hd)
                 .map(|i| f16::from_f32(rng.f() * if (i / hd) % 7 == 0 { 60.0 } else { 6.0 }))
                 .collect();
             let vc: Vec<f16> = (0..slots * n_kv * hd).map(|_| f16::from_f32(rng.f() * 2.0)).collect();
             // Two sequences with scrambled block tables.
-            let t0: Vec<u32> = (0..n_blocks as u32 / 2).map(|b| (b * 37) % 80).collect();
-            let t1: Vec<u32> = (0..n_blocks as u32 / 2).map(|b| 80 + (b * 13) % 80).collect();
+            let half = n_blocks / 2;
+            let t0: Vec<u32> = (0..half).map(|b| (b * 37) % half).collect();
+            let t1: Vec<u32> = (0..half).map(|b| half + (b * 13) % half).collect();
             let tables = [&t0[..], &t1[..]];
             // (pos, seq) lists.
             let decode = vec![(300, 0)];
