@@ -284,27 +284,30 @@ fn interleaved_q5_0_matches_the_row_major_tiles() {
         };
         tested += 1;
         let tk = tile_kernels_for(ty, tier).unwrap();
-        for p in 0..rows / 2 {
+        // One pair per call, and two (four rows: 512-bit registers on AVX-512 VNNI).
+        let calls = (0..rows / 2).flat_map(|p| [(p, 1), (p, 2)]).filter(|&(p, pairs)| p + pairs <= rows / 2);
+        for (p, pairs) in calls {
             for n_tok in 1..=8 {
                 for t0 in [0, toks - n_tok] {
-                    let mut out = vec![f32::NAN; 3 * 8];
+                    let os = 2 * pairs + 1;
+                    let mut out = vec![f32::NAN; os * 8];
                     k.dots(
-                        &packed[2 * p * wr..2 * (p + 1) * wr],
+                        &packed[2 * p * wr..2 * (p + pairs) * wr],
                         &prepared[t0 * pr..(t0 + n_tok) * pr],
                         n,
                         n_tok,
                         &mut out,
-                        3,
+                        os,
                     );
                     for t in 0..n_tok {
-                        for r in 0..2 {
+                        for r in 0..2 * pairs {
                             let row = 2 * p + r;
                             let want = tk.one(&w[row * wr..][..wr], &a[(t0 + t) * ar..][..ar], n);
-                            let got = out[t * 3 + r];
+                            let got = out[t * os + r];
                             assert_eq!(
                                 got.to_bits(),
                                 want.to_bits(),
-                                "{tier:?} row {row} token {} of {n_tok}: {got} vs {want}",
+                                "{tier:?} row {row} ({pairs} pairs) token {} of {n_tok}: {got} vs {want}",
                                 t0 + t
                             );
                         }

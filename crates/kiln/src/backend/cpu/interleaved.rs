@@ -47,7 +47,8 @@ pub(super) fn matmul(
         Interleave::Q5_0X2 => {
             let k2 = quant::q5_0_x2_kernels().expect("weights are repacked only where the kernels exist");
             let prepare = move |src: &[f32], dst: &mut [u8]| k2.prepare(src, dst).expect("sizes match");
-            let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k2.dots(w, a, k, nt, v, group);
+            // One or two pairs per call (four rows in 512-bit registers where the CPU can).
+            let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k2.dots(w, a, k, nt, v, w.len() / rs);
             (Q5_0X2Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
         }
     };
@@ -59,15 +60,18 @@ pub(super) fn matmul(
     if let Some(amx) = amx {
         return amx_matmul(pool, amx, packed, rs, act, k, n, n_tok, &op, &dots);
     }
-    let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(group);
+    // Rows per call: a group, or two pairs of Q5_0×2.
+    let step = if layout == Interleave::Q5_0X2 { 2 * group } else { group };
+    let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(step);
     pool.run(n.div_ceil(chunk), &|task| {
         let rows = task * chunk..((task + 1) * chunk).min(n);
         let mut v = [0f32; TOKENS * 8];
         for t0 in (0..n_tok).step_by(TOKENS) {
             let nt = (n_tok - t0).min(TOKENS);
-            for r in rows.clone().step_by(group) {
-                dots(&packed[r * rs..(r + group) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
-                for (t, vt) in v.chunks_exact(group).take(nt).enumerate() {
+            for r in rows.clone().step_by(step) {
+                let g = step.min(rows.end - r);
+                dots(&packed[r * rs..(r + g) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
+                for (t, vt) in v.chunks_exact(g).take(nt).enumerate() {
                     vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));
                 }
             }
