@@ -42,7 +42,7 @@ fn mean_pooling_matches_llama_embedding() {
     // (activation quantization, flash-attention f16 accumulator, vector expf, FMA
     // contractions): bit-identical here (max abs 0; the bounds leave room for other
     // tiers). The opt-in f32 attention accumulators stay inside llama.cpp's own -fa on/off
-    // spread on these texts (~0.5 max abs; kiln's: 0.13-0.15, cosine 0.99947-0.99995, measured).
+    // spread on these texts (~0.5 max abs; kiln's: 0.13-0.20, cosine 0.99947-0.99995, measured).
     for (arith, min_cos, max_err) in [(AttnArith::Ggml, 0.999_999, 1e-3), (AttnArith::F32, 0.999, 0.5)] {
         check_mean_pooling(&engine_with(arith), min_cos, max_err);
     }

@@ -23,6 +23,14 @@ impl<const N: usize> Kernel for Heads<N> {
     }
 
     #[inline(always)]
+    fn raises(w: &mut [f32; K_BLOCK], a: usize, b: usize, m: &mut f32, mb: f32) -> u32 {
+        // SAFETY: only instantiated behind the AVX-512 F check.
+        let raised = unsafe { raises(w, a, b, *m) };
+        *m = if mb > *m { mb } else { *m };
+        raised
+    }
+
+    #[inline(always)]
     fn exp(w: &mut [f32; K_BLOCK], _a: usize, _b: usize) {
         // SAFETY: as above; lanes outside `a..b` are computed and ignored.
         unsafe { _mm512_storeu_ps(w.as_mut_ptr(), expf16(_mm512_loadu_ps(w.as_ptr()))) }
@@ -65,6 +73,36 @@ unsafe fn scores<const N: usize>(
     _mm512_storeu_ps(out.as_mut_ptr(), s);
     let live = ((1u32 << b) - (1u32 << a)) as u16;
     _mm512_reduce_max_ps(_mm512_mask_blend_ps(live, _mm512_set1_ps(f32::NEG_INFINITY), s))
+}
+
+/// The scalar walk's running maximum for all keys at once: the maximum before key `i` is
+/// `m` or a prefix maximum of the scores (four shift-and-max steps), so each key's
+/// `expf` argument and whether it raised the maximum follow lane by lane. (Ties between
+/// zeros of either sign may pick the other zero; the `expf` arguments then differ only
+/// in the sign of a zero, which `expf` maps to the same 1.)
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn raises(w: &mut [f32; K_BLOCK], a: usize, b: usize, m: f32) -> u32 {
+    let live = ((1u32 << b) - (1u32 << a)) as u16;
+    let ninf = _mm512_castps_si512(_mm512_set1_ps(f32::NEG_INFINITY));
+    let s = _mm512_mask_blend_ps(live, _mm512_castsi512_ps(ninf), _mm512_loadu_ps(w.as_ptr()));
+    // Lane i <- lane i - K, the first K lanes -inf.
+    macro_rules! up {
+        ($p:expr, $k:literal) => {
+            _mm512_castsi512_ps(_mm512_alignr_epi32::<{ 16 - $k }>(_mm512_castps_si512($p), ninf))
+        };
+    }
+    let mut p = s;
+    p = _mm512_max_ps(p, up!(p, 1));
+    p = _mm512_max_ps(p, up!(p, 2));
+    p = _mm512_max_ps(p, up!(p, 4));
+    p = _mm512_max_ps(p, up!(p, 8));
+    // The running maximum before each key.
+    let prev = _mm512_max_ps(_mm512_set1_ps(m), up!(p, 1));
+    let raised = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(live, s, prev);
+    let args = _mm512_mask_blend_ps(raised, _mm512_sub_ps(s, prev), _mm512_sub_ps(prev, s));
+    _mm512_storeu_ps(w.as_mut_ptr(), args);
+    raised as u32
 }
 
 /// `dot_f16(q, K row i)` for all K_BLOCK rows: ggml's four accumulators per row,

@@ -216,6 +216,23 @@ trait Kernel {
     /// `out[i] = dot_f16(q, K row i) * scale` for `i` in `a..b` (other lanes: anything);
     /// returns their maximum (any order: the same value).
     fn scores(q: &[f32], kb: &[f32], a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32;
+    /// ggml's running maximum, key by key: turns the scores `w[a..b]` into each key's
+    /// `expf` argument (`m - score` where the key raises the maximum, `score - m` else),
+    /// returns those keys as bits, and leaves `m` the new maximum (`mb` is the block's).
+    fn raises(w: &mut [f32; K_BLOCK], a: usize, b: usize, m: &mut f32, _mb: f32) -> u32 {
+        let mut raised = 0;
+        for (i, w) in w.iter_mut().enumerate().take(b).skip(a) {
+            let score = *w;
+            if score > *m {
+                *w = *m - score;
+                raised |= 1 << i;
+                *m = score;
+            } else {
+                *w = score - *m;
+            }
+        }
+        raised
+    }
     /// `w[i] = expf(w[i])` for `i` in `a..b`.
     fn exp(w: &mut [f32; K_BLOCK], a: usize, b: usize);
     /// Rescales and accumulates `acc` (and its sum of weights) over the block's keys,
@@ -335,16 +352,7 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
             let mb = K::scores(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, plan.scale, &mut wt.w);
             wt.raised = 0;
             if F16 {
-                for (i, w) in wt.w.iter_mut().enumerate().take(wt.b).skip(wt.a) {
-                    let score = *w;
-                    if score > m[r] {
-                        *w = m[r] - score;
-                        wt.raised |= 1 << i;
-                        m[r] = score;
-                    } else {
-                        *w = score - m[r];
-                    }
-                }
+                wt.raised = K::raises(&mut wt.w, wt.a, wt.b, &mut m[r], mb);
             } else {
                 // The block's maximum first: one rescale of the row, then every weight
                 // `expf(score - m)` (the walk adds them as they come, in key order).
