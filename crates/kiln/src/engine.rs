@@ -57,9 +57,9 @@ pub struct EngineOptions {
     /// it off.
     pub prefix_cache_tokens: Option<usize>,
     /// The CPU attention's arithmetic: ggml's f16 accumulators (default: bit-identical
-    /// with llama.cpp's CPU on short prompts), or f32 ones (`KILN_ATTN=f32`: 1.5-2x faster
-    /// attention at long contexts and in prompts, logits within llama.cpp's own
-    /// flash-attention on/off spread). The GPU's exact path always follows ggml's.
+    /// with llama.cpp's CPU on short prompts), or f32 ones (`KILN_ATTN=f32`: ~1.5x faster
+    /// prompt attention, logits within llama.cpp's own flash-attention on/off spread). The
+    /// GPU's exact path always follows ggml's.
     pub attn_arith: AttnArith,
 }
 

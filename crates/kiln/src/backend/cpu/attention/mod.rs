@@ -22,8 +22,8 @@
 //! Two arithmetics ([`AttnArith`]): that one (`Ggml`, the default), and an opt-in `F32`
 //! that keeps the accumulators in f32 and rescales them once per block of 16 keys (where
 //! the block raises the row's maximum) instead of per key, as llama.cpp's tiled prompt path
-//! and its non-flash path accumulate in f32: 1.5-2x faster where attention costs most
-//! (long contexts, prompts), at the price of bit-identity with llama.cpp's CPU (its logits
+//! and its non-flash path accumulate in f32: ~1.5x faster on prompts, less at depth where
+//! the KV reads from memory bound both, at the price of bit-identity with llama.cpp's CPU (its logits
 //! move within llama.cpp's own flash-attention on/off spread). Blocks are aligned to
 //! absolute positions, so the f32 result too depends on nothing but the row's own keys.
 
