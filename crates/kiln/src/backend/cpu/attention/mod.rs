@@ -57,12 +57,18 @@ pub enum AttnArith {
 }
 
 impl AttnArith {
-    /// `KILN_ATTN=f32|ggml`, else the default.
+    /// `KILN_ATTN=f32|ggml`, else the default (read once; an unknown value warns).
     pub fn from_env() -> Self {
-        match std::env::var("KILN_ATTN").as_deref() {
-            Ok("f32") => AttnArith::F32,
-            _ => AttnArith::Ggml,
-        }
+        static ARITH: std::sync::OnceLock<AttnArith> = std::sync::OnceLock::new();
+        *ARITH.get_or_init(|| match std::env::var("KILN_ATTN") {
+            Ok(v) if v.trim() == "f32" => AttnArith::F32,
+            Ok(v) if v.trim() == "ggml" => AttnArith::Ggml,
+            Ok(v) => {
+                eprintln!("warning: KILN_ATTN={v:?} is not ggml or f32; using ggml");
+                AttnArith::Ggml
+            }
+            Err(_) => AttnArith::Ggml,
+        })
     }
 }
 
