@@ -44,6 +44,10 @@ const Q_TILE: usize = 8;
 const MAX_ROWS: usize = 32;
 /// Keys per block: one 16-lane `expf` gives a row's weights for the whole block.
 const K_BLOCK: usize = 16;
+/// How far ahead (in key blocks) the K/V rows are prefetched. The next block alone is too
+/// close when they come from DRAM under the weights' stream: qwen2.5-1.5b decode at depth
+/// 2048 measured +7-10% at 6 blocks against 1 (12: the same as 6).
+const PREFETCH_BLOCKS: usize = 6;
 
 /// How a row's softmax-weighted sum of values is accumulated (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -334,9 +338,9 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
             widen(&kc[base..base + hd], &mut kb[i * hd..(i + 1) * hd]);
             widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
         }
-        // At depth the cache comes from memory: ask for the next block while this one
+        // At depth the cache comes from memory: ask for a block a few ahead while this one
         // computes.
-        let next = p0 + K_BLOCK as u32;
+        let next = p0 + (K_BLOCK * PREFETCH_BLOCKS) as u32;
         if next <= hi {
             let slot = slots(next);
             for i in 0..K_BLOCK.min((hi - next) as usize + 1) {
