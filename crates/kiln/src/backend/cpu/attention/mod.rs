@@ -360,9 +360,8 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
             // Scores, the running maximum, and each key's `expf` argument: `m - score`
             // where the key raises the maximum (the rescale factor), `score - m` otherwise.
             let mb = K::scores(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, plan.scale, &mut wt.w);
-            wt.raised = 0;
-            if F16 {
-                wt.raised = K::raises(&mut wt.w, wt.a, wt.b, &mut m[r], mb);
+            wt.raised = if F16 {
+                K::raises(&mut wt.w, wt.a, wt.b, &mut m[r], mb)
             } else {
                 // The block's maximum first: one rescale of the row, then every weight
                 // `expf(score - m)` (the walk adds them as they come, in key order).
@@ -376,7 +375,8 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
                     m[r] = mb;
                 }
                 wt.w.iter_mut().take(wt.b).skip(wt.a).for_each(|w| *w -= m[r]);
-            }
+                0
+            };
             K::exp(&mut wt.w, wt.a, wt.b);
         }
         // The walks, two rows at a time where they see the same keys (a decode step's do).
