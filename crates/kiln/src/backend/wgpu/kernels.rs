@@ -13,6 +13,7 @@ const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const DEQUANT: &str = include_str!("shaders/dequant.wgsl");
 const DOT: &str = include_str!("shaders/dot.wgsl");
+const DOT_VEC: &str = include_str!("shaders/dot_vec.wgsl");
 const EXP: &str = include_str!("shaders/exp.wgsl");
 const GLU: &str = include_str!("shaders/glu.wgsl");
 const ROPE_CORE: &str = include_str!("shaders/rope_core.wgsl");
@@ -215,6 +216,21 @@ pub fn vec_shape() -> (usize, usize) {
     })
 }
 
+/// The vec matmul's wide units for `ty` (dot_vec.wgsl's FAST: 1 Q4_0, 2 Q4_K, 3 Q6_K), 0
+/// where it has none; `KILN_GPU_VEC_FAST=0` turns them off (A/B measurements).
+pub fn vec_fast(ty: GgmlType) -> u32 {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("KILN_GPU_VEC_FAST").map_or(true, |v| v != "0")) {
+        return 0;
+    }
+    match ty {
+        GgmlType::Q4_0 => 1,
+        GgmlType::Q4_K => 2,
+        GgmlType::Q6_K => 3,
+        _ => 0,
+    }
+}
+
 /// Weight types the GPU kernels read directly; others are widened to F16 at upload.
 pub fn gpu_weight_type(ty: GgmlType) -> bool {
     use GgmlType::*;
@@ -342,9 +358,19 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
         }
-        Kernel::MatmulVec(..) => {
+        Kernel::MatmulVec(ty, outs) => {
             let (rg, npr) = vec_shape();
             s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
+            let fast = vec_fast(ty);
+            s.push_str(&format!("const FAST: u32 = {fast}u;\n"));
+            if fast == 0 {
+                s.push_str("fn fast_unit(base: u32, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n");
+            } else {
+                // Bound after the outputs and biases: the activations and the weights again,
+                // as 16-byte words.
+                let xv = 3 + outs.n as usize * if outs.bias { 2 } else { 1 };
+                s.push_str(&DOT_VEC.replace("XV", &xv.to_string()).replace("WV", &(xv + 1).to_string()));
+            }
             s.push_str(if subgroups { ROW_SUM_SUBGROUP } else { ROW_SUM_TREE });
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", npr * rg))
         }

@@ -464,6 +464,9 @@ impl GpuBackend {
             let mut bufs = vec![&p.buf, src];
             bufs.extend_from_slice(outs);
             bufs.extend_from_slice(biases);
+            if matches!(kernel, Kernel::MatmulVec(..)) && kernels::vec_fast(w.ty) != 0 {
+                bufs.extend([src, &p.buf]);
+            }
             self.run(kernel, &prm, &bufs, g);
         }
     }

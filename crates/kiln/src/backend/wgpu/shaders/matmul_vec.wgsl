@@ -1,7 +1,7 @@
 // out[t, col0 + r] = dot(w[r], x[t]), mul_mat_vec style, for hardware GPUs: a workgroup
 // takes RG weight rows, NPR invocations each (kernels.rs); invocation i sums units i,
-// i + NPR, ... of its row (a unit is a 32-value block, a 32-value K sub-block, or 8
-// floats) in f32, and `row_sum` (kernels.rs: subgroup sums, else a fixed tree) adds the
+// i + NPR, ... of its row (a unit is a 32-value block, a 32-value K sub-block, 8 floats,
+// or dot_vec.wgsl's wide units) in f32, and `row_sum` (kernels.rs: subgroup sums, else a fixed tree) adds the
 // NPR partials in a fixed order. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
 // pair's arithmetic never depends on the other rows or tokens: batch invariant.
@@ -79,6 +79,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if CLASS == 2u {
         nu = k / 8u;
     }
+    if FAST >= 2u {
+        nu = k / 64u;
+    }
     let t0 = wid.z * TT;
     let tt = min(TT, n_tok - t0);
     for (var t = t0; t < t0 + tt; t = t + 1u) {
@@ -87,7 +90,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             // Two units per step; the second is clamped and masked past the row's end.
             let u1 = min(u0 + NPR, nu - 1u);
             let m1 = select(0.0, 1.0, u0 + NPR < nu);
-            acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
+            if FAST != 0u {
+                acc = acc + fast_unit(base, u0, t, k) + m1 * fast_unit(base, u1, t, k);
+            } else {
+                acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
+            }
         }
         let v = row_sum(acc, so, lid, by_subgroup);
         if lid == 0u && r < n_rows {

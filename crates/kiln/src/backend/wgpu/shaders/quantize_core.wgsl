@@ -1,7 +1,8 @@
 // Activations quantized to the weight's dot type exactly as the CPU's
 // `quant::quantize_activation` does (ggml's x86 rounding), into the layout the matmul
 // reads: the i8 quants packed four to a u32 word, row after row, then one f32 scale per
-// block ([n_tok, nb]), then (Q8_1) one f32 s = f16(d * sum(q)) per block. F16 mode
+// block ([n_tok, nb]), then per block (Q8_1) one f32 s = f16(d * sum(q)), (Q8_0) the i32
+// sum of its quants, or (Q8_K) the i32 sums of each 16 quants. F16 mode
 // writes the f16-rounded values as f32. Shared by quantize.wgsl and the norm kernels'
 // fused tail (kernels.rs NORM_QUANTIZE); the includer declares `xq`.
 // An invocation takes four values (one word): a 32-block is eight neighbouring
@@ -76,22 +77,27 @@ fn quantize_word(w: u32, v: vec4<f32>, live: bool, lid: u32, mode: u32, n_tok: u
     }
     xq[w] = pack4xI8(q);
     let bs = select(32u, 256u, mode == 1u);
+    let n_blocks = n_tok * k / bs;
+    if mode == 1u && o % 16u == 0u {
+        // Q8_K: the sum of each 16 quants (matmul_vec's K units take their offset and
+        // minimum terms from them, as ggml's bsums).
+        let s16 = q_sum[lid] + q_sum[lid + 1u] + q_sum[lid + 2u] + q_sum[lid + 3u];
+        xq[n_words + n_blocks + o / 16u] = bitcast<u32>(s16);
+    }
     if o % bs != 0u {
         return;
     }
     // The block's first invocation writes its scale (and sum).
-    let nb = k / bs;
     let blk = o / bs;
     if mode == 1u {
         xq[n_words + blk] = bitcast<u32>(d);
         return;
     }
     xq[n_words + blk] = bitcast<u32>(f16r(d));
-    if mode == 3u {
-        var sum = 0;
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            sum = sum + q_sum[lid + i];
-        }
-        xq[n_words + n_tok * nb + blk] = bitcast<u32>(f16r(d * f32(sum)));
+    var sum = 0;
+    for (var i = 0u; i < 8u; i = i + 1u) {
+        sum = sum + q_sum[lid + i];
     }
+    // Q8_1: s = f16(d * sum); Q8_0: the integer sum (matmul_vec's Q4_0 offset term).
+    xq[n_words + n_blocks + blk] = select(bitcast<u32>(sum), bitcast<u32>(f16r(d * f32(sum))), mode == 3u);
 }

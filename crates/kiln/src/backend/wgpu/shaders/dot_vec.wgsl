@@ -1,0 +1,132 @@
+// matmul_vec's wide units for the formats that dominate decode (Q4_0, Q4_K, Q6_K): each
+// loads its weight bytes as whole words (16-byte loads where the format is aligned), its
+// activations 16 bytes at a time, and takes the offset and minimum terms from the sums the
+// quantize stored (quantize_core.wgsl) instead of summing activations per row. The integer
+// sums equal dot.wgsl's; only the float grouping differs (the vec path's contract).
+// FAST (kernels.rs): 1 Q4_0 (a unit is one 32-value block), 2 Q4_K and 3 Q6_K (a unit is
+// 64 values: sub-blocks 2c and 2c + 1, or ql's two nibbles of one 32-byte run).
+@group(0) @binding(XV) var<storage, read> xv: array<vec4<u32>>;
+@group(0) @binding(WV) var<storage, read> wv4: array<vec4<u32>>;
+
+const M4: u32 = 0x0f0f0f0fu;
+
+// Packed dot of four weight words with four activation words.
+fn dot16(w: vec4<u32>, x: vec4<u32>) -> i32 {
+    return dot4i8(w.x, x.x) + dot4i8(w.y, x.y) + dot4i8(w.z, x.z) + dot4i8(w.w, x.w);
+}
+
+// The word at weight byte o + 4i of a run starting at an even byte o (w0 is its first
+// aligned word, `odd` whether o is 2 mod 4).
+fn wrun(w0: u32, i: u32, odd: bool) -> u32 {
+    let a = wq[w0 + i];
+    return select(a, (a >> 16u) | (wq[w0 + i + 1u] << 16u), odd);
+}
+
+fn vec4_run(w0: u32, i: u32, odd: bool) -> vec4<u32> {
+    return vec4<u32>(wrun(w0, i, odd), wrun(w0, i + 1u, odd), wrun(w0, i + 2u, odd), wrun(w0, i + 3u, odd));
+}
+
+fn xsum(i: u32) -> i32 {
+    return bitcast<i32>(xq[prm[7] + i]);
+}
+
+// Q4_0 block u of the row at byte `base`, token t: 18 bytes from five aligned words.
+fn fast_q4_0(base: u32, u: u32, t: u32, k: u32) -> f32 {
+    let nb = k / 32u;
+    let o = base + 18u * u;
+    let w0 = o >> 2u;
+    let odd = (o & 2u) != 0u;
+    let h = wq[w0];
+    let d = unpack2x16float(select(h, h >> 16u, odd)).x;
+    // The quants start at o + 2: word-aligned when o is 2 mod 4.
+    let q = vec4_run(w0 + select(0u, 1u, odd), 0u, !odd);
+    let xw = (t * k / 4u + 8u * u) >> 2u;
+    let s = dot16(q & vec4<u32>(M4), xv[xw]) + dot16((q >> vec4<u32>(4u)) & vec4<u32>(M4), xv[xw + 1u]);
+    let b = t * nb + u;
+    return (d * xd(b)) * f32(s - 8 * xsum(b));
+}
+
+// Q4_K sub-blocks 2c, 2c + 1 of superblock b: the header (d, dmin, 12 scale bytes) and the
+// 32 quant bytes as three 16-byte loads.
+fn fast_q4_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
+    let nb = k / 256u;
+    let b = u / 4u;
+    let c = u % 4u;
+    let v = (base + 144u * b) >> 4u;
+    let h = wv4[v];
+    let qa = wv4[v + 1u + 2u * c];
+    let qb = wv4[v + 2u + 2u * c];
+    // Scale and min bytes of sub-blocks 2c (low byte) and 2c + 1 (high byte).
+    let sh = 16u * (c & 1u);
+    let y = h.y >> sh;
+    let z = h.z >> sh;
+    let w = h.w >> sh;
+    let hi = c >= 2u;
+    let sc = select(y & 0x3f3fu, (w & 0x0f0fu) | ((y >> 2u) & 0x3030u), hi);
+    let mn = select(z & 0x3f3fu, ((w >> 4u) & 0x0f0fu) | ((z >> 2u) & 0x3030u), hi);
+    let xw = (t * k / 4u + 64u * b + 16u * c) >> 2u;
+    let m = vec4<u32>(M4);
+    let s4 = vec4<u32>(4u);
+    let d0 = dot16(qa & m, xv[xw]) + dot16(qb & m, xv[xw + 1u]);
+    let d1 = dot16((qa >> s4) & m, xv[xw + 2u]) + dot16((qb >> s4) & m, xv[xw + 3u]);
+    let g = t * (k / 16u) + 16u * b + 4u * c;
+    let x0 = xsum(g) + xsum(g + 1u);
+    let x1 = xsum(g + 2u) + xsum(g + 3u);
+    let dm = unpack2x16float(h.x);
+    let isum = i32(sc & 0xffu) * d0 + i32(sc >> 8u) * d1;
+    let imin = i32(mn & 0xffu) * x0 + i32(mn >> 8u) * x1;
+    return xd(t * nb + b) * (dm.x * f32(isum) - dm.y * f32(imin));
+}
+
+// Q6_K: half `h` (16 quants) of the groups in ql's low nibbles (qh bits at `sa`) and
+// high nibbles (at `sb`), dotted with their activations.
+fn q6_dots(ql: u32, qh: u32, h: u32, odd: bool, sa: vec4<u32>, sb: vec4<u32>, xw: u32) -> vec2<i32> {
+    let m = vec4<u32>(M4);
+    let m2 = vec4<u32>(0x03030303u);
+    let l = vec4_run(ql, 4u * h, odd);
+    let hb = vec4_run(qh, 4u * h, odd);
+    let qa = (l & m) | (((hb >> sa) & m2) << vec4<u32>(4u));
+    let qb = ((l >> vec4<u32>(4u)) & m) | (((hb >> sb) & m2) << vec4<u32>(4u));
+    return vec2<i32>(dot16(qa, xv[xw + h]), dot16(qb, xv[xw + 4u + h]));
+}
+
+// Q6_K unit c of superblock b: half n = c / 2, groups p = c % 2 (ql's low nibbles) and
+// p + 2 (its high nibbles) of 32 quants, each two 16-value scales.
+fn fast_q6_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
+    let nb = k / 256u;
+    let b = u / 4u;
+    let n = (u % 4u) / 2u;
+    let p = u % 2u;
+    let o = base + 210u * b;
+    let odd = (o & 2u) != 0u;
+    let w0 = o >> 2u;
+    let ql = w0 + 16u * n + 8u * p;
+    let qh = w0 + 32u + 8u * n;
+    let sc_lo = wrun(w0 + 48u + 2u * n, 0u, odd);
+    let sc_hi = wrun(w0 + 48u + 2u * n, 1u, odd);
+    let dh = wrun(w0 + 52u, 0u, odd);
+    let d = unpack2x16float(dh).x;
+    let xw = (t * k / 4u + 64u * b + 32u * n + 8u * p) >> 2u;
+    let sa = vec4<u32>(2u * p);
+    let sb = vec4<u32>(2u * p + 4u);
+    let lo = q6_dots(ql, qh, 0u, odd, sa, sb, xw);
+    let hi = q6_dots(ql, qh, 1u, odd, sa, sb, xw);
+    // 16-value sums of groups p and p + 2, and their int8 scales.
+    let g = t * (k / 16u) + 16u * b + 8u * n + 2u * p;
+    let sh = 16u * p;
+    let s = i32(extractBits(bitcast<i32>(sc_lo >> sh), 0u, 8u)) * (lo.x - 32 * xsum(g))
+        + i32(extractBits(bitcast<i32>(sc_lo >> sh), 8u, 8u)) * (hi.x - 32 * xsum(g + 1u))
+        + i32(extractBits(bitcast<i32>(sc_hi >> sh), 0u, 8u)) * (lo.y - 32 * xsum(g + 4u))
+        + i32(extractBits(bitcast<i32>(sc_hi >> sh), 8u, 8u)) * (hi.y - 32 * xsum(g + 5u));
+    return (xd(t * nb + b) * d) * f32(s);
+}
+
+fn fast_unit(base: u32, u: u32, t: u32, k: u32) -> f32 {
+    if FAST == 1u {
+        return fast_q4_0(base, u, t, k);
+    }
+    if FAST == 2u {
+        return fast_q4_k(base, u, t, k);
+    }
+    return fast_q6_k(base, u, t, k);
+}
