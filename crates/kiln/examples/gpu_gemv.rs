@@ -58,6 +58,22 @@ fn main() {
             let bytes = t.size as f64;
             println!("  {:<18} {:9.1} us  {:8.1} GB/s", t.name, us, bytes / us / 1e3);
         }
+        if path == MatmulPath::Vec {
+            // The per-dispatch floor: a 64-value add, each reading the last's output (a
+            // barrier between them), or rotating over 8 buffers (no dependence).
+            let y = b.upload_f32(&x[..64]).unwrap();
+            let mut xs: Vec<_> = (0..8).map(|_| b.upload_f32(&x[..64]).unwrap()).collect();
+            let mut v = vec![0f32; 1];
+            for (what, ring) in [("dependent", 1), ("independent", 8)] {
+                let t0 = Instant::now();
+                for i in 0..reps {
+                    b.add(&mut xs[i % ring], &y, 1.0, 64);
+                }
+                b.read(&xs[0], &mut v);
+                let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;
+                println!("  dispatch floor, {what:<12} {us:9.1} us");
+            }
+        }
     }
 }
 

@@ -93,6 +93,15 @@ fn model() -> Arc<GgufFile> {
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
 }
 
+/// Both reduction paths on the vec matmul path.
+fn vec_gpus() -> Vec<GpuBackend> {
+    let mut v = gpus();
+    for g in &mut v {
+        g.set_matmul_path(MatmulPath::Vec);
+    }
+    v
+}
+
 fn gpus() -> Vec<GpuBackend> {
     let fast = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false)
         .expect("no Vulkan adapter: install mesa-vulkan-drivers (lavapipe) to run the GPU tests");
@@ -570,24 +579,29 @@ fn fused_rope_and_kv_store_match_cpu() {
     }
 }
 
+/// GQA 8:2 at head_dim 64 (n_head, n_head_kv, head_dim).
+const GQA: (usize, usize, usize) = (8, 2, 64);
+
 /// Two sequences in a block pool of 32-slot blocks, stored through `kv_store`, then
-/// attended by a batch of query tokens from both (GQA 8:2, head_dim 64).
-/// Attention over a two-sequence cache; with `then` = (type, split), its output then goes
-/// through a matmul of that type (`split` reads it first, so the two run unfused).
+/// attended by a batch of query tokens from both (`heads`: n_head, n_head_kv, head_dim);
+/// with `then` = (type, split), its output then goes through a matmul of that type
+/// (`split` reads it first, so the two run unfused).
 fn attention_out<B: Backend>(
     b: &B,
     g: &Arc<GgufFile>,
+    heads: (usize, usize, usize),
     window: Option<u32>,
     then: Option<(GgmlType, bool)>,
 ) -> Vec<f32> {
-    let (n_head, n_kv, hd) = (8, 2, 64);
+    let (n_head, n_kv, hd) = heads;
     let kv_dim = n_kv * hd;
-    let n_slots = 6 * 32;
+    let n_slots = 13 * 32;
     let mut kc = b.alloc_kv(n_slots * kv_dim).unwrap();
     let mut vc = b.alloc_kv(n_slots * kv_dim).unwrap();
-    let tables: [&[u32]; 2] = [&[4, 1], &[0, 5, 2]];
-    // Keys/values: rows of the x and y tables, kv_dim (128) wide = 4 rows per 512-wide row.
-    let lens = [40usize, 70];
+    // The second sequence is longer than a chunk of the split attention (256 keys).
+    let tables: [&[u32]; 2] = [&[4, 1], &[0, 5, 2, 6, 7, 8, 9, 10, 11, 12]];
+    // Keys/values: rows of the x and y tables, kv_dim wide (several per 512-wide row).
+    let lens = [40usize, 300];
     for (s, &len) in lens.iter().enumerate() {
         let slots: Vec<u32> = (0..len).map(|p| tables[s][p / 32] * 32 + (p % 32) as u32).collect();
         for chunk in slots.chunks(16 * K / kv_dim) {
@@ -596,7 +610,7 @@ fn attention_out<B: Backend>(
             b.kv_store(&mut kc, &mut vc, &k, &v, chunk, kv_dim);
         }
     }
-    let pos = [39u32, 10, 69, 0, 33];
+    let pos = [39u32, 10, 299, 0, 33];
     let seq = [0u32, 0, 1, 1, 1];
     let q = input(b, g, "gate", 5, 5 * K);
     let plan = AttnPlan {
@@ -629,19 +643,22 @@ fn attention_out<B: Backend>(
 fn attention_fused_with_the_next_quantize_matches_cpu() {
     let g = model();
     let cpu = CpuBackend::new(2).with_attn_arith(AttnArith::Ggml);
-    for mut gpu in gpus() {
-        gpu.set_matmul_path(MatmulPath::Exact);
+    for mut gpu in gpus().into_iter().chain(vec_gpus()) {
+        if gpu.matmul_path() != MatmulPath::Vec {
+            gpu.set_matmul_path(MatmulPath::Exact);
+        }
+        let tol = if gpu.matmul_path() == MatmulPath::Vec { 1e-5 } else { 1e-9 };
         // head_dim 64: whole Q8_0/Q8_1 blocks (fused), not whole Q8_K superblocks (unfused).
         for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
-            let what = format!("attention then matmul {ty} on {}", gpu.name());
+            let what = format!("attention then matmul {ty} on {} {:?}", gpu.name(), gpu.matmul_path());
             let d0 = gpu.counts().get().1;
-            let fused = attention_out(&gpu, &g, None, Some((ty, false)));
+            let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)));
             let d1 = gpu.counts().get().1;
-            let split = attention_out(&gpu, &g, None, Some((ty, true)));
+            let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)));
             let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
             assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
             assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
-            compare(&what, &fused, &attention_out(&cpu, &g, None, Some((ty, false))), 1e-9);
+            compare(&what, &fused, &attention_out(&cpu, &g, GQA, None, Some((ty, false))), tol);
         }
     }
 }
@@ -650,11 +667,22 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
 fn kv_store_and_attention_match_cpu() {
     let g = model();
     let cpu = CpuBackend::new(2).with_attn_arith(AttnArith::Ggml);
-    for gpu in gpus() {
-        for window in [None, Some(16)] {
-            let c = attention_out(&cpu, &g, window, None);
-            let d = attention_out(&gpu, &g, window, None);
-            compare(&format!("attention window {window:?} on {}", gpu.name()), &d, &c, 1e-9);
+    let cpu_f32 = CpuBackend::new(2).with_attn_arith(AttnArith::F32);
+    for gpu in gpus().into_iter().chain(vec_gpus()) {
+        // The vec path's split attention sums in f32: against the CPU's f32 arithmetic.
+        let (cpu, tol) = if gpu.matmul_path() == MatmulPath::Vec { (&cpu_f32, 1e-9) } else { (&cpu, 1e-9) };
+        // head_dim 64, 128 and 256: a value pair per invocation, or two.
+        for heads in [GQA, (4, 1, 128), (2, 1, 256)] {
+            for window in [None, Some(16)] {
+                let c = attention_out(cpu, &g, heads, window, None);
+                let d = attention_out(&gpu, &g, heads, window, None);
+                let what = format!(
+                    "attention {heads:?} window {window:?} on {} {:?}",
+                    gpu.name(),
+                    gpu.matmul_path()
+                );
+                compare(&what, &d, &c, tol);
+            }
         }
     }
 }
@@ -664,7 +692,7 @@ fn every_op_records_gpu_work() {
     let gpu = &gpus()[1];
     let g = model();
     let _ = elementwise(gpu, &g, 2);
-    let _ = attention_out(gpu, &g, None, None);
+    let _ = attention_out(gpu, &g, GQA, None, None);
     let (ops, dispatches) = gpu.counts().get();
     assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
 }

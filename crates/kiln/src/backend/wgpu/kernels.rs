@@ -156,6 +156,10 @@ pub enum Kernel {
     /// Attention; `true`: its output also quantized for the matmul reading it (prm[8] the
     /// mode, the quantized rows bound last).
     Attention(bool),
+    /// The vec path's decode attention, split over key chunks: the chunks' partial sums.
+    AttnPartial,
+    /// Their merge per (token, head); `true` as Attention's.
+    AttnCombine(bool),
     Glu,
     Add,
     AddBias,
@@ -180,6 +184,8 @@ impl Kernel {
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
             KvShift => (include_str!("shaders/kv_shift.wgsl"), "main"),
             Attention(_) => (include_str!("shaders/attention.wgsl"), "main"),
+            AttnPartial => (include_str!("shaders/attention_split.wgsl"), "main"),
+            AttnCombine(_) => (include_str!("shaders/attention_combine.wgsl"), "main"),
             Glu => (ew, "glu"),
             Add => (ew, "add"),
             AddBias => (ew, "add_bias"),
@@ -390,8 +396,12 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::RmsNorm(false) | Kernel::AddRmsNorm(false) => {
             src.push_str("fn norm_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n")
         }
-        Kernel::Attention(true) => src.push_str(ATTN_QUANTIZE),
-        Kernel::Attention(false) => src.push_str("fn attn_tail(w: u32, live: bool, lid: u32) {}\n"),
+        // The quantized rows are bound after the attention's output.
+        Kernel::Attention(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
+        Kernel::AttnCombine(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "3")),
+        Kernel::Attention(false) | Kernel::AttnCombine(false) => {
+            src.push_str("fn attn_tail(w: u32, live: bool, lid: u32) {}\n")
+        }
         _ => {}
     }
     if src.contains("quantize_word(") {

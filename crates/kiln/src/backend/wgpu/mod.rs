@@ -77,6 +77,8 @@ pub struct GpuBackend {
     pending: Mutex<Option<Pending>>,
     /// The argmax ids of the last greedy step (grown on demand).
     ids: Mutex<Option<wgpu::Buffer>>,
+    /// The split attention's partial sums (grown on demand).
+    part: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// Weights larger than this are split by rows (the binding limit).
     split_bytes: u64,
@@ -99,9 +101,17 @@ enum Pending {
         dim: usize,
         out: wgpu::Buffer,
     },
-    /// Attention (`prm` and `bufs` as the kernel takes them; prm[8] the quantize mode),
-    /// writing `len` values of heads of `head_dim`.
-    Attention { prm: Vec<u32>, bufs: [wgpu::Buffer; 4], groups: [u32; 3], len: usize, head_dim: usize },
+    /// Attention, or the split attention's merge (`split`), with `prm` and `bufs` as the
+    /// kernel takes them (prm[8] the quantize mode; the output last), writing `len` values
+    /// of heads of `head_dim`.
+    Attention {
+        split: bool,
+        prm: Vec<u32>,
+        bufs: Vec<wgpu::Buffer>,
+        groups: [u32; 3],
+        len: usize,
+        head_dim: usize,
+    },
 }
 
 impl Pending {
@@ -110,7 +120,7 @@ impl Pending {
         match self {
             Pending::Glu { gate, len, .. } => (gate, *len),
             Pending::Norm { out, rows, dim, .. } => (out, rows * dim),
-            Pending::Attention { bufs, len, .. } => (&bufs[3], *len),
+            Pending::Attention { bufs, len, .. } => (&bufs[bufs.len() - 1], *len),
         }
     }
 
@@ -134,9 +144,11 @@ pub enum MatmulPath {
     /// A workgroup per weight row (parallel integer sums, then the CPU's float chains):
     /// bit-identical to the CPU; hardware GPUs' default.
     Exact,
-    /// Rows split over a workgroup with f32 partial sums: up to 1.9x faster on the H200 for
-    /// Q4_0/Q8_0 (about 1.15x for K formats), batch invariant, but not bit-identical to
-    /// the CPU: smollm2's logits drift to NMSE ~4e-3 through its 30 layers (greedy equal).
+    /// Rows split over a workgroup with f32 partial sums (wide units for Q4_0, Q4_K, Q6_K,
+    /// dot_vec.wgsl), and decode attention split over key chunks in f32: 1.6-2.2x the exact
+    /// path's decode on the H200 and far faster at depth, batch invariant, but not
+    /// bit-identical to the CPU: smollm2's logits drift to NMSE ~4e-3 through its 30
+    /// layers (greedy equal).
     Vec,
 }
 
@@ -155,6 +167,12 @@ impl MatmulPath {
 /// Tokens from which the exact path takes the invocation-per-row kernel for 32-value block
 /// formats (prompt processing; measured at 512).
 const PREFILL_ROWS: usize = 32;
+
+/// Batches of at most this many tokens take the split attention on the vec path (decode,
+/// server batches); prompts take the exact kernel, which has a workgroup per token already.
+const SPLIT_TOKENS: usize = 8;
+/// Keys per chunk of the split attention (attention_split.wgsl's CH).
+const SPLIT_KEYS: u32 = 256;
 
 /// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
 fn grid(n_items: usize, per_group: usize) -> [u32; 3] {
@@ -191,6 +209,7 @@ impl GpuBackend {
             act_src: Mutex::new(None),
             pending: Mutex::new(None),
             ids: Mutex::new(None),
+            part: Mutex::new(None),
             counts: Arc::default(),
             split_bytes,
             matmul,
@@ -283,9 +302,9 @@ impl GpuBackend {
             Some(Pending::Glu { gate, up, act, len }) => {
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64))
             }
-            Some(Pending::Attention { prm, bufs, groups, .. }) => {
-                let [q, kc, vc, out] = &bufs;
-                self.run(Kernel::Attention(false), &prm, &[q, kc, vc, out], groups)
+            Some(Pending::Attention { split, prm, bufs, groups, .. }) => {
+                let k = if split { Kernel::AttnCombine(false) } else { Kernel::Attention(false) };
+                self.run(k, &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Some(norm) => self.run_norm(&norm, None),
             None => {}
@@ -395,10 +414,12 @@ impl GpuBackend {
                             let prm = [mode, rows as u32, k as u32, a];
                             self.run(Kernel::QuantizeGlu, &prm, &[&x.buf, &act, &up], grid(n / 4, 64));
                         }
-                        Some(Pending::Attention { mut prm, bufs, groups, .. }) => {
+                        Some(Pending::Attention { split, mut prm, bufs, groups, .. }) => {
                             prm[8] = mode;
-                            let [q, kc, vc, out] = &bufs;
-                            self.run(Kernel::Attention(true), &prm, &[q, kc, vc, out, &act], groups);
+                            let k = if split { Kernel::AttnCombine(true) } else { Kernel::Attention(true) };
+                            let mut bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
+                            bufs.push(&act);
+                            self.run(k, &prm, &bufs, groups);
                         }
                         Some(norm) => self.run_norm(&norm, Some((mode, &act))),
                         None => {
@@ -791,7 +812,7 @@ impl Backend for GpuBackend {
             plan.head_dim
         );
         let n_tok = plan.pos.len();
-        let tok_off = 9u32;
+        let tok_off = 10u32;
         let tab_off = tok_off + 3 * n_tok as u32;
         let mut table_off = Vec::with_capacity(plan.tables.len());
         let mut tables = Vec::new();
@@ -799,6 +820,11 @@ impl Backend for GpuBackend {
             table_off.push(tables.len() as u32);
             tables.extend_from_slice(t);
         }
+        // The vec path splits few tokens' keys into chunks of 256 (attention_split.wgsl).
+        let keys = (0..n_tok).map(|i| plan.pos[i] - plan.first_pos(i) + 1).max().unwrap_or(1);
+        let split =
+            self.matmul == MatmulPath::Vec && n_tok <= SPLIT_TOKENS && plan.head_dim.is_multiple_of(8);
+        let chunks = if split { keys.div_ceil(SPLIT_KEYS) } else { 1 };
         let mut prm = vec![
             n_tok as u32,
             plan.n_head as u32,
@@ -809,15 +835,25 @@ impl Backend for GpuBackend {
             tok_off,
             tab_off,
             0,
+            chunks,
         ];
         for i in 0..n_tok {
             prm.extend_from_slice(&[plan.pos[i], plan.first_pos(i), table_off[plan.seq[i] as usize]]);
         }
         prm.extend_from_slice(&tables);
-        let bufs = [q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
         let groups = grid(n_tok * plan.n_head, 1);
         let (len, head_dim) = (n_tok * plan.n_head * plan.head_dim, plan.head_dim);
-        self.defer(Pending::Attention { prm, bufs, groups, len, head_dim });
+        if split {
+            let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
+            let part = self.scratch(&self.part, n, "kiln attention partials");
+            let g = [(n_tok * plan.n_head) as u32, chunks, 1];
+            self.run(Kernel::AttnPartial, &prm, &[&q.buf, &kc.buf, &vc.buf, &part], g);
+            let bufs = vec![part, out.buf.clone()];
+            self.defer(Pending::Attention { split, prm, bufs, groups, len, head_dim });
+        } else {
+            let bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
+            self.defer(Pending::Attention { split, prm, bufs, groups, len, head_dim });
+        }
     }
 
     fn glu(&self, gate: &mut GpuBuf, up: &GpuBuf, act: Activation, len: usize) {

@@ -2,7 +2,8 @@
 // workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
 // Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256.
 // prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off, quantize
-// mode; per token at tok_off: pos, first_pos, table offset (into tab_off) of its sequence.
+// mode, (split kernels) chunks; per token at tok_off: pos, first_pos, table offset (into
+// tab_off) of its sequence.
 // `attn_tail` (kernels.rs) is empty, or quantizes the head's output for the next matmul.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<f32>;
@@ -18,6 +19,8 @@ var<workgroup> bj: array<u32, 64>;
 var<workgroup> pms: array<f32, 64>;
 var<workgroup> pvs: array<f32, 64>;
 var<workgroup> pnew: array<u32, 64>;
+// The tile's inclusive prefix max of scores.
+var<workgroup> pmx: array<f32, 64>;
 
 fn kv_at(buf_is_v: bool, e: u32) -> f32 {
     var w: u32;
@@ -29,14 +32,14 @@ fn kv_at(buf_is_v: bool, e: u32) -> f32 {
     return unpack2x16float(w >> ((e & 1u) * 16u)).x;
 }
 
-// One dim's accumulator past key j of the tile (value v); dims past head_dim are never
-// stored.
-fn acc_step(a: f32, v: f32, j: u32) -> f32 {
+// Two dims' accumulators past a key (values v; `raised`: the key raised the running max,
+// pm rescales the accumulators first), rounded to f16 after each step.
+fn acc2(a: vec2<f32>, v: vec2<f32>, pm: f32, pv: f32, raised: bool) -> vec2<f32> {
     var b = a;
-    if pnew[j] != 0u {
-        b = f16r(nc(b * pms[j]));
+    if raised {
+        b = unpack2x16float(pack2x16float(vec2<f32>(nc(b.x * pm), nc(b.y * pm))));
     }
-    return f16r(fma_x(v, pvs[j], b));
+    return unpack2x16float(pack2x16float(vec2<f32>(fma_x(v.x, pv, b.x), fma_x(v.y, pv, b.y))));
 }
 
 // q·k summed in the CPU's order (ggml's AVX-512 ggml_vec_dot_f16): per lane l of 16,
@@ -111,34 +114,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // keys in order then only rescales and accumulates, rounded to f16 after every rescale
     // and every fused multiply-add, as kiln's CPU backend (and ggml's one-chunk flash
     // attention) does: the same order for every batch (batch invariance).
-    var m = bitcast<f32>(0xff800000u);
+    let neg_inf = bitcast<f32>(0xff800000u);
+    var m = neg_inf;
     var ssum = 0.0;
-    var a0 = 0.0;
-    var a1 = 0.0;
-    var a2 = 0.0;
-    var a3 = 0.0;
+    // This invocation's dims: the f16 pairs (words) lid and, for head_dim > 128, lid + WG.
+    let np = hd / 2u;
+    let two = np > WG;
+    let e0 = min(lid, np - 1u);
+    let e1 = min(lid + WG, np - 1u);
+    var a0 = vec2<f32>(0.0);
+    var a1 = vec2<f32>(0.0);
     for (var p0 = first; p0 <= pos; p0 = p0 + WG) {
         let p = p0 + lid;
         if p <= pos {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
             pj[lid] = dot_ggml(base, hd) * scale;
-            bj[lid] = base;
+            bj[lid] = base >> 1u;
         }
-        workgroupBarrier();
         let nv = min(WG, pos - p0 + 1u);
-        // The max before key lid (every invocation walks the tile's scores, broadcast reads;
-        // a constant bound, so the loads are all in flight).
-        var before = m;
-        for (var j = 0u; j < WG; j = j + 1u) {
-            if j == lid {
-                before = m;
+        // The max before each key: an inclusive prefix max over the tile (six doubling
+        // steps), after the running max of the tiles before.
+        workgroupBarrier();
+        var run = select(neg_inf, pj[lid], lid < nv);
+        for (var s = 1u; s < WG; s = s << 1u) {
+            pmx[lid] = run;
+            workgroupBarrier();
+            if lid >= s {
+                run = max(run, pmx[lid - s]);
             }
-            let sc = pj[min(j, nv - 1u)];
-            if j < nv && sc > m {
-                m = sc;
-            }
+            workgroupBarrier();
         }
+        pmx[lid] = run;
+        workgroupBarrier();
+        let before = select(m, max(m, pmx[max(lid, 1u) - 1u]), lid > 0u);
+        m = max(m, pmx[nv - 1u]);
         if lid < nv {
             let sc = pj[lid];
             var ms = 1.0;
@@ -153,35 +163,48 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             pnew[lid] = u32(sc > before);
         }
         workgroupBarrier();
-        // Eight keys' values loaded before their chains (the loads overlap); one
-        // accumulator per dim this invocation owns (head_dim <= 4 WG).
-        var j = 0u;
-        for (; j < nv; j = j + 8u) {
-            var v: array<vec4<f32>, 8>;
-            for (var u = 0u; u < 8u; u = u + 1u) {
-                let b = bj[min(j + u, nv - 1u)];
-                v[u] = vec4<f32>(kv_at(true, b + min(lid, hd - 1u)), kv_at(true, b + min(lid + WG, hd - 1u)),
-                    kv_at(true, b + min(lid + 2u * WG, hd - 1u)), kv_at(true, b + min(lid + 3u * WG, hd - 1u)));
+        // The walk over the keys in order, sixteen keys' values loaded ahead of the chains
+        // that use them (the next batch's loads overlap this batch's arithmetic).
+        var vn: array<vec2<u32>, 16>;
+        for (var u = 0u; u < 16u; u = u + 1u) {
+            let b = bj[min(u, nv - 1u)];
+            vn[u].x = vc[b + e0];
+            if two {
+                vn[u].y = vc[b + e1];
             }
-            for (var u = 0u; u < 8u; u = u + 1u) {
+        }
+        for (var j = 0u; j < nv; j = j + 16u) {
+            let v = vn;
+            for (var u = 0u; u < 16u; u = u + 1u) {
+                let b = bj[min(j + 16u + u, nv - 1u)];
+                vn[u].x = vc[b + e0];
+                if two {
+                    vn[u].y = vc[b + e1];
+                }
+            }
+            for (var u = 0u; u < 16u; u = u + 1u) {
                 if j + u < nv {
-                    a0 = acc_step(a0, v[u].x, j + u);
-                    a1 = acc_step(a1, v[u].y, j + u);
-                    a2 = acc_step(a2, v[u].z, j + u);
-                    a3 = acc_step(a3, v[u].w, j + u);
-                    ssum = fma_x(ssum, pms[j + u], pvs[j + u]);
+                    let pm = pms[j + u];
+                    let pv = pvs[j + u];
+                    let raised = pnew[j + u] != 0u;
+                    a0 = acc2(a0, unpack2x16float(v[u].x), pm, pv, raised);
+                    if two {
+                        a1 = acc2(a1, unpack2x16float(v[u].y), pm, pv, raised);
+                    }
+                    ssum = fma_x(ssum, pm, pv);
                 }
             }
         }
         workgroupBarrier();
     }
     let inv = select(0.0, 1.0 / ssum, ssum != 0.0);
-    let acc = array<f32, 4>(a0, a1, a2, a3);
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let d = lid + i * WG;
-        if d < hd {
-            ys[th * hd + d] = acc[i] * inv;
-        }
+    if lid < np {
+        ys[th * hd + 2u * lid] = a0.x * inv;
+        ys[th * hd + 2u * lid + 1u] = a0.y * inv;
+    }
+    if two && lid + WG < np {
+        ys[th * hd + 2u * (lid + WG)] = a1.x * inv;
+        ys[th * hd + 2u * (lid + WG) + 1u] = a1.y * inv;
     }
     attn_tail(th * hd / 4u + min(lid, hd / 4u - 1u), lid < hd / 4u, lid);
 }

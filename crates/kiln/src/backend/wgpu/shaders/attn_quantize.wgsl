@@ -1,7 +1,7 @@
 // The attention kernel's fused tail: the head's output (whole quantization blocks: head_dim
 // is a multiple of the block) quantized for the matmul that reads it (quantize_core.wgsl),
 // one dispatch instead of two. prm[8]: the mode.
-@group(0) @binding(5) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(XQ) var<storage, read_write> xq: array<u32>;
 
 fn attn_tail(w: u32, live: bool, lid: u32) {
     // Invocations read values other invocations of this workgroup stored.

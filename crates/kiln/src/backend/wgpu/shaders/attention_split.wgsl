@@ -1,0 +1,130 @@
+// Decode attention split over key chunks (flash decoding), the vec path's: `partial` takes
+// one chunk of CH keys of one (token, head), its scores and value sums in f32, all keys at
+// once; `combine` (attention_combine.wgsl) merges a head's chunks. Not the CPU's order (the
+// exact kernel, attention.wgsl, walks keys one by one), but each (token, head)'s arithmetic
+// is fixed whatever the batch: batch invariant. head_dim a multiple of 8, at most 256.
+// prm as attention.wgsl's (prm[9]: chunks per head); partials: per (token, head, chunk)
+// the chunk's max score, its sum of exp(score - max), then head_dim value sums.
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> qs: array<f32>;
+@group(0) @binding(2) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> vc: array<u32>;
+@group(0) @binding(4) var<storage, read_write> part: array<f32>;
+
+const CH: u32 = 256u;
+
+var<workgroup> q16: array<vec4<f32>, 64>;
+var<workgroup> sc: array<f32, 256>;
+var<workgroup> bw: array<u32, 256>;
+
+// q·k of the key whose values start at f16 index `base` (a multiple of 8).
+fn score(base: u32, hd: u32) -> f32 {
+    var acc = vec4<f32>(0.0);
+    let w0 = base >> 3u;
+    for (var i = 0u; i < hd / 8u; i = i + 1u) {
+        let w = kc[w0 + i];
+        let lo = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+        let hi = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+        acc = fma(q16[2u * i], lo, acc);
+        acc = fma(q16[2u * i + 1u], hi, acc);
+    }
+    return (acc.x + acc.y) + (acc.z + acc.w);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32 /*SG*/) {
+    /*SGI*/
+    let th = wid.x;
+    let chunk = wid.y;
+    let n_head = prm[1];
+    let hd = prm[3];
+    let kvh = (th % n_head) / (n_head / prm[2]);
+    let kv_dim = prm[2] * hd;
+    let scale = pf(4u);
+    let bs = prm[5];
+    let ti = prm[6] + 3u * (th / n_head);
+    let pos = prm[ti];
+    let k0 = prm[ti + 1u] + chunk * CH;
+    let tab = prm[7] + prm[ti + 2u];
+    let out = (th * prm[9] + chunk) * (hd + 2u);
+    let neg_inf = bitcast<f32>(0xff800000u);
+    if k0 > pos {
+        // Past this token's keys: an empty chunk.
+        if lid == 0u {
+            part[out] = neg_inf;
+            part[out + 1u] = 0.0;
+        }
+        return;
+    }
+    let nk = min(CH, pos - k0 + 1u);
+    if lid < hd / 4u {
+        let o = th * hd + 4u * lid;
+        q16[lid] = unpack4x16(qs[o], qs[o + 1u], qs[o + 2u], qs[o + 3u]);
+    }
+    workgroupBarrier();
+    // Four keys per invocation.
+    var mx = neg_inf;
+    for (var i = 0u; i < CH / 64u; i = i + 1u) {
+        let j = 64u * i + lid;
+        let p = k0 + min(j, nk - 1u);
+        let base = (prm[tab + p / bs] * bs + p % bs) * kv_dim + kvh * hd;
+        let s = select(neg_inf, score(base, hd) * scale, j < nk);
+        sc[j] = s;
+        bw[j] = base >> 1u;
+        mx = max(mx, s);
+    }
+    let m = wg_max(mx, lid);
+    var l = 0.0;
+    for (var i = 0u; i < CH / 64u; i = i + 1u) {
+        let j = 64u * i + lid;
+        let e = exp(sc[j] - m);
+        sc[j] = e;
+        l = l + e;
+    }
+    l = wg_sum(l, lid);
+    // Value sums: this invocation's f16 pairs lid and lid + 64 (head_dim > 128), sixteen
+    // keys' loads at a time.
+    let np = hd / 2u;
+    let two = np > 64u;
+    let e0 = min(lid, np - 1u);
+    let e1 = min(lid + 64u, np - 1u);
+    var a0 = vec2<f32>(0.0);
+    var a1 = vec2<f32>(0.0);
+    for (var j = 0u; j < nk; j = j + 16u) {
+        var v: array<vec2<u32>, 16>;
+        for (var u = 0u; u < 16u; u = u + 1u) {
+            let b = bw[min(j + u, nk - 1u)];
+            v[u].x = vc[b + e0];
+            if two {
+                v[u].y = vc[b + e1];
+            }
+        }
+        for (var u = 0u; u < 16u; u = u + 1u) {
+            // Keys past the chunk's end weigh exp(-inf) = 0.
+            let pw = sc[min(j + u, CH - 1u)];
+            let w = select(0.0, pw, j + u < nk);
+            a0 = fma(unpack2x16float(v[u].x), vec2<f32>(w), a0);
+            if two {
+                a1 = fma(unpack2x16float(v[u].y), vec2<f32>(w), a1);
+            }
+        }
+    }
+    if lid == 0u {
+        part[out] = m;
+        part[out + 1u] = l;
+    }
+    if lid < np {
+        part[out + 2u + 2u * lid] = a0.x;
+        part[out + 3u + 2u * lid] = a0.y;
+    }
+    if two && lid + 64u < np {
+        part[out + 2u + 2u * (lid + 64u)] = a1.x;
+        part[out + 3u + 2u * (lid + 64u)] = a1.y;
+    }
+}
+
+// Four query values rounded to f16, as the CPU rounds q before q·k.
+fn unpack4x16(a: f32, b: f32, c: f32, d: f32) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(pack2x16float(vec2<f32>(a, b))), unpack2x16float(pack2x16float(vec2<f32>(c, d))));
+}
