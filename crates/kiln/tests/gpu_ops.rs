@@ -181,7 +181,7 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
                     1e-11
                 };
                 let what = format!("matmul {ty} x{n} on {} {:?}", gpu.name(), gpu.matmul_path());
-                compare(&what, &d, &c, 1e-9);
+                compare(&what, &d, &c, tol);
                 if !widened(ty) && exact {
                     // The same integer sums and f32 steps as the CPU: bit-identical.
                     assert_same_bits(&format!("{what}, against the CPU"), &d, &c);
