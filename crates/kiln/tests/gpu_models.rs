@@ -160,7 +160,7 @@ fn smollm2_gpu_fallback_matches_cpu() {
 fn smollm2_gpu_vec_matmul_stays_close_to_cpu() {
     // The opt-in fast matmul (f32 partial sums) on both paths: each matmul is within
     // NMSE 1e-11 of the CPU's (gpu_ops), but the differences grow through smollm2's 30
-    // layers to ~4e-3 (measured), over the 1e-4 bar that the default kernels meet
+    // layers to ~1e-3 to 9e-3 (measured), over the 1e-4 bar that the default kernels meet
     // (bit-identical). The greedy tokens must still agree.
     for fallback in [false, true] {
         let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, fallback).unwrap();

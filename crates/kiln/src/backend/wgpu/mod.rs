@@ -147,8 +147,8 @@ pub enum MatmulPath {
     /// Rows split over a workgroup with f32 partial sums (wide units for Q4_0, Q4_K, Q6_K,
     /// dot_vec.wgsl), and decode attention split over key chunks in f32: 1.6-2.2x the exact
     /// path's decode on the H200 and far faster at depth, batch invariant, but not
-    /// bit-identical to the CPU: smollm2's logits drift to NMSE ~4e-3 through its 30
-    /// layers (greedy equal).
+    /// bit-identical to the CPU: smollm2's logits drift to NMSE ~1e-3 to 9e-3 through its
+    /// 30 layers (greedy equal).
     Vec,
 }
 
@@ -173,6 +173,16 @@ const PREFILL_ROWS: usize = 32;
 const SPLIT_TOKENS: usize = 8;
 /// Keys per chunk of the split attention (attention_split.wgsl's CH).
 const SPLIT_KEYS: u32 = 256;
+
+/// The kernel of a deferred attention: the exact one or the split one's merge, with or
+/// without the quantize tail.
+fn attention_kernel(split: bool, quantize: bool) -> Kernel {
+    if split {
+        Kernel::AttnCombine(quantize)
+    } else {
+        Kernel::Attention(quantize)
+    }
+}
 
 /// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
 fn grid(n_items: usize, per_group: usize) -> [u32; 3] {
@@ -303,8 +313,7 @@ impl GpuBackend {
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64))
             }
             Some(Pending::Attention { split, prm, bufs, groups, .. }) => {
-                let k = if split { Kernel::AttnCombine(false) } else { Kernel::Attention(false) };
-                self.run(k, &prm, &bufs.iter().collect::<Vec<_>>(), groups)
+                self.run(attention_kernel(split, false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Some(norm) => self.run_norm(&norm, None),
             None => {}
@@ -416,10 +425,9 @@ impl GpuBackend {
                         }
                         Some(Pending::Attention { split, mut prm, bufs, groups, .. }) => {
                             prm[8] = mode;
-                            let k = if split { Kernel::AttnCombine(true) } else { Kernel::Attention(true) };
                             let mut bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
                             bufs.push(&act);
-                            self.run(k, &prm, &bufs, groups);
+                            self.run(attention_kernel(split, true), &prm, &bufs, groups);
                         }
                         Some(norm) => self.run_norm(&norm, Some((mode, &act))),
                         None => {
