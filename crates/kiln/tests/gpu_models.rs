@@ -25,8 +25,12 @@ const MAX_NMSE: f64 = 1e-4;
 
 fn engine(m: &RealModel, device: Device) -> Engine {
     // The GPU's exact kernels mirror ggml's attention arithmetic, so the CPU runs it too.
+    engine_with(m, device, AttnArith::Ggml)
+}
+
+fn engine_with(m: &RealModel, device: Device, arith: AttnArith) -> Engine {
     let opts = EngineOptions::default().with_n_ctx(256).with_batch(64).with_threads(2).with_device(device);
-    let opts = opts.with_attn_arith(AttnArith::Ggml);
+    let opts = opts.with_attn_arith(arith);
     Engine::load(model(m.name).to_str().unwrap(), opts).unwrap()
 }
 
@@ -127,9 +131,9 @@ fn qwen15_gpu_matches_cpu() {
 
 /// smollm2's prompt logits on `gpu` (a backend set up for one path) against the CPU's:
 /// within `max_nmse`, and the same top token wherever the CPU's margin is at least TAU.
-fn prompt_parity(gpu: GpuBackend, max_nmse: f64) {
+fn prompt_parity(gpu: GpuBackend, arith: AttnArith, max_nmse: f64) {
     let gguf = Arc::new(GgufFile::open(model(SMOLLM2.name)).unwrap());
-    let cpu = engine(&SMOLLM2, Device::Cpu);
+    let cpu = engine_with(&SMOLLM2, Device::Cpu, arith);
     let rg = ModelRunner::new(Model::load(&gguf, gpu).unwrap(), 256, 64).unwrap();
     let ids = cpu.tokenizer().encode("The capital of France is", true, false).unwrap();
     let (rc, sc, sg) = (cpu.runner(), cpu.runner().new_seq(), rg.new_seq());
@@ -153,19 +157,21 @@ fn smollm2_gpu_fallback_matches_cpu() {
     // The portable path (no subgroups), forced as KILN_GPU_FALLBACK=1 would.
     let gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, true).unwrap();
     assert!(!gpu.subgroups());
-    prompt_parity(gpu, MAX_NMSE);
+    prompt_parity(gpu, AttnArith::Ggml, MAX_NMSE);
 }
 
 #[test]
 fn smollm2_gpu_vec_matmul_stays_close_to_cpu() {
-    // The opt-in fast matmul (f32 partial sums) on both paths: each matmul is within
-    // NMSE 1e-11 of the CPU's (gpu_ops), but the differences grow through smollm2's 30
-    // layers to ~1e-3 to 9e-3 (measured), over the 1e-4 bar that the default kernels meet
-    // (bit-identical). The greedy tokens must still agree.
+    // The fast path (f32 partial sums, f32 split attention) against the CPU running f32
+    // attention: each matmul is within NMSE 1e-11 of the CPU's (gpu_ops), but a last-bit
+    // difference that moves an activation across a Q8 rounding boundary changes it by a
+    // quantization step, and such flips compound through smollm2's 30 layers: the logits
+    // drift to NMSE ~5e-6 (first token) to ~1e-2 (measured), over the 1e-4 bar that the
+    // default kernels meet (bit-identical). The greedy tokens must still agree.
     for fallback in [false, true] {
         let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, fallback).unwrap();
         gpu.set_matmul_path(MatmulPath::Vec);
-        prompt_parity(gpu, 2e-2);
+        prompt_parity(gpu, AttnArith::F32, 2e-2);
     }
 }
 
@@ -174,7 +180,7 @@ fn smollm2_gpu_exact_matmul_is_bit_identical() {
     // The hardware GPUs' default matmul, run here on lavapipe.
     let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false).unwrap();
     gpu.set_matmul_path(MatmulPath::Exact);
-    prompt_parity(gpu, 1e-30);
+    prompt_parity(gpu, AttnArith::Ggml, 1e-30);
 }
 
 /// Every backend op of a forward records GPU dispatches (none has a CPU path).

@@ -585,13 +585,15 @@ const GQA: (usize, usize, usize) = (8, 2, 64);
 /// Two sequences in a block pool of 32-slot blocks, stored through `kv_store`, then
 /// attended by a batch of query tokens from both (`heads`: n_head, n_head_kv, head_dim);
 /// with `then` = (type, split), its output then goes through a matmul of that type
-/// (`split` reads it first, so the two run unfused).
+/// (`split` reads it first, so the two run unfused). `top`: the longest query's position
+/// (the split attention takes 256 keys per chunk: 255 fits one, 299 needs two).
 fn attention_out<B: Backend>(
     b: &B,
     g: &Arc<GgufFile>,
     heads: (usize, usize, usize),
     window: Option<u32>,
     then: Option<(GgmlType, bool)>,
+    top: u32,
 ) -> Vec<f32> {
     let (n_head, n_kv, hd) = heads;
     let kv_dim = n_kv * hd;
@@ -610,7 +612,7 @@ fn attention_out<B: Backend>(
             b.kv_store(&mut kc, &mut vc, &k, &v, chunk, kv_dim);
         }
     }
-    let pos = [39u32, 10, 299, 0, 33];
+    let pos = [39u32, 10, top, 0, 33];
     let seq = [0u32, 0, 1, 1, 1];
     let q = input(b, g, "gate", 5, 5 * K);
     let plan = AttnPlan {
@@ -651,14 +653,23 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
         // head_dim 64: whole Q8_0/Q8_1 blocks (fused), not whole Q8_K superblocks (unfused).
         for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
             let what = format!("attention then matmul {ty} on {} {:?}", gpu.name(), gpu.matmul_path());
-            let d0 = gpu.counts().get().1;
-            let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)));
-            let d1 = gpu.counts().get().1;
-            let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)));
-            let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
-            assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
-            assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
-            compare(&what, &fused, &attention_out(&cpu, &g, GQA, None, Some((ty, false))), tol);
+            let mut used = Vec::new();
+            for top in [299, 255] {
+                let what = format!("{what}, top position {top}");
+                let d0 = gpu.counts().get().1;
+                let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)), top);
+                let d1 = gpu.counts().get().1;
+                let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)), top);
+                let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
+                assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
+                assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
+                used.push(d1 - d0);
+                let c = attention_out(&cpu, &g, GQA, None, Some((ty, false)), top);
+                compare(&what, &fused, &c, tol);
+            }
+            // The vec path's keys in one chunk: no merge dispatch.
+            let merge = u64::from(gpu.matmul_path() == MatmulPath::Vec);
+            assert_eq!(used[0] - used[1], merge, "{what}: dispatches {used:?}");
         }
     }
 }
@@ -673,11 +684,12 @@ fn kv_store_and_attention_match_cpu() {
         let cpu = if gpu.matmul_path() == MatmulPath::Vec { &cpu_f32 } else { &cpu };
         // head_dim 64, 128 and 256: a value pair per invocation, or two.
         for heads in [GQA, (4, 1, 128), (2, 1, 256)] {
-            for window in [None, Some(16)] {
-                let c = attention_out(cpu, &g, heads, window, None);
-                let d = attention_out(&gpu, &g, heads, window, None);
+            // Two chunks of keys and one (the split attention's merge, or none).
+            for (window, top) in [(None, 299), (Some(16), 299), (None, 255)] {
+                let c = attention_out(cpu, &g, heads, window, None, top);
+                let d = attention_out(&gpu, &g, heads, window, None, top);
                 let what = format!(
-                    "attention {heads:?} window {window:?} on {} {:?}",
+                    "attention {heads:?} window {window:?} top {top} on {} {:?}",
                     gpu.name(),
                     gpu.matmul_path()
                 );
@@ -692,7 +704,7 @@ fn every_op_records_gpu_work() {
     let gpu = &gpus()[1];
     let g = model();
     let _ = elementwise(gpu, &g, 2);
-    let _ = attention_out(gpu, &g, GQA, None, None);
+    let _ = attention_out(gpu, &g, GQA, None, None, 299);
     let (ops, dispatches) = gpu.counts().get();
     assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
 }

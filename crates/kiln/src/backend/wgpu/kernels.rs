@@ -158,6 +158,9 @@ pub enum Kernel {
     Attention(bool),
     /// The vec path's decode attention, split over key chunks: the chunks' partial sums.
     AttnPartial,
+    /// The same kernel where every head's keys fit one chunk: the output itself, no merge;
+    /// `true` as Attention's.
+    AttnDirect(bool),
     /// Their merge per (token, head); `true` as Attention's.
     AttnCombine(bool),
     Glu,
@@ -184,7 +187,7 @@ impl Kernel {
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
             KvShift => (include_str!("shaders/kv_shift.wgsl"), "main"),
             Attention(_) => (include_str!("shaders/attention.wgsl"), "main"),
-            AttnPartial => (include_str!("shaders/attention_split.wgsl"), "main"),
+            AttnPartial | AttnDirect(_) => (include_str!("shaders/attention_split.wgsl"), "main"),
             AttnCombine(_) => (include_str!("shaders/attention_combine.wgsl"), "main"),
             Glu => (ew, "glu"),
             Add => (ew, "add"),
@@ -359,6 +362,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         s.push_str(&dot_consts(ty));
         s.push_str(&matmul_store(outs));
     }
+    if let Kernel::AttnPartial | Kernel::AttnDirect(_) = k {
+        s.push_str(&format!("const DIRECT: bool = {};\n", k != Kernel::AttnPartial));
+    }
     let src = match k {
         Kernel::Matmul(..) => {
             s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
@@ -399,9 +405,11 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         // The quantized rows are bound after the attention's output.
         Kernel::Attention(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
         Kernel::AttnCombine(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "3")),
-        Kernel::Attention(false) | Kernel::AttnCombine(false) => {
-            src.push_str("fn attn_tail(w: u32, live: bool, lid: u32) {}\n")
-        }
+        Kernel::AttnDirect(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
+        Kernel::Attention(false)
+        | Kernel::AttnCombine(false)
+        | Kernel::AttnPartial
+        | Kernel::AttnDirect(false) => src.push_str("fn attn_tail(w: u32, live: bool, lid: u32) {}\n"),
         _ => {}
     }
     if src.contains("quantize_word(") {

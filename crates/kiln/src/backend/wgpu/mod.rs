@@ -101,11 +101,12 @@ enum Pending {
         dim: usize,
         out: wgpu::Buffer,
     },
-    /// Attention, or the split attention's merge (`split`), with `prm` and `bufs` as the
-    /// kernel takes them (prm[8] the quantize mode; the output last), writing `len` values
-    /// of heads of `head_dim`.
+    /// Attention (`kernel`: the exact one, the split one's merge, or the one-chunk split
+    /// kernel; its argument: whether it quantizes), with `prm` and `bufs` as the kernel takes
+    /// them (prm[8] the quantize mode; the output last), writing `len` values of heads of
+    /// `head_dim`.
     Attention {
-        split: bool,
+        kernel: fn(bool) -> Kernel,
         prm: Vec<u32>,
         bufs: Vec<wgpu::Buffer>,
         groups: [u32; 3],
@@ -173,16 +174,6 @@ const PREFILL_ROWS: usize = 32;
 const SPLIT_TOKENS: usize = 8;
 /// Keys per chunk of the split attention (attention_split.wgsl's CH).
 const SPLIT_KEYS: u32 = 256;
-
-/// The kernel of a deferred attention: the exact one or the split one's merge, with or
-/// without the quantize tail.
-fn attention_kernel(split: bool, quantize: bool) -> Kernel {
-    if split {
-        Kernel::AttnCombine(quantize)
-    } else {
-        Kernel::Attention(quantize)
-    }
-}
 
 /// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
 fn grid(n_items: usize, per_group: usize) -> [u32; 3] {
@@ -312,8 +303,8 @@ impl GpuBackend {
             Some(Pending::Glu { gate, up, act, len }) => {
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64))
             }
-            Some(Pending::Attention { split, prm, bufs, groups, .. }) => {
-                self.run(attention_kernel(split, false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
+            Some(Pending::Attention { kernel, prm, bufs, groups, .. }) => {
+                self.run(kernel(false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Some(norm) => self.run_norm(&norm, None),
             None => {}
@@ -423,11 +414,11 @@ impl GpuBackend {
                             let prm = [mode, rows as u32, k as u32, a];
                             self.run(Kernel::QuantizeGlu, &prm, &[&x.buf, &act, &up], grid(n / 4, 64));
                         }
-                        Some(Pending::Attention { split, mut prm, bufs, groups, .. }) => {
+                        Some(Pending::Attention { kernel, mut prm, bufs, groups, .. }) => {
                             prm[8] = mode;
                             let mut bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
                             bufs.push(&act);
-                            self.run(attention_kernel(split, true), &prm, &bufs, groups);
+                            self.run(kernel(true), &prm, &bufs, groups);
                         }
                         Some(norm) => self.run_norm(&norm, Some((mode, &act))),
                         None => {
@@ -851,17 +842,20 @@ impl Backend for GpuBackend {
         prm.extend_from_slice(&tables);
         let groups = grid(n_tok * plan.n_head, 1);
         let (len, head_dim) = (n_tok * plan.n_head * plan.head_dim, plan.head_dim);
-        if split {
-            let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
-            let part = self.scratch(&self.part, n, "kiln attention partials");
-            let g = [(n_tok * plan.n_head) as u32, chunks, 1];
-            self.run(Kernel::AttnPartial, &prm, &[&q.buf, &kc.buf, &vc.buf, &part], g);
-            let bufs = vec![part, out.buf.clone()];
-            self.defer(Pending::Attention { split, prm, bufs, groups, len, head_dim });
-        } else {
-            let bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
-            self.defer(Pending::Attention { split, prm, bufs, groups, len, head_dim });
-        }
+        let bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
+        let (kernel, bufs, groups): (fn(bool) -> Kernel, _, _) = match (split, chunks) {
+            (false, _) => (Kernel::Attention, bufs, groups),
+            // Every head's keys in one chunk: the split kernel writes the output itself.
+            (true, 1) => (Kernel::AttnDirect, bufs, [(n_tok * plan.n_head) as u32, 1, 1]),
+            (true, _) => {
+                let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
+                let part = self.scratch(&self.part, n, "kiln attention partials");
+                let g = [(n_tok * plan.n_head) as u32, chunks, 1];
+                self.run(Kernel::AttnPartial, &prm, &[&bufs[0], &bufs[1], &bufs[2], &part], g);
+                (Kernel::AttnCombine, vec![part, out.buf.clone()], groups)
+            }
+        };
+        self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim });
     }
 
     fn glu(&self, gate: &mut GpuBuf, up: &GpuBuf, act: Activation, len: usize) {

@@ -4,12 +4,15 @@
 // exact kernel, attention.wgsl, walks keys one by one), but each (token, head)'s arithmetic
 // is fixed whatever the batch: batch invariant. head_dim a multiple of 8, at most 256.
 // prm as attention.wgsl's (prm[9]: chunks per head); partials: per (token, head, chunk)
-// the chunk's max score, its sum of exp(score - max), then head_dim value sums.
+// the chunk's max score, its sum of exp(score - max), then head_dim value sums. DIRECT
+// (every head's keys in one chunk): the normalized output itself, as `combine` would write
+// it from one chunk (bit for bit), and `attn_tail`; no merge dispatch.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> vc: array<u32>;
-@group(0) @binding(4) var<storage, read_write> part: array<f32>;
+// The partial sums, or (DIRECT) the output.
+@group(0) @binding(4) var<storage, read_write> ys: array<f32>;
 
 const CH: u32 = 256u;
 
@@ -52,8 +55,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if k0 > pos {
         // Past this token's keys: an empty chunk.
         if lid == 0u {
-            part[out] = neg_inf;
-            part[out + 1u] = 0.0;
+            ys[out] = neg_inf;
+            ys[out + 1u] = 0.0;
         }
         return;
     }
@@ -110,17 +113,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
+    if DIRECT {
+        let inv = select(0.0, 1.0 / l, l != 0.0);
+        if lid < np {
+            ys[th * hd + 2u * lid] = a0.x * inv;
+            ys[th * hd + 2u * lid + 1u] = a0.y * inv;
+        }
+        if two && lid + 64u < np {
+            ys[th * hd + 2u * (lid + 64u)] = a1.x * inv;
+            ys[th * hd + 2u * (lid + 64u) + 1u] = a1.y * inv;
+        }
+        attn_tail(th * hd / 4u + min(lid, hd / 4u - 1u), lid < hd / 4u, lid);
+        return;
+    }
     if lid == 0u {
-        part[out] = m;
-        part[out + 1u] = l;
+        ys[out] = m;
+        ys[out + 1u] = l;
     }
     if lid < np {
-        part[out + 2u + 2u * lid] = a0.x;
-        part[out + 3u + 2u * lid] = a0.y;
+        ys[out + 2u + 2u * lid] = a0.x;
+        ys[out + 3u + 2u * lid] = a0.y;
     }
     if two && lid + 64u < np {
-        part[out + 2u + 2u * (lid + 64u)] = a1.x;
-        part[out + 3u + 2u * (lid + 64u)] = a1.y;
+        ys[out + 2u + 2u * (lid + 64u)] = a1.x;
+        ys[out + 3u + 2u * (lid + 64u)] = a1.y;
     }
 }
 
