@@ -81,3 +81,28 @@ pub fn argmax(v: &[f32]) -> u32 {
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
+
+/// Greedy generation through a session of `e` (incremental decode) gives llama.cpp's
+/// oracle ids up to its first near-tie, at most `cap` steps per case.
+pub fn session_greedy_matches_oracle(e: &kiln::engine::Engine, m: &RealModel, cap: usize) {
+    use kiln::sample::SamplerParams;
+    use kiln::session::{GenerateOptions, SessionOptions};
+    let oracle = fixture_json(&format!("oracle/{}/greedy.json", m.stem));
+    for case in oracle["cases"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["ids"]);
+        let margins: Vec<f32> =
+            case["margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let n = margins.iter().position(|&x| x < m.tau()).unwrap_or(want.len()).min(cap);
+        let mut s = e.session(SessionOptions::default()).unwrap();
+        s.append_tokens(&prompt).unwrap();
+        let opts = GenerateOptions::default()
+            .with_max_tokens(n)
+            .with_sampler(SamplerParams::greedy())
+            .with_ignore_eos(true);
+        let got = s.generate(&opts, |_| std::ops::ControlFlow::Continue(())).unwrap().ids;
+        let what = e.backend_name();
+        assert_eq!(got[..n], want[..n], "{:?} on {what}: greedy ids differ from llama.cpp's", case["prompt"]);
+        eprintln!("  {:?}: {n} greedy ids identical to llama.cpp's", case["prompt"].as_str().unwrap());
+    }
+}
