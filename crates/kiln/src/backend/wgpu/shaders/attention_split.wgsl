@@ -1,6 +1,7 @@
 // Decode attention split over key chunks (flash decoding), the vec path's: `partial` takes
-// one chunk of CH keys of one (token, head), its scores and value sums in f32, all keys at
-// once; `combine` (attention_combine.wgsl) merges a head's chunks. Not the CPU's order (the
+// one chunk of CH keys of one (token, head), its scores and value sums in f32: a key per
+// invocation for the scores, then four groups of 64 invocations summing every fourth run of
+// 16 keys' values, their sums added in group order; `combine` (attention_combine.wgsl) merges a head's chunks. Not the CPU's order (the
 // exact kernel, attention.wgsl, walks keys one by one), but each (token, head)'s arithmetic
 // is fixed whatever the batch: batch invariant. head_dim a multiple of 8, at most 256.
 // prm as attention.wgsl's (prm[9]: chunks per head); partials: per (token, head, chunk)
@@ -19,6 +20,23 @@ const CH: u32 = 256u;
 var<workgroup> q16: array<vec4<f32>, 64>;
 var<workgroup> sc: array<f32, 256>;
 var<workgroup> bw: array<u32, 256>;
+var<workgroup> rd: array<f32, 256>;
+var<workgroup> pv: array<vec4<f32>, 256>;
+
+// The workgroup's maximum (`is_max`) or sum of v, by a fixed halving tree.
+fn tree(v: f32, lid: u32, is_max: bool) -> f32 {
+    rd[lid] = v;
+    workgroupBarrier();
+    for (var h = CH / 2u; h > 0u; h = h >> 1u) {
+        if lid < h {
+            rd[lid] = select(rd[lid] + rd[lid + h], max(rd[lid], rd[lid + h]), is_max);
+        }
+        workgroupBarrier();
+    }
+    let r = rd[0];
+    workgroupBarrier();
+    return r;
+}
 
 // q·k of the key whose values start at f16 index `base` (a multiple of 8).
 fn score(base: u32, hd: u32) -> f32 {
@@ -34,7 +52,7 @@ fn score(base: u32, hd: u32) -> f32 {
     return (acc.x + acc.y) + (acc.z + acc.w);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32 /*SG*/) {
     /*SGI*/
@@ -66,35 +84,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         q16[lid] = unpack4x16(qs[o], qs[o + 1u], qs[o + 2u], qs[o + 3u]);
     }
     workgroupBarrier();
-    // Four keys per invocation.
-    var mx = neg_inf;
-    for (var i = 0u; i < CH / 64u; i = i + 1u) {
-        let j = 64u * i + lid;
-        let p = k0 + min(j, nk - 1u);
-        let base = (prm[tab + p / bs] * bs + p % bs) * kv_dim + kvh * hd;
-        let s = select(neg_inf, score(base, hd) * scale, j < nk);
-        sc[j] = s;
-        bw[j] = base >> 1u;
-        mx = max(mx, s);
-    }
-    let m = wg_max(mx, lid);
-    var l = 0.0;
-    for (var i = 0u; i < CH / 64u; i = i + 1u) {
-        let j = 64u * i + lid;
-        let e = exp(sc[j] - m);
-        sc[j] = e;
-        l = l + e;
-    }
-    l = wg_sum(l, lid);
-    // Value sums: this invocation's f16 pairs lid and lid + 64 (head_dim > 128), sixteen
-    // keys' loads at a time.
+    // Key lid's score (keys past the chunk's end: -inf, weight 0).
+    let p = k0 + min(lid, nk - 1u);
+    let kb = (prm[tab + p / bs] * bs + p % bs) * kv_dim + kvh * hd;
+    let s = select(neg_inf, score(kb, hd) * scale, lid < nk);
+    bw[lid] = kb >> 1u;
+    let m = tree(s, lid, true);
+    let e = exp(s - m);
+    sc[lid] = e;
+    // (The tree's barriers also publish sc and bw.)
+    let l = tree(e, lid, false);
+    // Value sums: group grp takes runs of 16 keys from 16 * grp, every 64 keys, sixteen
+    // keys' loads at a time; its invocation ln holds value pairs ln and ln + 64 (head_dim
+    // > 128).
+    let grp = lid / 64u;
+    let ln = lid % 64u;
     let np = hd / 2u;
     let two = np > 64u;
-    let e0 = min(lid, np - 1u);
-    let e1 = min(lid + 64u, np - 1u);
+    let e0 = min(ln, np - 1u);
+    let e1 = min(ln + 64u, np - 1u);
     var a0 = vec2<f32>(0.0);
     var a1 = vec2<f32>(0.0);
-    for (var j = 0u; j < nk; j = j + 16u) {
+    for (var j = 16u * grp; j < nk; j = j + 64u) {
         var v: array<vec2<u32>, 16>;
         for (var u = 0u; u < 16u; u = u + 1u) {
             let b = bw[min(j + u, nk - 1u)];
@@ -104,22 +115,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
         for (var u = 0u; u < 16u; u = u + 1u) {
-            // Keys past the chunk's end weigh exp(-inf) = 0.
-            let pw = sc[min(j + u, CH - 1u)];
-            let w = select(0.0, pw, j + u < nk);
+            let w = select(0.0, sc[min(j + u, CH - 1u)], j + u < nk);
             a0 = fma(unpack2x16float(v[u].x), vec2<f32>(w), a0);
             if two {
                 a1 = fma(unpack2x16float(v[u].y), vec2<f32>(w), a1);
             }
         }
     }
+    pv[lid] = vec4<f32>(a0, a1);
+    workgroupBarrier();
+    let t = ((pv[ln] + pv[ln + 64u]) + pv[ln + 128u]) + pv[ln + 192u];
+    a0 = t.xy;
+    a1 = t.zw;
+    // Invocations 0..63 write the head's values.
+    let wr = lid < 64u;
     if DIRECT {
         let inv = select(0.0, 1.0 / l, l != 0.0);
-        if lid < np {
+        if wr && lid < np {
             ys[th * hd + 2u * lid] = a0.x * inv;
             ys[th * hd + 2u * lid + 1u] = a0.y * inv;
         }
-        if two && lid + 64u < np {
+        if wr && two && lid + 64u < np {
             ys[th * hd + 2u * (lid + 64u)] = a1.x * inv;
             ys[th * hd + 2u * (lid + 64u) + 1u] = a1.y * inv;
         }
@@ -130,11 +146,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         ys[out] = m;
         ys[out + 1u] = l;
     }
-    if lid < np {
+    if wr && lid < np {
         ys[out + 2u + 2u * lid] = a0.x;
         ys[out + 3u + 2u * lid] = a0.y;
     }
-    if two && lid + 64u < np {
+    if wr && two && lid + 64u < np {
         ys[out + 2u + 2u * (lid + 64u)] = a1.x;
         ys[out + 3u + 2u * (lid + 64u)] = a1.y;
     }
