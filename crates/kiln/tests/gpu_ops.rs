@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use kiln::backend::cpu::{AttnArith, CpuBackend};
-use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
+use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuWeight, MatmulPath};
 use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
@@ -77,6 +77,20 @@ fn model() -> Arc<GgufFile> {
         let mut data = vec![0u8; ty.row_size(K).unwrap() * rows];
         quant::quantize_row(ty, &v, &mut data).unwrap();
         w.add_tensor(format!("mix.{i}"), ty, &[K as u64, rows as u64], data).unwrap();
+    }
+    // q/k/v of 4 query and 2 KV heads of 64: one type, or v of another (two runs).
+    for (group, types) in
+        [("qkv", [GgmlType::Q4_0; 3]), ("qkvm", [GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K])]
+    {
+        for (i, (ty, rows)) in types.into_iter().zip([256usize, 128, 128]).enumerate() {
+            let v = rng.vec(rows * K);
+            let mut data = vec![0u8; ty.row_size(K).unwrap() * rows];
+            quant::quantize_row(ty, &v, &mut data).unwrap();
+            w.add_tensor(format!("{group}.{i}"), ty, &[K as u64, rows as u64], data).unwrap();
+        }
+    }
+    for (i, rows) in [256usize, 128, 128].into_iter().enumerate() {
+        w.add_f32(format!("qkvb.{i}"), &[rows as u64], &rng.vec(rows)).unwrap();
     }
     w.add_f32("x", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
     w.add_f32("y", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
@@ -575,6 +589,64 @@ fn fused_rope_and_kv_store_match_cpu() {
             let c = rope_kv_store_out(&cpu, &g, &r, |kv, n| kv[..n].to_vec());
             let d = rope_kv_store_out(&gpu, &g, &r, |kv, n| gpu.read_kv(kv, n));
             assert_same_bits(&format!("rope_kv_store neox {neox} n_rot {n_rot} on {}", gpu.name()), &d, &c);
+        }
+    }
+}
+
+/// q/k/v of `group` (matmul_many, `bias`: qkvb) of `n` tokens, then the RoPE store: q after
+/// it and the two caches as f32. `split` reads k first, so the matmuls and the store run
+/// unfused.
+fn qkv_rope_out(
+    b: &GpuBackend,
+    g: &Arc<GgufFile>,
+    group: &str,
+    bias: bool,
+    n: usize,
+    r: &RopeParams,
+    split: bool,
+) -> Vec<f32> {
+    let ts: Vec<_> = (0..3).map(|i| g.tensor(&format!("{group}.{i}")).unwrap()).collect();
+    let ws = b.load_weights(g, &ts).unwrap();
+    let bs: Vec<_> = (0..3).filter(|_| bias).map(|i| weight(b, g, &format!("qkvb.{i}"))).collect();
+    let x = input(b, g, "x", n, n * K);
+    let (mut q, mut k, mut v) =
+        (b.alloc(n * 256).unwrap(), b.alloc(n * 128).unwrap(), b.alloc(n * 128).unwrap());
+    let br: Vec<Option<&GpuWeight>> = bs.iter().map(Some).collect();
+    b.matmul_many(&ws.iter().collect::<Vec<_>>(), &br, &x, n, &mut [&mut q, &mut k, &mut v]);
+    if split {
+        read(b, &k, 1);
+    }
+    let (mut kc, mut vc) = (b.alloc_kv(64 * 128).unwrap(), b.alloc_kv(64 * 128).unwrap());
+    let pos: Vec<u32> = (0..n as u32).map(|t| 3 + 5 * t).collect();
+    let slots: Vec<u32> = (0..n as u32).map(|t| (7 * t + 2) % 64).collect();
+    b.rope_kv_store(&mut q, &mut k, &v, &mut kc, &mut vc, &pos, &slots, 4, 2, 64, r);
+    let mut out = read(b, &q, n * 256);
+    for c in [&kc, &vc] {
+        out.extend(b.read_kv(c, 64 * 128).iter().map(|h| h.to_f32()));
+    }
+    out
+}
+
+#[test]
+fn rope_store_fused_into_the_qkv_matmul_matches_the_unfused_kernels() {
+    let g = model();
+    for gpu in vec_gpus() {
+        for (group, bias) in [("qkv", false), ("qkvm", true)] {
+            // n_rot < head_dim is not fused (the store then runs on its own).
+            for (neox, n_rot) in [(false, 64), (true, 64), (true, 48)] {
+                let r = RopeParams { n_rot, ..rope_params(neox, false, false) };
+                for n in [1, 3] {
+                    let what =
+                        format!("{group} bias {bias} neox {neox} n_rot {n_rot} x{n} on {}", gpu.name());
+                    let d0 = gpu.counts().get().1;
+                    let fused = qkv_rope_out(&gpu, &g, group, bias, n, &r, false);
+                    let d1 = gpu.counts().get().1;
+                    let split = qkv_rope_out(&gpu, &g, group, bias, n, &r, true);
+                    let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
+                    assert_eq!(saved, u64::from(n_rot == 64), "{what}: {saved} dispatches saved");
+                    assert_same_bits(&what, &fused, &split);
+                }
+            }
         }
     }
 }

@@ -20,6 +20,7 @@ const ROPE_CORE: &str = include_str!("shaders/rope_core.wgsl");
 const QUANTIZE_CORE: &str = include_str!("shaders/quantize_core.wgsl");
 const NORM_QUANTIZE: &str = include_str!("shaders/norm_quantize.wgsl");
 const ATTN_QUANTIZE: &str = include_str!("shaders/attn_quantize.wgsl");
+const ROPE_EPILOGUE: &str = include_str!("shaders/rope_epilogue.wgsl");
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
@@ -121,11 +122,13 @@ const DOT4_PLAIN: &str = "    var s = 0;
     return s;";
 
 /// A matmul's outputs: how many (1, or 2-3 for weights uploaded together: q/k/v,
-/// gate/up), and whether each adds its bias vector as values are stored (q/k/v biases).
+/// gate/up), whether each adds its bias vector as values are stored (q/k/v biases), and
+/// (vec path) whether q/k/v rows are stored with RoPE and the KV store (rope_epilogue.wgsl).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Outs {
     pub n: u8,
     pub bias: bool,
+    pub rope: bool,
 }
 
 /// A compute kernel: its source file and entry point.
@@ -333,6 +336,14 @@ fn matmul_store(outs: Outs) -> String {
         ));
     }
     s.push_str(&format!("fn store(t: u32, r: u32, v: f32) {{\n{body}}}\n"));
+    // Row r's value with its bias (the RoPE store takes values before storing them).
+    let mut biased = String::new();
+    for i in (0..n).rev() {
+        let (lo, v) = (bound(i), value(i));
+        let c = if n == 1 { "prm[5] + r".to_string() } else { format!("r - {lo}") };
+        biased.push_str(&format!("    if r >= {lo} {{\n        let c = {c};\n        return {v};\n    }}\n"));
+    }
+    s.push_str(&format!("fn biased(r: u32, v: f32) -> f32 {{\n{biased}    return v;\n}}\n"));
     s
 }
 
@@ -374,7 +385,20 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             let (rg, npr) = vec_shape();
             s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
             let fast = vec_fast(ty);
-            s.push_str(&format!("const FAST: u32 = {fast}u;\n"));
+            s.push_str(&format!("const FAST: u32 = {fast}u;\nconst ROPE: bool = {};\n", outs.rope));
+            // Bound after the outputs, biases and (wide units) the activations and weights
+            // again: the KV caches of the RoPE store.
+            let kc = 3 + outs.n as usize * if outs.bias { 2 } else { 1 } + if fast == 0 { 0 } else { 2 };
+            if outs.rope {
+                s.push_str(
+                    &ROPE_EPILOGUE.replace("KC", &kc.to_string()).replace("VC", &(kc + 1).to_string()),
+                );
+            } else {
+                s.push_str(
+                    "fn rope_row(l: u32) -> u32 {\n    return l;\n}\n\
+                     fn rope_store(t: u32, l0: u32, slot: u32, lid: u32, v: f32, n_rows: u32) {}\n",
+                );
+            }
             if fast == 0 {
                 s.push_str("fn fast_unit(base: u32, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n");
             } else {

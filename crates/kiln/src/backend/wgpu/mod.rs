@@ -85,7 +85,16 @@ pub struct GpuBackend {
     matmul: MatmulPath,
 }
 
-/// A deferred op, taken by the quantize of the matmul that reads its output.
+/// A dispatch recorded but not yet run.
+struct Dispatch {
+    kernel: Kernel,
+    prm: Vec<u32>,
+    bufs: Vec<wgpu::Buffer>,
+    groups: [u32; 3],
+}
+
+/// A deferred op, taken by the quantize of the matmul that reads its output (or, for q/k/v,
+/// by the RoPE store).
 enum Pending {
     /// `gate = act(gate) * up` over `len` values (QuantizeGlu).
     Glu { gate: wgpu::Buffer, up: wgpu::Buffer, act: u32, len: usize },
@@ -113,6 +122,9 @@ enum Pending {
         len: usize,
         head_dim: usize,
     },
+    /// The vec path's matmuls of weights uploaded together (one dispatch per run, with its
+    /// outputs), held for `rope_kv_store` to run with its RoPE store (rope_epilogue.wgsl).
+    Qkv { runs: Vec<(Dispatch, Vec<wgpu::Buffer>)> },
 }
 
 impl Pending {
@@ -122,6 +134,8 @@ impl Pending {
             Pending::Glu { gate, len, .. } => (gate, *len),
             Pending::Norm { out, rows, dim, .. } => (out, rows * dim),
             Pending::Attention { bufs, len, .. } => (&bufs[bufs.len() - 1], *len),
+            // Never a quantize's input (its outputs are taken by the RoPE store or flushed).
+            Pending::Qkv { runs } => (&runs[0].1[0], usize::MAX),
         }
     }
 
@@ -130,6 +144,7 @@ impl Pending {
     fn quantizes(&self, bs: usize) -> bool {
         match self {
             Pending::Attention { head_dim, .. } => head_dim.is_multiple_of(bs),
+            Pending::Qkv { .. } => false,
             _ => true,
         }
     }
@@ -297,15 +312,33 @@ impl GpuBackend {
         rec.dispatch(&self.ctx, &pipe, params, bufs, groups);
     }
 
+    fn run_dispatch(&self, d: Dispatch) {
+        self.run(d.kernel, &d.prm, &d.bufs.iter().collect::<Vec<_>>(), d.groups);
+    }
+
+    fn take_pending(&self) -> Option<Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
     /// Dispatches a deferred op (before anything that could read or change its buffers).
     fn flush(&self) {
-        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match pending {
+        if let Some(p) = self.take_pending() {
+            self.run_pending(p);
+        }
+    }
+
+    fn run_pending(&self, p: Pending) {
+        match Some(p) {
             Some(Pending::Glu { gate, up, act, len }) => {
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64))
             }
             Some(Pending::Attention { kernel, prm, bufs, groups, .. }) => {
                 self.run(kernel(false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
+            }
+            Some(Pending::Qkv { runs }) => {
+                for (d, _) in runs {
+                    self.run_dispatch(d);
+                }
             }
             Some(norm) => self.run_norm(&norm, None),
             None => {}
@@ -381,6 +414,21 @@ impl GpuBackend {
         rows: usize,
         outs: &[&wgpu::Buffer],
     ) {
+        for d in self.matmul_dispatches(ws, biases, x, rows, outs) {
+            self.run_dispatch(d);
+        }
+    }
+
+    /// `matmul_to`'s dispatches, one per part, recorded but not run (the activation
+    /// quantize before them does run).
+    fn matmul_dispatches(
+        &self,
+        ws: &[&GpuWeight],
+        biases: &[&wgpu::Buffer],
+        x: &GpuBuf,
+        rows: usize,
+        outs: &[&wgpu::Buffer],
+    ) -> Vec<Dispatch> {
         let w = ws[0];
         {
             // An output may be a later matmul's input: what it held is stale then.
@@ -450,6 +498,7 @@ impl GpuBackend {
             acc += w.rows;
             bounds[i] = acc as u32;
         }
+        let mut dispatches = Vec::with_capacity(parts.len());
         for p in parts {
             let prm = [
                 p.rows as u32,
@@ -464,7 +513,7 @@ impl GpuBackend {
                 bounds[0],
                 bounds[1],
             ];
-            let outs_n = kernels::Outs { n: outs.len() as u8, bias: !biases.is_empty() };
+            let outs_n = kernels::Outs { n: outs.len() as u8, bias: !biases.is_empty(), rope: false };
             // Both exact kernels give the same bits; for prompts of 32-value block formats
             // an invocation per row is faster on the H200 (pp512: smollm2 2.2x, 7B Q4_0
             // 1.3x; K formats 0.6x, so they keep the workgroup per row).
@@ -488,8 +537,10 @@ impl GpuBackend {
             if matches!(kernel, Kernel::MatmulVec(..)) && kernels::vec_fast(w.ty) != 0 {
                 bufs.extend([src, &p.buf]);
             }
-            self.run(kernel, &prm, &bufs, g);
+            let bufs = bufs.into_iter().cloned().collect();
+            dispatches.push(Dispatch { kernel, prm: prm.to_vec(), bufs, groups: g });
         }
+        dispatches
     }
 
     /// The (cos, sin) pairs of each position as parameter words, from the CPU's rope cache.
@@ -699,6 +750,13 @@ impl Backend for GpuBackend {
             let (a, b) = (&a.parts, &b.parts);
             a.len() == 1 && b.len() == 1 && a[0].buf == b[0].buf && b[0].first == a[0].first + a[0].rows
         };
+        // The vec path holds q/k/v's kernels for rope_kv_store to run with its RoPE store
+        // (three weights, a dispatch per run, biases added in the kernels).
+        let hold = self.matmul == MatmulPath::Vec
+            && ws.len() == 3
+            && kernels::vec_shape().0.is_multiple_of(4)
+            && ws.iter().all(|w| w.parts.len() == 1)
+            && (biases.iter().all(|b| b.is_some()) || biases.iter().all(|b| b.is_none()));
         let mut i = 0;
         while i < ws.len() {
             let mut j = i + 1;
@@ -708,7 +766,22 @@ impl Backend for GpuBackend {
             self.counts.ops.fetch_add(1, Ordering::Relaxed);
             let bufs: Vec<&wgpu::Buffer> = outs[i..j].iter().map(|o| &o.buf).collect();
             let run = biases.get(i..j).unwrap_or_default();
-            if run.iter().all(|b| b.is_some()) && !run.is_empty() {
+            if hold {
+                let bs: Vec<&wgpu::Buffer> = run.iter().flatten().map(|b| &b.parts[0].buf).collect();
+                let mut d = self.matmul_dispatches(&ws[i..j], &bs, x, rows, &bufs);
+                // Runs held before (their quantize may have flushed them instead).
+                let mut runs = match self.take_pending() {
+                    Some(Pending::Qkv { runs }) => runs,
+                    other => {
+                        if let Some(p) = other {
+                            self.run_pending(p);
+                        }
+                        Vec::new()
+                    }
+                };
+                runs.push((d.remove(0), bufs.iter().map(|&b| b.clone()).collect()));
+                *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending::Qkv { runs });
+            } else if run.iter().all(|b| b.is_some()) && !run.is_empty() {
                 let bs: Vec<&wgpu::Buffer> = run.iter().flatten().map(|b| &b.parts[0].buf).collect();
                 self.matmul_to(&ws[i..j], &bs, x, rows, &bufs);
             } else {
@@ -765,6 +838,46 @@ impl Backend for GpuBackend {
     ) {
         self.op();
         let (n_tok, n_rot) = (pos.len(), r.n_rot);
+        let held = {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let ours = |p: &mut Pending| match p {
+                Pending::Qkv { runs } => runs.iter().flat_map(|r| &r.1).eq([&q.buf, &k.buf, &v.buf]),
+                _ => false,
+            };
+            pending.take_if(ours)
+        };
+        if let Some(Pending::Qkv { runs }) = held {
+            if n_rot == head_dim && head_dim.is_multiple_of(4) {
+                // The matmuls store q rotated, k rotated and v to the KV slots themselves.
+                let rope = self.rope_caches(pos, r);
+                for (mut d, outs) in runs {
+                    let Kernel::MatmulVec(ty, o) = d.kernel else { unreachable!("held by matmul_many") };
+                    d.kernel = Kernel::MatmulVec(ty, kernels::Outs { rope: true, ..o });
+                    let rows_of =
+                        |b: &wgpu::Buffer, n: usize| if outs.contains(b) { (n * head_dim) as u32 } else { 0 };
+                    let kv_words = (n_head_kv * head_dim / 2) as u32;
+                    let rope_at = (d.prm.len() + 8) as u32;
+                    d.prm.extend([
+                        rows_of(&q.buf, n_head),
+                        rows_of(&k.buf, n_head_kv),
+                        head_dim as u32,
+                        r.neox as u32,
+                        kv_words,
+                        kv_words,
+                        rope_at,
+                        rope_at + rope.len() as u32,
+                    ]);
+                    d.prm.extend_from_slice(&rope);
+                    d.prm.extend_from_slice(slots);
+                    d.bufs.extend([kc.buf.clone(), vc.buf.clone()]);
+                    self.run_dispatch(d);
+                }
+                return;
+            }
+            for (d, _) in runs {
+                self.run_dispatch(d);
+            }
+        }
         let slots_at = 7 + n_tok * n_rot;
         let mut prm = vec![
             n_tok as u32,

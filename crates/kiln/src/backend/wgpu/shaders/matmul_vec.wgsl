@@ -6,7 +6,8 @@
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
 // pair's arithmetic never depends on the other rows or tokens: batch invariant.
 // prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word, first row
-// in the weight buffer, output row boundaries (kernels.rs matmul_store).
+// in the weight buffer, output row boundaries (kernels.rs matmul_store); with ROPE, those of
+// rope_epilogue.wgsl after them.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> xq: array<u32>;
@@ -73,7 +74,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lid = li % NPR;
     let so = slot * NPR;
     // Every invocation reaches every barrier: rows past the end compute the last row again.
-    let r = (wid.y * nwg.x + wid.x) * RG + slot;
+    let l = (wid.y * nwg.x + wid.x) * RG + slot;
+    let r = rope_row(l);
     let base = (prm[8] + min(r, n_rows - 1u)) * row_size;
     var nu = k / 32u;
     if CLASS == 2u {
@@ -97,7 +99,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
         let v = row_sum(acc, so, lid, by_subgroup);
-        if lid == 0u && r < n_rows {
+        if ROPE {
+            rope_store(t, l - slot, slot, lid, biased(r, v), n_rows);
+        } else if lid == 0u && r < n_rows {
             store(t, r, v);
         }
     }
