@@ -657,15 +657,15 @@ const GQA: (usize, usize, usize) = (8, 2, 64);
 /// Two sequences in a block pool of 32-slot blocks, stored through `kv_store`, then
 /// attended by a batch of query tokens from both (`heads`: n_head, n_head_kv, head_dim);
 /// with `then` = (type, split), its output then goes through a matmul of that type
-/// (`split` reads it first, so the two run unfused). `top`: the longest query's position
-/// (the split attention takes 256 keys per chunk: 255 fits one, 299 needs two).
+/// (`split` reads it first, so the two run unfused). `queries`: (position, sequence) of
+/// each query token (q from rows of the gate table, at most 16).
 fn attention_out<B: Backend>(
     b: &B,
     g: &Arc<GgufFile>,
     heads: (usize, usize, usize),
     window: Option<u32>,
     then: Option<(GgmlType, bool)>,
-    top: u32,
+    queries: &[(u32, u32)],
 ) -> Vec<f32> {
     let (n_head, n_kv, hd) = heads;
     let kv_dim = n_kv * hd;
@@ -684,9 +684,10 @@ fn attention_out<B: Backend>(
             b.kv_store(&mut kc, &mut vc, &k, &v, chunk, kv_dim);
         }
     }
-    let pos = [39u32, 10, top, 0, 33];
-    let seq = [0u32, 0, 1, 1, 1];
-    let q = input(b, g, "gate", 5, 5 * K);
+    let n = queries.len();
+    let pos: Vec<u32> = queries.iter().map(|q| q.0).collect();
+    let seq: Vec<u32> = queries.iter().map(|q| q.1).collect();
+    let q = input(b, g, "gate", n, n * K);
     let plan = AttnPlan {
         pos: &pos,
         seq: &seq,
@@ -698,19 +699,40 @@ fn attention_out<B: Backend>(
         scale: 0.125,
         window,
     };
-    let mut out = b.alloc(5 * n_head * hd).unwrap();
+    let mut out = b.alloc(n * n_head * hd).unwrap();
     b.attention(&q, &kc, &vc, &plan, &mut out);
     let mut v = Vec::new();
     if let Some((ty, split)) = then {
         if split {
             read(b, &out, 1);
         }
-        let mut y = b.alloc(5 * ROWS).unwrap();
-        b.matmul(&weight(b, g, &format!("w.{}", ty.name())), &out, 5, &mut y);
-        v = read(b, &y, 5 * ROWS);
+        let mut y = b.alloc(n * ROWS).unwrap();
+        b.matmul(&weight(b, g, &format!("w.{}", ty.name())), &out, n, &mut y);
+        v = read(b, &y, n * ROWS);
     }
-    v.extend(read(b, &out, 5 * n_head * hd));
+    v.extend(read(b, &out, n * n_head * hd));
     v
+}
+
+/// Five queries of the two sequences, the longest at position `top` (the split attention
+/// takes 256 keys per chunk: 255 fits one, 299 needs two).
+fn five(top: u32) -> [(u32, u32); 5] {
+    [(39, 0), (10, 0), (top, 1), (0, 1), (33, 1)]
+}
+
+#[test]
+fn vec_attention_is_batch_invariant() {
+    let g = model();
+    // Twelve queries, of which the first five and the first alone: the same bits.
+    let mut queries = five(299).to_vec();
+    queries.extend([(5, 0), (20, 0), (100, 1), (250, 1), (256, 1), (31, 0), (298, 1)]);
+    for gpu in vec_gpus() {
+        let all = attention_out(&gpu, &g, GQA, None, None, &queries);
+        for n in [5, 1] {
+            let part = attention_out(&gpu, &g, GQA, None, None, &queries[..n]);
+            assert_same_bits(&format!("{n} of 12 queries on {}", gpu.name()), &part, &all[..part.len()]);
+        }
+    }
 }
 
 #[test]
@@ -729,14 +751,14 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
             for top in [299, 255] {
                 let what = format!("{what}, top position {top}");
                 let d0 = gpu.counts().get().1;
-                let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)), top);
+                let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)), &five(top));
                 let d1 = gpu.counts().get().1;
-                let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)), top);
+                let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)), &five(top));
                 let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
                 assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 used.push(d1 - d0);
-                let c = attention_out(&cpu, &g, GQA, None, Some((ty, false)), top);
+                let c = attention_out(&cpu, &g, GQA, None, Some((ty, false)), &five(top));
                 compare(&what, &fused, &c, tol);
             }
             // The vec path's keys in one chunk: no merge dispatch.
@@ -758,8 +780,8 @@ fn kv_store_and_attention_match_cpu() {
         for heads in [GQA, (4, 1, 128), (2, 1, 256)] {
             // Two chunks of keys and one (the split attention's merge, or none).
             for (window, top) in [(None, 299), (Some(16), 299), (None, 255)] {
-                let c = attention_out(cpu, &g, heads, window, None, top);
-                let d = attention_out(&gpu, &g, heads, window, None, top);
+                let c = attention_out(cpu, &g, heads, window, None, &five(top));
+                let d = attention_out(&gpu, &g, heads, window, None, &five(top));
                 let what = format!(
                     "attention {heads:?} window {window:?} top {top} on {} {:?}",
                     gpu.name(),
@@ -776,7 +798,7 @@ fn every_op_records_gpu_work() {
     let gpu = &gpus()[1];
     let g = model();
     let _ = elementwise(gpu, &g, 2);
-    let _ = attention_out(gpu, &g, GQA, None, None, 299);
+    let _ = attention_out(gpu, &g, GQA, None, None, &five(299));
     let (ops, dispatches) = gpu.counts().get();
     assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
 }

@@ -162,7 +162,7 @@ pub enum MatmulPath {
     /// IEEE does (lavapipe; not NVIDIA's: gpu_ops measured NMSE 3e-8 to 5e-6 there).
     Exact,
     /// Rows split over a workgroup with f32 partial sums (wide units for Q4_0, Q4_K, Q6_K,
-    /// dot_vec.wgsl), and decode attention split over key chunks in f32: hardware GPUs'
+    /// dot_vec.wgsl), and attention split over key chunks in f32: hardware GPUs'
     /// default, 2-3x the exact path's decode on the H200 and far faster at depth, batch
     /// invariant, but not bit-identical to the CPU: smollm2's logits drift to NMSE ~1e-3
     /// to 1e-2 through its 30 layers (greedy equal).
@@ -185,11 +185,13 @@ impl MatmulPath {
 /// formats (prompt processing; measured at 512).
 const PREFILL_ROWS: usize = 32;
 
-/// Batches of at most this many tokens take the split attention on the vec path (decode,
-/// server batches); prompts take the exact kernel, which has a workgroup per token already.
-const SPLIT_TOKENS: usize = 8;
 /// Keys per chunk of the split attention (attention_split.wgsl's CH).
 const SPLIT_KEYS: u32 = 256;
+/// The vec path's attention is split for every batch (a token's attention is then the same
+/// alone or in any batch) unless its partial sums would pass this many bytes (a long
+/// prompt deep into a long context: 512 tokens of 32 heads at 7.5k keys), which take the
+/// exact kernel.
+const SPLIT_PARTIALS: usize = 256 << 20;
 
 /// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
 fn grid(n_items: usize, per_group: usize) -> [u32; 3] {
@@ -933,11 +935,14 @@ impl Backend for GpuBackend {
             table_off.push(tables.len() as u32);
             tables.extend_from_slice(t);
         }
-        // The vec path splits few tokens' keys into chunks of 256 (attention_split.wgsl).
+        // The vec path splits keys into chunks of 256 (attention_split.wgsl).
         let keys = (0..n_tok).map(|i| plan.pos[i] - plan.first_pos(i) + 1).max().unwrap_or(1);
-        let split =
-            self.matmul == MatmulPath::Vec && n_tok <= SPLIT_TOKENS && plan.head_dim.is_multiple_of(8);
-        let chunks = if split { keys.div_ceil(SPLIT_KEYS) } else { 1 };
+        let chunks = keys.div_ceil(SPLIT_KEYS);
+        let partials = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2) * 4;
+        let split = self.matmul == MatmulPath::Vec
+            && plan.head_dim.is_multiple_of(8)
+            && (chunks == 1 || partials <= SPLIT_PARTIALS.min(self.split_bytes as usize));
+        let chunks = if split { chunks } else { 1 };
         let mut prm = vec![
             n_tok as u32,
             plan.n_head as u32,
@@ -960,11 +965,11 @@ impl Backend for GpuBackend {
         let (kernel, bufs, groups): (fn(bool) -> Kernel, _, _) = match (split, chunks) {
             (false, _) => (Kernel::Attention, bufs, groups),
             // Every head's keys in one chunk: the split kernel writes the output itself.
-            (true, 1) => (Kernel::AttnDirect, bufs, [(n_tok * plan.n_head) as u32, 1, 1]),
+            (true, 1) => (Kernel::AttnDirect, bufs, groups),
             (true, _) => {
                 let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
                 let part = self.scratch(&self.part, n, "kiln attention partials");
-                let g = [(n_tok * plan.n_head) as u32, chunks, 1];
+                let g = [groups[0], groups[1], chunks];
                 self.run(Kernel::AttnPartial, &prm, &[&bufs[0], &bufs[1], &bufs[2], &part], g);
                 (Kernel::AttnCombine, vec![part, out.buf.clone()], groups)
             }

@@ -56,8 +56,12 @@ fn score(base: u32, hd: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32 /*SG*/) {
     /*SGI*/
-    let th = wid.x;
-    let chunk = wid.y;
+    // (token, head) over x and y (past 65535 heads of tokens), the chunk in z.
+    let th = wid.y * nwg.x + wid.x;
+    let chunk = wid.z;
+    if th >= prm[0] * prm[1] {
+        return;
+    }
     let n_head = prm[1];
     let hd = prm[3];
     let kvh = (th % n_head) / (n_head / prm[2]);
