@@ -338,9 +338,7 @@ impl GpuBackend {
                 self.run(kernel(false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Some(Pending::Qkv { runs }) => {
-                for (d, _) in runs {
-                    self.run_dispatch(d);
-                }
+                self.run_all(runs.into_iter().map(|r| r.0).collect());
             }
             Some(norm) => self.run_norm(&norm, None),
             None => {}
@@ -405,24 +403,16 @@ impl GpuBackend {
             .collect())
     }
 
-    /// `outs[i] = x · ws[i]ᵀ (+ biases[i])`: one weight (its parts one kernel each), or 2-3
-    /// weights that are consecutive runs of one buffer (one kernel, `store` routes each
-    /// row's output); `biases` is empty or has one vector per weight.
-    fn matmul_to(
-        &self,
-        ws: &[&GpuWeight],
-        biases: &[&wgpu::Buffer],
-        x: &GpuBuf,
-        rows: usize,
-        outs: &[&wgpu::Buffer],
-    ) {
-        for d in self.matmul_dispatches(ws, biases, x, rows, outs) {
+    fn run_all(&self, ds: Vec<Dispatch>) {
+        for d in ds {
             self.run_dispatch(d);
         }
     }
 
-    /// `matmul_to`'s dispatches, one per part, recorded but not run (the activation
-    /// quantize before them does run).
+    /// The dispatches of `outs[i] = x · ws[i]ᵀ (+ biases[i])`, one per part, not run yet (the
+    /// activation quantize before them does run): one weight (its parts one kernel each),
+    /// or 2-3 weights that are consecutive runs of one buffer (one kernel, `store` routes
+    /// each row's output); `biases` is empty or has one vector per weight.
     fn matmul_dispatches(
         &self,
         ws: &[&GpuWeight],
@@ -703,7 +693,7 @@ impl Backend for GpuBackend {
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
-        self.matmul_to(&[w], &[], x, rows, &[&out.buf]);
+        self.run_all(self.matmul_dispatches(&[w], &[], x, rows, &[&out.buf]));
     }
 
     fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
@@ -785,9 +775,9 @@ impl Backend for GpuBackend {
                 *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending::Qkv { runs });
             } else if run.iter().all(|b| b.is_some()) && !run.is_empty() {
                 let bs: Vec<&wgpu::Buffer> = run.iter().flatten().map(|b| &b.parts[0].buf).collect();
-                self.matmul_to(&ws[i..j], &bs, x, rows, &bufs);
+                self.run_all(self.matmul_dispatches(&ws[i..j], &bs, x, rows, &bufs));
             } else {
-                self.matmul_to(&ws[i..j], &[], x, rows, &bufs);
+                self.run_all(self.matmul_dispatches(&ws[i..j], &[], x, rows, &bufs));
                 for (b, out) in run.iter().zip(outs[i..j].iter_mut()) {
                     if let Some(b) = b {
                         self.add_bias(out, b, rows);
@@ -876,9 +866,7 @@ impl Backend for GpuBackend {
                 }
                 return;
             }
-            for (d, _) in runs {
-                self.run_dispatch(d);
-            }
+            self.run_all(runs.into_iter().map(|r| r.0).collect());
         }
         let slots_at = 7 + n_tok * n_rot;
         let mut prm = vec![
