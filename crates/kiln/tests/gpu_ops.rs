@@ -160,6 +160,24 @@ fn compare(what: &str, gpu: &[f32], cpu: &[f32], max_nmse: f64) {
     assert!(e.is_finite() && e <= max_nmse, "{what}: NMSE {e:e} > {max_nmse:e}");
 }
 
+/// The NMSE the CPU-arithmetic kernels reach on hardware adapters, whose f32 division,
+/// sqrt and exp are not IEEE-rounded (NVIDIA's; measured on the H200: 3e-8 to 5e-6), where
+/// software ones (lavapipe, CI) give the CPU's bits.
+const HW_NMSE: f64 = 1e-5;
+
+/// `d` (from `gpu`) against the CPU's `c`: within `max_nmse` (0: the same bits) on a
+/// software adapter, within HW_NMSE on a hardware one.
+fn against_cpu(gpu: &GpuBackend, what: &str, d: &[f32], c: &[f32], max_nmse: f64) {
+    let what = format!("{what} on {}", gpu.name());
+    if !gpu.is_software() {
+        compare(&what, d, c, max_nmse.max(HW_NMSE));
+    } else if max_nmse == 0.0 {
+        assert_same_bits(&format!("{what}, against the CPU"), d, c);
+    } else {
+        compare(&what, d, c, max_nmse);
+    }
+}
+
 fn matmul_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, n: usize) -> Vec<f32> {
     let w = weight(b, g, &format!("w.{}", ty.name()));
     let x = input(b, g, "x", n, 16 * K);
@@ -194,12 +212,9 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
                 } else {
                     1e-11
                 };
-                let what = format!("matmul {ty} x{n} on {} {:?}", gpu.name(), gpu.matmul_path());
-                compare(&what, &d, &c, tol);
-                if !widened(ty) && exact {
-                    // The same integer sums and f32 steps as the CPU: bit-identical.
-                    assert_same_bits(&format!("{what}, against the CPU"), &d, &c);
-                }
+                let what = format!("matmul {ty} x{n} {:?}", gpu.matmul_path());
+                // Exact: the same integer sums and f32 steps as the CPU, bit-identical.
+                against_cpu(&gpu, &what, &d, &c, if !widened(ty) && exact { 0.0 } else { tol });
                 // Row 0 alone and inside a batch: bit-identical.
                 let alone = matmul_out(&gpu, &g, ty, 1);
                 assert_eq!(alone[..ROWS], d[..ROWS], "matmul {ty}: batch of {n} changed row 0");
@@ -247,13 +262,8 @@ fn weights_loaded_together_match_the_cpu_in_one_kernel() {
                     let before = gpu.counts().get().1;
                     let d = matmul_many_out(&gpu, &g, &group, count, n, bias);
                     let c = matmul_many_out(&cpu, &g, &group, count, n, bias);
-                    let what =
-                        format!("matmul_many {group} x{count} n={n} bias {bias} on {} {path:?}", gpu.name());
-                    if path == MatmulPath::Vec {
-                        compare(&what, &d, &c, 1e-11);
-                    } else {
-                        assert_same_bits(&format!("{what}, against the CPU"), &d, &c);
-                    }
+                    let what = format!("matmul_many {group} x{count} n={n} bias {bias} {path:?}");
+                    against_cpu(&gpu, &what, &d, &c, if path == MatmulPath::Vec { 1e-11 } else { 0.0 });
                     // Input upload (embed), quantize, one matmul per run of one type
                     // (the mixed group's third weight is its own run), biases added in it.
                     let dispatches = gpu.counts().get().1 - before;
@@ -307,7 +317,7 @@ fn glu_fused_into_the_next_matmul_matches_cpu() {
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 // GELU's tanh differs from the CPU's table in the last bits (as the glu op).
                 let c = glu_matmul_out(&cpu, &g, ty, act, false);
-                compare(&what, &fused, &c, if act == Activation::Silu { 0.0 } else { 1e-10 });
+                against_cpu(&gpu, &what, &fused, &c, if act == Activation::Silu { 0.0 } else { 1e-10 });
             }
         }
     }
@@ -355,7 +365,7 @@ fn norm_fused_into_the_next_matmul_matches_cpu() {
                 assert_eq!(dispatches, 4, "{what}: {dispatches} dispatches");
                 let split = norm_matmul_out(&gpu, &g, ty, add, true);
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
-                compare(&what, &fused, &norm_matmul_out(&cpu, &g, ty, add, false), 0.0);
+                against_cpu(&gpu, &what, &fused, &norm_matmul_out(&cpu, &g, ty, add, false), 0.0);
             }
         }
     }
@@ -370,7 +380,7 @@ fn weights_over_the_binding_limit_are_split_by_rows() {
         for ty in [GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::F32] {
             let c = matmul_out(&cpu, &g, ty, 3);
             let d = matmul_out(&gpu, &g, ty, 3);
-            compare(&format!("split matmul {ty}"), &d, &c, 1e-6);
+            against_cpu(&gpu, &format!("split matmul {ty}"), &d, &c, 1e-6);
             let ids = [36u32, 0, 17, 5];
             let emb = |b: &dyn Fn(&mut Vec<f32>)| {
                 let mut v = vec![0.0; 4 * K];
@@ -387,7 +397,7 @@ fn weights_over_the_binding_limit_are_split_by_rows() {
                 gpu.embed(&weight(&gpu, &g, &format!("w.{}", ty.name())), &ids, 0.5, &mut o).unwrap();
                 gpu.read(&o, v);
             });
-            compare(&format!("split embed {ty}"), &d, &c, 0.0);
+            against_cpu(&gpu, &format!("split embed {ty}"), &d, &c, 0.0);
         }
     }
 }
@@ -415,7 +425,7 @@ fn embed_every_type_is_exact_and_rejects_bad_ids() {
                 gpu.embed(&weight(&gpu, &g, &name), &ids, 1.0, &mut o).unwrap();
                 gpu.read(&o, v);
             });
-            compare(&format!("embed {ty}"), &d, &c, if widened(ty) { 1e-6 } else { 0.0 });
+            against_cpu(&gpu, &format!("embed {ty}"), &d, &c, if widened(ty) { 1e-6 } else { 0.0 });
         }
         let mut o = gpu.alloc(K).unwrap();
         assert!(gpu.embed(&weight(&gpu, &g, "w.Q4_0"), &[ROWS as u32], 1.0, &mut o).is_err());
@@ -484,13 +494,7 @@ fn norms_and_elementwise_ops_match_cpu() {
     for gpu in gpus() {
         let d = elementwise(&gpu, &g, 5);
         for ((c, d), name) in c.iter().zip(&d).zip(names) {
-            compare(&format!("{name} on {}", gpu.name()), d, c, 1e-10);
-            if name.starts_with("add_rms_norm") {
-                assert!(
-                    d.iter().zip(c).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{name}: not bit-identical"
-                );
-            }
+            against_cpu(&gpu, name, d, c, if name.starts_with("add_rms_norm") { 0.0 } else { 1e-10 });
         }
     }
 }
@@ -513,7 +517,7 @@ fn add_rms_norm_of_long_rows_is_bit_identical() {
     let c = long_add_rms_norm(&CpuBackend::new(2), &g);
     for gpu in gpus() {
         let d = long_add_rms_norm(&gpu, &g);
-        assert_same_bits(&format!("add_rms_norm 2x4096 on {} from the CPU", gpu.name()), &d, &c);
+        against_cpu(&gpu, "add_rms_norm 2x4096", &d, &c, 0.0);
     }
 }
 
@@ -548,12 +552,8 @@ fn rope_variants_match_cpu() {
             [(false, false, false), (true, false, false), (true, true, false), (false, false, true)]
         {
             let r = rope_params(neox, ff, yarn);
-            compare(
-                &format!("rope neox={neox} ff={ff} yarn={yarn}"),
-                &rope_out(&gpu, &g, &r),
-                &rope_out(&cpu, &g, &r),
-                1e-9,
-            );
+            let what = format!("rope neox={neox} ff={ff} yarn={yarn}");
+            against_cpu(&gpu, &what, &rope_out(&gpu, &g, &r), &rope_out(&cpu, &g, &r), 1e-9);
         }
     }
 }
@@ -588,7 +588,7 @@ fn fused_rope_and_kv_store_match_cpu() {
             let r = RopeParams { n_rot, ..rope_params(neox, false, false) };
             let c = rope_kv_store_out(&cpu, &g, &r, |kv, n| kv[..n].to_vec());
             let d = rope_kv_store_out(&gpu, &g, &r, |kv, n| gpu.read_kv(kv, n));
-            assert_same_bits(&format!("rope_kv_store neox {neox} n_rot {n_rot} on {}", gpu.name()), &d, &c);
+            against_cpu(&gpu, &format!("rope_kv_store neox {neox} n_rot {n_rot}"), &d, &c, 0.0);
         }
     }
 }
@@ -759,7 +759,7 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 used.push(d1 - d0);
                 let c = attention_out(&cpu, &g, GQA, None, Some((ty, false)), &five(top));
-                compare(&what, &fused, &c, tol);
+                against_cpu(&gpu, &what, &fused, &c, tol);
             }
             // The vec path's keys in one chunk: no merge dispatch.
             let merge = u64::from(gpu.matmul_path() == MatmulPath::Vec);
@@ -787,7 +787,7 @@ fn kv_store_and_attention_match_cpu() {
                     gpu.name(),
                     gpu.matmul_path()
                 );
-                compare(&what, &d, &c, 1e-9);
+                against_cpu(&gpu, &what, &d, &c, 1e-9);
             }
         }
     }
@@ -849,7 +849,7 @@ fn kv_shift_matches_cpu() {
             let rope = RopeParams { n_rot, ..rope_params(neox, false, false) };
             let c = shifted_attention_out(&cpu, &g, &rope);
             let d = shifted_attention_out(&gpu, &g, &rope);
-            compare(&format!("kv_shift neox {neox} n_rot {n_rot} on {}", gpu.name()), &d, &c, 1e-6);
+            against_cpu(&gpu, &format!("kv_shift neox {neox} n_rot {n_rot}"), &d, &c, 1e-6);
         }
     }
 }
