@@ -128,14 +128,14 @@ enum Pending {
 }
 
 impl Pending {
-    /// The buffer it writes, and how many values.
-    fn output(&self) -> (&wgpu::Buffer, usize) {
+    /// The buffer it writes and how many values, where a quantize may take it (not q/k/v:
+    /// the RoPE store takes them, or they run first).
+    fn output(&self) -> Option<(&wgpu::Buffer, usize)> {
         match self {
-            Pending::Glu { gate, len, .. } => (gate, *len),
-            Pending::Norm { out, rows, dim, .. } => (out, rows * dim),
-            Pending::Attention { bufs, len, .. } => (&bufs[bufs.len() - 1], *len),
-            // Never a quantize's input (its outputs are taken by the RoPE store or flushed).
-            Pending::Qkv { runs } => (&runs[0].1[0], usize::MAX),
+            Pending::Glu { gate, len, .. } => Some((gate, *len)),
+            Pending::Norm { out, rows, dim, .. } => Some((out, rows * dim)),
+            Pending::Attention { bufs, len, .. } => Some((&bufs[bufs.len() - 1], *len)),
+            Pending::Qkv { .. } => None,
         }
     }
 
@@ -144,7 +144,6 @@ impl Pending {
     fn quantizes(&self, bs: usize) -> bool {
         match self {
             Pending::Attention { head_dim, .. } => head_dim.is_multiple_of(bs),
-            Pending::Qkv { .. } => false,
             _ => true,
         }
     }
@@ -330,18 +329,15 @@ impl GpuBackend {
     }
 
     fn run_pending(&self, p: Pending) {
-        match Some(p) {
-            Some(Pending::Glu { gate, up, act, len }) => {
+        match p {
+            Pending::Glu { gate, up, act, len } => {
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up], grid(len, 64))
             }
-            Some(Pending::Attention { kernel, prm, bufs, groups, .. }) => {
+            Pending::Attention { kernel, prm, bufs, groups, .. } => {
                 self.run(kernel(false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
-            Some(Pending::Qkv { runs }) => {
-                self.run_all(runs.into_iter().map(|r| r.0).collect());
-            }
-            Some(norm) => self.run_norm(&norm, None),
-            None => {}
+            Pending::Qkv { runs } => self.run_all(runs.into_iter().map(|r| r.0).collect()),
+            norm => self.run_norm(&norm, None),
         }
     }
 
@@ -448,7 +444,7 @@ impl GpuBackend {
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
                     let taken = {
                         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        pending.take_if(|p| p.output() == (&x.buf, n) && p.quantizes(bs))
+                        pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
                     };
                     match taken {
                         Some(Pending::Glu { up, act: a, .. }) => {
@@ -758,9 +754,12 @@ impl Backend for GpuBackend {
             self.counts.ops.fetch_add(1, Ordering::Relaxed);
             let bufs: Vec<&wgpu::Buffer> = outs[i..j].iter().map(|o| &o.buf).collect();
             let run = biases.get(i..j).unwrap_or_default();
+            // The run's biases go into its kernel where each of its weights has one.
+            let fused_bias = !run.is_empty() && run.iter().all(|b| b.is_some());
+            let bs: Vec<&wgpu::Buffer> =
+                run.iter().flatten().filter(|_| fused_bias).map(|b| &b.parts[0].buf).collect();
+            let mut d = self.matmul_dispatches(&ws[i..j], &bs, x, rows, &bufs);
             if hold {
-                let bs: Vec<&wgpu::Buffer> = run.iter().flatten().map(|b| &b.parts[0].buf).collect();
-                let mut d = self.matmul_dispatches(&ws[i..j], &bs, x, rows, &bufs);
                 // Runs held before (their quantize may have flushed them instead).
                 let mut runs = match self.take_pending() {
                     Some(Pending::Qkv { runs }) => runs,
@@ -773,12 +772,9 @@ impl Backend for GpuBackend {
                 };
                 runs.push((d.remove(0), bufs.iter().map(|&b| b.clone()).collect()));
                 *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(Pending::Qkv { runs });
-            } else if run.iter().all(|b| b.is_some()) && !run.is_empty() {
-                let bs: Vec<&wgpu::Buffer> = run.iter().flatten().map(|b| &b.parts[0].buf).collect();
-                self.run_all(self.matmul_dispatches(&ws[i..j], &bs, x, rows, &bufs));
             } else {
-                self.run_all(self.matmul_dispatches(&ws[i..j], &[], x, rows, &bufs));
-                for (b, out) in run.iter().zip(outs[i..j].iter_mut()) {
+                self.run_all(d);
+                for (b, out) in run.iter().zip(outs[i..j].iter_mut()).filter(|_| !fused_bias) {
                     if let Some(b) = b {
                         self.add_bias(out, b, rows);
                     }
