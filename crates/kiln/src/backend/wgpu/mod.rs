@@ -844,13 +844,12 @@ impl Backend for GpuBackend {
                     let rows_of =
                         |b: &wgpu::Buffer, n: usize| if outs.contains(b) { (n * head_dim) as u32 } else { 0 };
                     let kv_words = (n_head_kv * head_dim / 2) as u32;
-                    let rope_at = (d.prm.len() + 8) as u32;
+                    let rope_at = (d.prm.len() + 7) as u32;
                     d.prm.extend([
                         rows_of(&q.buf, n_head),
                         rows_of(&k.buf, n_head_kv),
                         head_dim as u32,
                         r.neox as u32,
-                        kv_words,
                         kv_words,
                         rope_at,
                         rope_at + rope.len() as u32,

@@ -1,9 +1,10 @@
-// Decode attention split over key chunks (flash decoding), the vec path's: `partial` takes
-// one chunk of CH keys of one (token, head), its scores and value sums in f32: a key per
-// invocation for the scores, then four groups of 64 invocations summing every fourth run of
-// 16 keys' values, their sums added in group order; `combine` (attention_combine.wgsl) merges a head's chunks. Not the CPU's order (the
-// exact kernel, attention.wgsl, walks keys one by one), but each (token, head)'s arithmetic
-// is fixed whatever the batch: batch invariant. head_dim a multiple of 8, at most 256.
+// Attention split over key chunks (flash decoding), the vec path's for every batch:
+// `partial` takes one chunk of CH keys of one (token, head), its scores and value sums in
+// f32: a key per invocation for the scores, then four groups of 64 invocations summing every
+// fourth run of 16 keys' values, their sums added in group order; `combine`
+// (attention_combine.wgsl) merges a head's chunks. Not the CPU's order (the exact kernel,
+// attention.wgsl, walks keys one by one), but each (token, head)'s arithmetic is fixed
+// whatever the batch: batch invariant. head_dim a multiple of 8, at most 256.
 // prm as attention.wgsl's (prm[9]: chunks per head); partials: per (token, head, chunk)
 // the chunk's max score, its sum of exp(score - max), then head_dim value sums. DIRECT
 // (every head's keys in one chunk): the normalized output itself, as `combine` would write

@@ -3,8 +3,9 @@
 // rows permuted (`rope_row`) so that a group holds rows j, j + 1, j + h/2, j + 1 + h/2
 // (two rotation pairs, two f16 words); q rows rotated into `ys`, k rows rotated and v rows
 // stored to their KV slots as f16 words, with rope_store.wgsl's expressions.
-// prm[11..]: q rows, k rows (of this dispatch), head_dim, neox, k words and v words per
-// token, rope words at, slots at; then per token head_dim values (cos, sin)..., the slots.
+// prm[11..]: q rows, k rows (of this dispatch), head_dim, neox, KV words per token (k's and
+// v's alike), rope words at, slots at; then per token head_dim values (cos, sin)..., the
+// slots.
 @group(0) @binding(KC) var<storage, read_write> kc: array<u32>;
 @group(0) @binding(VC) var<storage, read_write> vc: array<u32>;
 
@@ -21,8 +22,8 @@ fn rope_row(l: u32) -> u32 {
 }
 
 fn rot(x0: f32, x1: f32, t: u32, p: u32) -> vec2<f32> {
-    let cs = pf(prm[17] + t * prm[13] + 2u * p);
-    let sn = pf(prm[17] + t * prm[13] + 2u * p + 1u);
+    let cs = pf(prm[16] + t * prm[13] + 2u * p);
+    let sn = pf(prm[16] + t * prm[13] + 2u * p + 1u);
     return vec2<f32>(fma_x(x0, cs, -nc(x1 * sn)), fma_x(x0, sn, nc(x1 * cs)));
 }
 
@@ -39,9 +40,9 @@ fn rope_store(t: u32, l0: u32, slot: u32, lid: u32, v: f32, n_rows: u32) {
         let nq = prm[11];
         let nqk = nq + prm[12];
         let hd = prm[13];
-        let slot_t = prm[prm[18] + t];
+        let slot_t = prm[prm[17] + t];
         if r >= nqk {
-            let o = slot_t * prm[16] + (r - nqk) / 2u;
+            let o = slot_t * prm[15] + (r - nqk) / 2u;
             vc[o] = pack2x16float(a.xy);
             vc[o + 1u] = pack2x16float(a.zw);
         } else {
