@@ -64,10 +64,17 @@ fn main() {
             let y = b.upload_f32(&x[..64]).unwrap();
             let mut xs: Vec<_> = (0..8).map(|_| b.upload_f32(&x[..64]).unwrap()).collect();
             let mut v = vec![0f32; 1];
-            for (what, ring) in [("dependent", 1), ("independent", 8)] {
+            // ring 0: each add reads the other buffer's last output (a chain through two).
+            for (what, ring) in [("in place", 1), ("ping-pong", 0), ("independent", 8)] {
                 let t0 = Instant::now();
                 for i in 0..reps {
-                    b.add(&mut xs[i % ring], &y, 1.0, 64);
+                    if ring == 0 {
+                        let (a, c) = xs.split_at_mut(1);
+                        let (dst, src) = if i % 2 == 0 { (&mut a[0], &c[0]) } else { (&mut c[0], &a[0]) };
+                        b.add(dst, src, 1.0, 64);
+                    } else {
+                        b.add(&mut xs[i % ring], &y, 1.0, 64);
+                    }
                 }
                 b.read(&xs[0], &mut v);
                 let us = t0.elapsed().as_secs_f64() * 1e6 / reps as f64;

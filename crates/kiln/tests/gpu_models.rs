@@ -221,3 +221,45 @@ fn forward_runs_no_op_on_the_cpu() {
 fn smollm2_gpu_greedy_matches_llama_cpp() {
     session_greedy_matches_oracle(&engine(&SMOLLM2, Device::Gpu), &SMOLLM2, 16);
 }
+
+/// Greedy steps recorded ahead (the next step embeds the last id on the device before it is
+/// read back) give the same ids, logits and sequence as steps recorded one at a time,
+/// also where the caller then asks for another token (the step ahead is dropped) and
+/// truncates.
+#[test]
+fn greedy_steps_recorded_ahead_change_nothing() {
+    let gguf = Arc::new(GgufFile::open(model(SMOLLM2.name)).unwrap());
+    let n_vocab = gguf.tensor("token_embd.weight").unwrap().rows_cols().0 as u32;
+    let run = |ahead: bool| {
+        let gpu = GpuBackend::new(AdapterPolicy::AnyGpu).unwrap();
+        let counts = gpu.counts();
+        let r = ModelRunner::new(Model::load(&gguf, gpu).unwrap(), 256, 64).unwrap().with_lookahead(ahead);
+        let s = r.new_seq();
+        let step =
+            |token| r.decode(&[Entry { seq: s, token, output: true }], OutputKind::Argmax).unwrap()[0] as u32;
+        let prompt = [1u32, 504, 3458, 282, 4649, 314];
+        let e: Vec<Entry> = prompt.iter().map(|&token| Entry { seq: s, token, output: false }).collect();
+        r.decode(&e, OutputKind::Logits).unwrap();
+        let mut ids = vec![step(2)];
+        for _ in 0..5 {
+            ids.push(step(ids[ids.len() - 1]));
+        }
+        let other = (ids[ids.len() - 1] + 1) % n_vocab;
+        let logits = r.decode(&[Entry { seq: s, token: other, output: true }], OutputKind::Logits).unwrap();
+        r.truncate_seq(s, r.seq_len(s) - 3);
+        let mut t = r.seq_tokens(s)[r.seq_len(s) - 1];
+        for _ in 0..3 {
+            t = step(t);
+            ids.push(t);
+        }
+        r.free_seq(s);
+        (ids, logits, r.seq_len(s), counts.get().1)
+    };
+    let (ahead, one_by_one) = (run(true), run(false));
+    assert_eq!(ahead.0, one_by_one.0, "greedy ids");
+    assert_eq!(ahead.2, one_by_one.2);
+    let e = nmse(&ahead.1, &one_by_one.1);
+    assert!(e <= if software_adapter() { 0.0 } else { 1e-10 }, "logits after a dropped step: NMSE {e:e}");
+    // Each dropped step ran: more dispatches (no op counts the path taken otherwise).
+    assert!(ahead.3 > one_by_one.3, "{} dispatches ahead, {} one by one", ahead.3, one_by_one.3);
+}

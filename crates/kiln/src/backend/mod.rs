@@ -72,6 +72,14 @@ impl AttnPlan<'_> {
     }
 }
 
+/// Greedy ids on their way from the device: `Ready` where they were computed at once,
+/// `InFlight` (a backend's read slot) where `argmax_finish` still has to wait for them.
+#[derive(Debug)]
+pub enum IdsTicket {
+    Ready(Vec<u32>),
+    InFlight { slot: usize, n: usize },
+}
+
 /// Device memory and compute. Buffers hold f32 activations laid out as row-major
 /// `[rows, dim]`; KV buffers hold f16 `[slots, n_head_kv * head_dim]`.
 pub trait Backend: Send + Sync + 'static {
@@ -202,6 +210,34 @@ pub trait Backend: Send + Sync + 'static {
         let mut v = vec![0.0; rows * n];
         self.read(x, &mut v);
         v.chunks(n).map(crate::sample::argmax).collect()
+    }
+    /// `argmax`, split so the host may record more work (the next decode step, its tokens
+    /// from `embed_last_argmax`) before the ids come back from `argmax_finish`.
+    fn argmax_start(&self, x: &Self::Buf, rows: usize, n: usize) -> IdsTicket {
+        IdsTicket::Ready(self.argmax(x, rows, n))
+    }
+    fn argmax_finish(&self, t: IdsTicket) -> Result<Vec<u32>> {
+        match t {
+            IdsTicket::Ready(ids) => Ok(ids),
+            IdsTicket::InFlight { .. } => {
+                Err(crate::error::KilnError::Backend("an id read of another backend".into()))
+            }
+        }
+    }
+    /// Whether `embed_last_argmax` works: a greedy decode's next step can then be recorded
+    /// before the current one's id is read back (the GPU backend; not while profiling).
+    fn embeds_last_argmax(&self) -> bool {
+        false
+    }
+    /// `embed` of the ids the last `argmax_start` wrote (`n` of them), still on the device.
+    fn embed_last_argmax(
+        &self,
+        _table: &Self::Weight,
+        _n: usize,
+        _scale: f32,
+        _out: &mut Self::Buf,
+    ) -> Result<()> {
+        Err(crate::error::KilnError::Backend("this backend reads token ids from the host".into()))
     }
     /// `out[j] = x[rows[j]]` for rows of `dim` values.
     fn gather_rows(&self, x: &Self::Buf, rows: &[u32], dim: usize, out: &mut Self::Buf);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::config::ModelConfig;
 use super::weights::Weights;
-use crate::backend::{AttnPlan, Backend, RopeParams};
+use crate::backend::{AttnPlan, Backend, IdsTicket, RopeParams};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kv::{KvPool, BLOCK_SIZE};
@@ -129,6 +129,84 @@ impl<B: Backend> Model<B> {
         kind: OutputKind,
         out: &mut [f32],
     ) -> Result<()> {
+        let (cfg, b) = (&self.cfg, &self.backend);
+        self.hidden(ub, false, kv, tables, s)?;
+        let n_out = ub.outputs.len();
+        if n_out == 0 {
+            return Ok(());
+        }
+        let d = cfg.n_embd;
+        match kind {
+            OutputKind::Hidden => b.read(&s.out_rows, &mut out[..n_out * d]),
+            OutputKind::Logits | OutputKind::Argmax => {
+                self.logits(s, n_out)?;
+                // Dividing by a positive logit_scale keeps the argmax.
+                if kind == OutputKind::Argmax && cfg.logit_scale > 0.0 {
+                    let ids = b.argmax(&s.logits, n_out, cfg.n_vocab);
+                    out.iter_mut().zip(ids).for_each(|(o, id)| *o = id as f32);
+                    return Ok(());
+                }
+                let mut host = Vec::new();
+                let logits = match kind {
+                    OutputKind::Argmax => {
+                        host.resize(n_out * cfg.n_vocab, 0.0);
+                        &mut host[..]
+                    }
+                    _ => &mut out[..n_out * cfg.n_vocab],
+                };
+                b.read(&s.logits, logits);
+                if cfg.logit_scale != 1.0 {
+                    logits.iter_mut().for_each(|x| *x /= cfg.logit_scale);
+                }
+                if kind == OutputKind::Argmax {
+                    for (o, row) in out.iter_mut().zip(host.chunks(cfg.n_vocab)) {
+                        *o = crate::sample::argmax(row) as f32;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `forward` with `OutputKind::Argmax` for a model whose argmax the backend takes
+    /// (`logit_scale` > 0), the ids left in flight so the host can record the next step
+    /// before they come back. `last_argmax`: the batch's tokens are the ids the last greedy
+    /// step left on the device (`ub.tokens` only counts them).
+    pub fn forward_greedy(
+        &self,
+        ub: &UBatch,
+        last_argmax: bool,
+        kv: &mut KvPool<B>,
+        tables: &[&[u32]],
+        s: &mut Scratch<B>,
+    ) -> Result<IdsTicket> {
+        debug_assert!(self.cfg.logit_scale > 0.0);
+        self.hidden(ub, last_argmax, kv, tables, s)?;
+        let n_out = ub.outputs.len();
+        self.logits(s, n_out)?;
+        Ok(self.backend.argmax_start(&s.logits, n_out, self.cfg.n_vocab))
+    }
+
+    /// The output rows' logits, unscaled, into `s.logits`.
+    fn logits(&self, s: &mut Scratch<B>, n_out: usize) -> Result<()> {
+        let (cfg, w, b) = (&self.cfg, &self.weights, &self.backend);
+        if s.logits_rows < n_out {
+            s.logits = b.alloc(n_out * cfg.n_vocab)?;
+            s.logits_rows = n_out;
+        }
+        b.matmul(w.output.as_ref().unwrap_or(&w.token_embd), &s.out_rows, n_out, &mut s.logits);
+        Ok(())
+    }
+
+    /// The layers, then the final norm of the output rows into `s.out_rows`.
+    fn hidden(
+        &self,
+        ub: &UBatch,
+        last_argmax: bool,
+        kv: &mut KvPool<B>,
+        tables: &[&[u32]],
+        s: &mut Scratch<B>,
+    ) -> Result<()> {
         let (cfg, w, b) = (&self.cfg, &self.weights, &self.backend);
         let n = ub.tokens.len();
         debug_assert!(n <= s.n_ubatch && n == ub.pos.len() && n == ub.seq.len());
@@ -141,7 +219,11 @@ impl<B: Backend> Model<B> {
             })
             .collect();
 
-        b.embed(&w.token_embd, ub.tokens, cfg.embd_scale, &mut s.x)?;
+        if last_argmax {
+            b.embed_last_argmax(&w.token_embd, n, cfg.embd_scale, &mut s.x)?;
+        } else {
+            b.embed(&w.token_embd, ub.tokens, cfg.embd_scale, &mut s.x)?;
+        }
         b.rms_norm(&s.x, &w.layers[0].attn_norm, cfg.norm_eps, n, d, &mut s.h);
         for (il, lw) in w.layers.iter().enumerate() {
             // Attention block (its norm was applied with the previous residual add).
@@ -210,39 +292,6 @@ impl<B: Backend> Model<B> {
         }
         b.gather_rows(&s.x, ub.outputs, d, &mut s.h);
         b.rms_norm(&s.h, &w.output_norm, cfg.norm_eps, n_out, d, &mut s.out_rows);
-        match kind {
-            OutputKind::Hidden => b.read(&s.out_rows, &mut out[..n_out * d]),
-            OutputKind::Logits | OutputKind::Argmax => {
-                if s.logits_rows < n_out {
-                    s.logits = b.alloc(n_out * cfg.n_vocab)?;
-                    s.logits_rows = n_out;
-                }
-                b.matmul(w.output.as_ref().unwrap_or(&w.token_embd), &s.out_rows, n_out, &mut s.logits);
-                // Dividing by a positive logit_scale keeps the argmax.
-                if kind == OutputKind::Argmax && cfg.logit_scale > 0.0 {
-                    let ids = b.argmax(&s.logits, n_out, cfg.n_vocab);
-                    out.iter_mut().zip(ids).for_each(|(o, id)| *o = id as f32);
-                    return Ok(());
-                }
-                let mut host = Vec::new();
-                let logits = match kind {
-                    OutputKind::Argmax => {
-                        host.resize(n_out * cfg.n_vocab, 0.0);
-                        &mut host[..]
-                    }
-                    _ => &mut out[..n_out * cfg.n_vocab],
-                };
-                b.read(&s.logits, logits);
-                if cfg.logit_scale != 1.0 {
-                    logits.iter_mut().for_each(|x| *x /= cfg.logit_scale);
-                }
-                if kind == OutputKind::Argmax {
-                    for (o, row) in out.iter_mut().zip(host.chunks(cfg.n_vocab)) {
-                        *o = crate::sample::argmax(row) as f32;
-                    }
-                }
-            }
-        }
         Ok(())
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use super::forward::{Model, OutputKind, Scratch, UBatch};
 use super::ModelConfig;
-use crate::backend::Backend;
+use crate::backend::{Backend, IdsTicket};
 use crate::error::{KilnError, Result};
 use crate::kv::{prefix, PrefixCache, BLOCK_SIZE};
 use crate::kv::{BlockTable, KvPool};
@@ -74,6 +74,18 @@ struct State<B: Backend> {
     scratch: Scratch<B>,
     seqs: Vec<Option<Seq>>,
     cache: PrefixCache,
+    /// A greedy step recorded ahead of the caller's asking for it.
+    lookahead: Option<Lookahead>,
+}
+
+/// The next greedy step of `seq`, recorded and submitted before the caller had the token
+/// it embeds (the last step's id, on the device): taken when the caller then asks for
+/// exactly that token at `pos`, else dropped. Its KV reservation is beyond `n_tokens`.
+struct Lookahead {
+    seq: SeqId,
+    pos: usize,
+    token: u32,
+    ids: IdsTicket,
 }
 
 impl<B: Backend> State<B> {
@@ -121,6 +133,29 @@ impl<B: Backend> State<B> {
         }
     }
 
+    /// Reserves KV blocks for `seq` to hold `n` tokens (evicting cached blocks as needed).
+    fn reserve(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let have = self.seq_mut(seq).map_or(0, |s| s.table.blocks.len());
+        let need = n.div_ceil(BLOCK_SIZE).saturating_sub(have);
+        self.make_room(need);
+        if need > self.kv.n_free_blocks() {
+            return Err(KilnError::invalid(format!(
+                "KV cache full: {need} more blocks needed, {} free",
+                self.kv.n_free_blocks()
+            )));
+        }
+        let s = self.seqs[seq as usize].as_mut().expect("a live sequence");
+        self.kv.reserve(&mut s.table, n)
+    }
+
+    /// Drops the blocks reserved beyond `seq`'s tokens.
+    fn unreserve(&mut self, seq: SeqId) {
+        if let Some(s) = self.seqs.get_mut(seq as usize).and_then(Option::as_mut) {
+            let n = s.table.n_tokens;
+            self.kv.truncate(&mut s.table, n);
+        }
+    }
+
     /// Evicts cached blocks that nothing else holds until `need` blocks are free.
     fn make_room(&mut self, need: usize) {
         while self.kv.n_free_blocks() < need {
@@ -136,6 +171,8 @@ impl<B: Backend> State<B> {
 pub struct ModelRunner<B: Backend> {
     model: Model<B>,
     n_slots: usize,
+    /// Whether greedy steps are recorded ahead where the backend can (`with_lookahead`).
+    lookahead: bool,
     state: Mutex<State<B>>,
 }
 
@@ -148,7 +185,13 @@ impl<B: Backend> ModelRunner<B> {
         let kv = KvPool::new(&model.backend, cfg.n_layer, cfg.kv_dim(), n_slots)?;
         let scratch = Scratch::new(&model.backend, cfg, n_ubatch.max(1))?;
         let cache = PrefixCache::new(kv.n_blocks);
-        Ok(ModelRunner { model, n_slots, state: Mutex::new(State { kv, scratch, seqs: Vec::new(), cache }) })
+        let lookahead = std::env::var("KILN_LOOKAHEAD").as_deref() != Ok("0");
+        Ok(ModelRunner {
+            model,
+            n_slots,
+            lookahead,
+            state: Mutex::new(State { kv, scratch, seqs: Vec::new(), cache, lookahead: None }),
+        })
     }
 
     /// Bounds the prefix cache to `blocks` blocks of `BLOCK_SIZE` tokens (0 disables it).
@@ -165,6 +208,97 @@ impl<B: Backend> ModelRunner<B> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<B>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, with any step recorded ahead dropped first (for everything but the next
+    /// greedy step).
+    fn lock_settled(&self) -> std::sync::MutexGuard<'_, State<B>> {
+        let mut st = self.lock();
+        self.drop_lookahead(&mut st);
+        st
+    }
+
+    fn drop_lookahead(&self, st: &mut State<B>) {
+        if let Some(la) = st.lookahead.take() {
+            // Waited for, so its read-back buffer is free again; its KV writes lie beyond
+            // the sequence's tokens.
+            let _ = self.model.backend.argmax_finish(la.ids);
+            st.unreserve(la.seq);
+        }
+    }
+
+    /// Records single-sequence greedy steps ahead (`decode_greedy`) where the backend can
+    /// (on by default; `KILN_LOOKAHEAD=0` turns it off).
+    pub fn with_lookahead(mut self, on: bool) -> Self {
+        self.lookahead = on;
+        self
+    }
+
+    fn looks_ahead(&self) -> bool {
+        self.lookahead && self.model.backend.embeds_last_argmax() && self.model.cfg.logit_scale > 0.0
+    }
+
+    /// One greedy step of one sequence: the host records the step after it (its token
+    /// this step's id, on the device) before waiting for this one, so the device never
+    /// waits for the host between steps; the caller's next call takes that step when it
+    /// asks for the token this one returns.
+    fn decode_greedy(&self, st: &mut State<B>, e: Entry) -> Result<Vec<f32>> {
+        let Some(n) = st.seqs.get(e.seq as usize).and_then(Option::as_ref).map(|s| s.table.n_tokens) else {
+            return Err(KilnError::invalid(format!("unknown sequence {}", e.seq)));
+        };
+        if e.token as usize >= self.model.cfg.n_vocab {
+            return Err(KilnError::invalid(format!(
+                "token id {} is outside the vocabulary ({})",
+                e.token, self.model.cfg.n_vocab
+            )));
+        }
+        let ids = match st.lookahead.take() {
+            Some(la) if la.seq == e.seq && la.pos == n && la.token == e.token => la.ids,
+            other => {
+                st.lookahead = other;
+                self.drop_lookahead(st);
+                st.reserve(e.seq, n + 1)?;
+                self.forward_greedy(st, e.seq, e.token, n, false).inspect_err(|_| st.unreserve(e.seq))?
+            }
+        };
+        let s = st.seq_mut(e.seq).expect("checked above");
+        s.tokens.push(e.token);
+        s.table.n_tokens = n + 1;
+        st.register(e.seq);
+        // The next step, if the pool has room for it (else the caller's next call runs it).
+        let next = st.reserve(e.seq, n + 2).and_then(|()| self.forward_greedy(st, e.seq, 0, n + 1, true));
+        if next.is_err() {
+            st.unreserve(e.seq);
+        }
+        let id = self.model.backend.argmax_finish(ids);
+        match (id, next) {
+            (Ok(id), Ok(ids)) => {
+                st.lookahead = Some(Lookahead { seq: e.seq, pos: n + 1, token: id[0], ids });
+                Ok(vec![id[0] as f32])
+            }
+            (id, next) => {
+                if let Ok(ids) = next {
+                    st.lookahead = Some(Lookahead { seq: e.seq, pos: n + 1, token: u32::MAX, ids });
+                    self.drop_lookahead(st);
+                }
+                Ok(vec![id?[0] as f32])
+            }
+        }
+    }
+
+    /// Records the greedy step of `token` (`last_argmax`: the device's last id) at `pos`.
+    fn forward_greedy(
+        &self,
+        st: &mut State<B>,
+        seq: SeqId,
+        token: u32,
+        pos: usize,
+        last_argmax: bool,
+    ) -> Result<IdsTicket> {
+        let tables: Vec<&[u32]> =
+            st.seqs.iter().map(|s| s.as_ref().map_or(&[][..], |s| &s.table.blocks[..])).collect();
+        let ub = UBatch { tokens: &[token], pos: &[pos as u32], seq: &[seq], outputs: &[0] };
+        self.model.forward_greedy(&ub, last_argmax, &mut st.kv, &tables, &mut st.scratch)
     }
 }
 
@@ -200,7 +334,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
     }
 
     fn free_seq(&self, seq: SeqId) {
-        let st = &mut *self.lock();
+        let st = &mut *self.lock_settled();
         if let Some(mut s) = st.seqs.get_mut(seq as usize).and_then(Option::take) {
             st.kv.release(&mut s.table);
         }
@@ -215,11 +349,11 @@ impl<B: Backend> Runner for ModelRunner<B> {
     }
 
     fn truncate_seq(&self, seq: SeqId, n: usize) {
-        self.lock().truncate(seq, n);
+        self.lock_settled().truncate(seq, n);
     }
 
     fn reuse_prefix(&self, seq: SeqId, tokens: &[u32]) -> usize {
-        let st = &mut *self.lock();
+        let st = &mut *self.lock_settled();
         let Some(s) = st.seq_mut(seq) else { return 0 };
         let own = s.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         let cached = st.cache.lookup(tokens);
@@ -242,7 +376,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
     }
 
     fn shift_seq(&self, seq: SeqId, n_keep: usize, n_discard: usize) -> Result<()> {
-        let st = &mut *self.lock();
+        let st = &mut *self.lock_settled();
         let n = st.seq_mut(seq).map_or(0, |s| s.table.n_tokens);
         if n_keep + n_discard > n {
             return Err(KilnError::invalid(format!(
@@ -318,6 +452,12 @@ impl<B: Backend> Runner for ModelRunner<B> {
     fn decode(&self, entries: &[Entry], kind: OutputKind) -> Result<Vec<f32>> {
         let cfg = &self.model.cfg;
         let st = &mut *self.lock();
+        if let [e] = entries {
+            if e.output && kind == OutputKind::Argmax && self.looks_ahead() {
+                return self.decode_greedy(st, *e);
+            }
+        }
+        self.drop_lookahead(st);
         // Validate everything and count new positions per sequence before changing anything.
         let mut new_len: Vec<usize> =
             st.seqs.iter().map(|s| s.as_ref().map_or(0, |s| s.table.n_tokens)).collect();

@@ -192,8 +192,12 @@ fn desc_backends() -> wgpu::Backends {
 /// Size of the per-step parameter arena; a forward needs far less.
 const ARENA: u64 = 4 << 20;
 
-/// Dispatches per submission within a step (`KILN_GPU_CHUNK` overrides; 0 = one).
+/// Dispatches per submission within a step, at most (`KILN_GPU_CHUNK` overrides; 0 = one).
 const DEFAULT_CHUNK: u32 = 64;
+/// A step's first submission holds this many dispatches (`KILN_GPU_CHUNK_FIRST`), each next
+/// one twice as many up to the chunk: an idle GPU waits only for a short first chunk, and
+/// the host, faster per dispatch than the GPU, stays ahead while the chunks grow.
+const FIRST_CHUNK: u32 = 8;
 
 /// Commands recorded since the last submission, and the parameter words they read.
 pub struct Recorder {
@@ -208,10 +212,30 @@ pub struct Recorder {
     /// submission per read-back).
     pending: u32,
     chunk: u32,
-    readback: Option<wgpu::Buffer>,
+    first_chunk: u32,
+    /// Submissions made in this step (the next chunk is `first_chunk << flushes`).
+    flushes: u32,
+    /// Read-back buffers: a step's read may still be in flight while the next is recorded.
+    readbacks: [Option<wgpu::Buffer>; READS_IN_FLIGHT],
+    /// The reads in flight, by read-back slot.
+    in_flight: [Option<InFlight>; READS_IN_FLIGHT],
+    next_slot: usize,
+    /// The index of the last submission.
+    last_submission: Option<wgpu::SubmissionIndex>,
     bind_groups: std::collections::HashMap<BindKey, wgpu::BindGroup>,
     /// KILN_GPU_PROFILE=1: per read-back (a decode step), what was recorded since the last.
     profile: Option<Profile>,
+}
+
+/// Reads started and not yet finished, at most (a pipelined decode has two: the step
+/// being waited for and the one recorded after it).
+const READS_IN_FLIGHT: usize = 2;
+
+/// A read whose copy is submitted: its size, submission, and mapping's outcome.
+struct InFlight {
+    bytes: u64,
+    submission: wgpu::SubmissionIndex,
+    mapped: std::sync::mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
 }
 
 /// Bind groups kept at most (a model's decode and prefill steps need a few thousand).
@@ -310,8 +334,11 @@ impl Recorder {
         let profile = (profile_level() > 0).then(|| Profile::new(ctx, None));
         // A step's commands go out in chunks so the GPU starts on the first layers while
         // wgpu still encodes the rest (its per-dispatch host cost is close to the GPU's).
-        let chunk =
-            std::env::var("KILN_GPU_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CHUNK);
+        let var = |name: &str, default: u32| {
+            std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+        };
+        let chunk = var("KILN_GPU_CHUNK", DEFAULT_CHUNK);
+        let first_chunk = var("KILN_GPU_CHUNK_FIRST", FIRST_CHUNK).max(1);
         Recorder {
             enc: None,
             pass: None,
@@ -320,7 +347,12 @@ impl Recorder {
             arena_buf,
             pending: 0,
             chunk,
-            readback: None,
+            first_chunk,
+            flushes: 0,
+            readbacks: Default::default(),
+            in_flight: Default::default(),
+            next_slot: 0,
+            last_submission: None,
             bind_groups: Default::default(),
             profile,
         }
@@ -395,7 +427,11 @@ impl Recorder {
             p.record += t0.elapsed();
         }
         self.pending += 1;
-        if self.chunk > 0 && self.pending >= self.chunk {
+        let limit = self.chunk.min(self.first_chunk.saturating_mul(1 << self.flushes.min(16)));
+        // While a read is in flight (a greedy step recorded ahead) the GPU is busy with the
+        // step before: the step goes out whole at its read, saving submissions.
+        let busy = self.in_flight.iter().any(Option::is_some);
+        if self.chunk > 0 && self.pending >= limit && !busy {
             self.flush(ctx);
         }
     }
@@ -427,7 +463,7 @@ impl Recorder {
             if self.arena.len() > self.flushed {
                 ctx.queue.write_buffer(&self.arena_buf, self.flushed as u64, &self.arena[self.flushed..]);
             }
-            ctx.queue.submit([enc.finish()]);
+            self.last_submission = Some(ctx.queue.submit([enc.finish()]));
             if let Some(p) = &mut self.profile {
                 p.submissions += 1;
                 p.submit += t0.elapsed();
@@ -435,6 +471,7 @@ impl Recorder {
         }
         self.flushed = self.arena.len();
         self.pending = 0;
+        self.flushes += 1;
     }
 
     /// Ends the compute pass: wgpu validates and encodes its dispatches here.
@@ -452,6 +489,7 @@ impl Recorder {
         self.flush(ctx);
         self.arena.clear();
         self.flushed = 0;
+        self.flushes = 0;
     }
 
     /// Copies `out.len()` f32 values from the start of `buf` after everything recorded.
@@ -459,16 +497,27 @@ impl Recorder {
         if out.is_empty() {
             return Ok(());
         }
-        let bytes = (out.len() * 4) as u64;
-        if self.readback.as_ref().is_none_or(|b| b.size() < bytes) {
-            self.readback = Some(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        let slot = self.read_start(ctx, buf, out.len());
+        self.read_finish(ctx, slot, out)
+    }
+
+    /// Submits everything recorded with a copy of `n` f32 values from the start of `buf`
+    /// after it, and returns the read's slot for `read_finish`; the host may record more
+    /// meanwhile. Reads finish in the order they start.
+    pub fn read_start(&mut self, ctx: &Context, buf: &wgpu::Buffer, n: usize) -> usize {
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % READS_IN_FLIGHT;
+        assert!(self.in_flight[slot].is_none(), "more than {READS_IN_FLIGHT} GPU reads in flight");
+        let bytes = (n.max(1) * 4) as u64;
+        if self.readbacks[slot].as_ref().is_none_or(|b| b.size() < bytes) {
+            self.readbacks[slot] = Some(ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("kiln readback"),
                 size: bytes.next_power_of_two().max(256),
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
         }
-        let rb = self.readback.clone().expect("made above");
+        let rb = self.readbacks[slot].clone().expect("made above");
         let n_stamps = if self.timing_each() {
             self.stamp(ctx, String::new());
             self.profile.as_ref().and_then(|p| p.stamps.as_ref()).map_or(0, |s| s.names.len() as u32)
@@ -489,21 +538,36 @@ impl Recorder {
         rb.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
             let _ = tx.send(r);
         });
+        let submission = self.last_submission.clone().expect("submitted above");
+        self.in_flight[slot] = Some(InFlight { bytes, submission, mapped: rx });
+        slot
+    }
+
+    /// Waits for the read in `slot` (from `read_start`) and copies its values to `out`.
+    pub fn read_finish(&mut self, ctx: &Context, slot: usize, out: &mut [f32]) -> Result<()> {
+        let InFlight { bytes, submission, mapped } = self.in_flight[slot]
+            .take()
+            .ok_or_else(|| KilnError::Backend("no GPU read in flight there".into()))?;
+        let rb = self.readbacks[slot].clone().expect("made by read_start");
         let t0 = std::time::Instant::now();
         ctx.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
             .map_err(|e| KilnError::Backend(format!("GPU wait failed: {e}")))?;
         if let Some(p) = &mut self.profile {
             p.wait += t0.elapsed();
         }
-        rx.recv()
+        mapped
+            .recv()
             .map_err(|_| KilnError::Backend("GPU read-back was dropped".into()))?
             .map_err(|e| KilnError::Backend(format!("GPU read-back failed: {e}")))?;
+        let n_stamps =
+            self.profile.as_ref().and_then(|p| p.stamps.as_ref()).map_or(0, |s| s.names.len() as u32);
         {
             let view = rb
                 .get_mapped_range(0..bytes)
                 .map_err(|e| KilnError::Backend(format!("GPU read-back failed: {e:?}")))?;
-            out.copy_from_slice(bytemuck::cast_slice(&view));
+            let k = out.len().min(bytes as usize / 4);
+            out[..k].copy_from_slice(&bytemuck::cast_slice(&view)[..k]);
         }
         rb.unmap();
         if let Some(p) = &mut self.profile {

@@ -142,7 +142,9 @@ pub enum Kernel {
     /// Rows split over a workgroup, f32 partial sums (not bit-identical to the CPU, still
     /// batch invariant).
     MatmulVec(GgmlType, Outs),
-    Embed(GgmlType),
+    /// The embedding lookup; `true`: the ids are read from a device buffer (bound third:
+    /// the last greedy step's), not from the parameters.
+    Embed(GgmlType, bool),
     Quantize,
     /// The gated activation (a deferred glu op) fused into the quantize that reads it.
     QuantizeGlu,
@@ -182,7 +184,7 @@ impl Kernel {
             Matmul(..) => (include_str!("shaders/matmul.wgsl"), "main"),
             MatmulRows(..) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
             MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
-            Embed(_) => (include_str!("shaders/embed.wgsl"), "main"),
+            Embed(..) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm(_) | AddRmsNorm(_) => (include_str!("shaders/rms_norm.wgsl"), "main"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
@@ -359,8 +361,10 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             .replace("//REDUCE", if subgroups { REDUCE_SUBGROUP } else { REDUCE_TREE })
             .replace("//FMA", fma),
     );
-    if let Kernel::Matmul(ty, _) | Kernel::MatmulRows(ty, _) | Kernel::MatmulVec(ty, _) | Kernel::Embed(ty) =
-        k
+    if let Kernel::Matmul(ty, _)
+    | Kernel::MatmulRows(ty, _)
+    | Kernel::MatmulVec(ty, _)
+    | Kernel::Embed(ty, _) = k
     {
         s.push_str(DEQUANT);
         s.push_str(&format!(
@@ -372,6 +376,14 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
         s.push_str(&matmul_store(outs));
+    }
+    if let Kernel::Embed(_, device_ids) = k {
+        s.push_str(if device_ids {
+            "@group(0) @binding(3) var<storage, read> dev_ids: array<u32>;\n\
+             fn token_id(t: u32) -> u32 {\n    return dev_ids[t];\n}\n"
+        } else {
+            "fn token_id(t: u32) -> u32 {\n    return prm[6u + t];\n}\n"
+        });
     }
     if let Kernel::AttnPartial | Kernel::AttnDirect(_) = k {
         s.push_str(&format!("const DIRECT: bool = {};\n", k != Kernel::AttnPartial));

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use ::wgpu;
 
-use super::{Activation, AttnPlan, Backend, RopeParams};
+use super::{Activation, AttnPlan, Backend, IdsTicket, RopeParams};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
@@ -543,6 +543,36 @@ impl GpuBackend {
     }
 
     /// The activation scratch, at least `n` values.
+    /// The embedding of `n` tokens whose ids are host values (`Ok`) or the words of a
+    /// device buffer (`Err`: the last greedy step's, never read back first).
+    fn embed_rows(
+        &self,
+        table: &GpuWeight,
+        n: usize,
+        ids: std::result::Result<&[u32], &wgpu::Buffer>,
+        scale: f32,
+        out: &mut GpuBuf,
+    ) {
+        self.op();
+        let nc = table.cols / 32;
+        for p in &table.parts {
+            let mut prm = vec![
+                n as u32,
+                table.cols as u32,
+                table.row_size as u32,
+                p.row0 as u32,
+                p.rows as u32,
+                f(scale),
+            ];
+            let mut bufs = vec![&p.buf, &out.buf];
+            match ids {
+                Ok(ids) => prm.extend_from_slice(ids),
+                Err(buf) => bufs.push(buf),
+            }
+            self.run(Kernel::Embed(table.ty, ids.is_err()), &prm, &bufs, grid(n * nc, 64));
+        }
+    }
+
     fn act_buf(&self, n: usize) -> wgpu::Buffer {
         self.scratch(&self.act, n, "kiln act")
     }
@@ -639,20 +669,17 @@ impl Backend for GpuBackend {
                 table.rows
             )));
         }
-        self.op();
-        let nc = table.cols / 32;
-        for p in &table.parts {
-            let mut prm = vec![
-                ids.len() as u32,
-                table.cols as u32,
-                table.row_size as u32,
-                p.row0 as u32,
-                p.rows as u32,
-                f(scale),
-            ];
-            prm.extend_from_slice(ids);
-            self.run(Kernel::Embed(table.ty), &prm, &[&p.buf, &out.buf], grid(ids.len() * nc, 64));
-        }
+        self.embed_rows(table, ids.len(), Ok(ids), scale, out);
+        Ok(())
+    }
+
+    fn embeds_last_argmax(&self) -> bool {
+        !self.lock().timing_each()
+    }
+
+    fn embed_last_argmax(&self, table: &GpuWeight, n: usize, scale: f32, out: &mut GpuBuf) -> Result<()> {
+        let ids = self.scratch(&self.ids, n, "kiln ids");
+        self.embed_rows(table, n, Err(&ids), scale, out);
         Ok(())
     }
 
@@ -980,12 +1007,26 @@ impl Backend for GpuBackend {
     }
 
     fn argmax(&self, x: &GpuBuf, rows: usize, n: usize) -> Vec<u32> {
+        let t = self.argmax_start(x, rows, n);
+        self.argmax_finish(t).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn argmax_start(&self, x: &GpuBuf, rows: usize, n: usize) -> IdsTicket {
         self.op();
         let buf = self.scratch(&self.ids, rows, "kiln ids");
         self.run(Kernel::Argmax, &[rows as u32, n as u32], &[&x.buf, &buf], grid(rows, 1));
-        let mut words = vec![0f32; rows];
-        self.lock().read(&self.ctx, &buf, &mut words).unwrap_or_else(|e| panic!("{e}"));
-        words.iter().map(|w| w.to_bits()).collect()
+        IdsTicket::InFlight { slot: self.lock().read_start(&self.ctx, &buf, rows), n: rows }
+    }
+
+    fn argmax_finish(&self, t: IdsTicket) -> Result<Vec<u32>> {
+        match t {
+            IdsTicket::Ready(ids) => Ok(ids),
+            IdsTicket::InFlight { slot, n } => {
+                let mut words = vec![0f32; n];
+                self.lock().read_finish(&self.ctx, slot, &mut words)?;
+                Ok(words.iter().map(|w| w.to_bits()).collect())
+            }
+        }
     }
 
     fn gather_rows(&self, x: &GpuBuf, rows: &[u32], dim: usize, out: &mut GpuBuf) {

@@ -1,5 +1,6 @@
 // out[t] = table[ids[t]] * scale for the ids that fall in this part of the table.
-// prm: n_tok, cols, row_size, row0, n_rows, scale, ids...
+// prm: n_tok, cols, row_size, row0, n_rows, scale, ids... (`token_id`, kernels.rs: these
+// ids, or a device buffer's).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read_write> ys: array<f32>;
@@ -15,7 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let t = g / nc;
     let c = g % nc;
-    let id = prm[6u + t];
+    let id = token_id(t);
     if id < prm[3] || id >= prm[3] + prm[4] {
         return;
     }
