@@ -174,6 +174,8 @@ pub enum Kernel {
     Scale,
     Gather,
     Argmax,
+    /// The best of each row's parts (argmax.wgsl's `combine`).
+    ArgmaxCombine,
 }
 
 impl Kernel {
@@ -200,6 +202,7 @@ impl Kernel {
             Scale => (ew, "scale"),
             Gather => (ew, "gather"),
             Argmax => (include_str!("shaders/argmax.wgsl"), "main"),
+            ArgmaxCombine => (include_str!("shaders/argmax.wgsl"), "combine"),
         }
     }
 }
@@ -445,7 +448,10 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::Attention(false)
         | Kernel::AttnCombine(false)
         | Kernel::AttnPartial
-        | Kernel::AttnDirect(false) => src.push_str("fn attn_tail(w: u32, live: bool, lid: u32) {}\n"),
+        | Kernel::AttnDirect(false) => src.push_str(
+            "fn attn_tail(w: u32, live: bool, lid: u32) {}\n\
+             fn attn_tail_of(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n",
+        ),
         _ => {}
     }
     if src.contains("quantize_word(") {

@@ -77,7 +77,7 @@ pub struct GpuBackend {
     pending: Mutex<Option<Pending>>,
     /// The argmax ids of the last greedy step (grown on demand).
     ids: Mutex<Option<wgpu::Buffer>>,
-    /// The split attention's partial sums (grown on demand).
+    /// The split attention's partial sums, the long argmax's per-part bests (grown on demand).
     part: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// Weights larger than this are split by rows (the binding limit).
@@ -191,6 +191,9 @@ const SPLIT_KEYS: u32 = 256;
 /// prompt deep into a long context: 512 tokens of 32 heads at 7.5k keys), which take the
 /// exact kernel.
 const SPLIT_PARTIALS: usize = 256 << 20;
+
+/// Values per workgroup of a long argmax row: one round of sixteen loads per invocation.
+const ARGMAX_SPAN: usize = 16 * 256;
 
 /// Workgroups for `n` items of 64, as a 2-D grid when over the 65535 per-dimension limit.
 fn grid(n_items: usize, per_group: usize) -> [u32; 3] {
@@ -978,7 +981,7 @@ impl Backend for GpuBackend {
             (true, 1) => (Kernel::AttnDirect, bufs, groups),
             (true, _) => {
                 let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
-                let part = self.scratch(&self.part, n, "kiln attention partials");
+                let part = self.scratch(&self.part, n, "kiln partials");
                 let g = [groups[0], groups[1], chunks];
                 self.run(Kernel::AttnPartial, &prm, &[&bufs[0], &bufs[1], &bufs[2], &part], g);
                 (Kernel::AttnCombine, vec![part, out.buf.clone()], groups)
@@ -1014,7 +1017,20 @@ impl Backend for GpuBackend {
     fn argmax_start(&self, x: &GpuBuf, rows: usize, n: usize) -> IdsTicket {
         self.op();
         let buf = self.scratch(&self.ids, rows, "kiln ids");
-        self.run(Kernel::Argmax, &[rows as u32, n as u32], &[&x.buf, &buf], grid(rows, 1));
+        // Long rows (vocabularies) in parts of a round of loads each, then their best.
+        let parts = n.div_ceil(ARGMAX_SPAN).min(256);
+        if parts < 4 {
+            self.run(Kernel::Argmax, &[rows as u32, n as u32, 1], &[&x.buf, &buf], grid(rows, 1));
+        } else {
+            let pairs = self.scratch(&self.part, 2 * rows * parts, "kiln partials");
+            self.run(
+                Kernel::Argmax,
+                &[rows as u32, n as u32, parts as u32],
+                &[&x.buf, &pairs],
+                grid(rows * parts, 1),
+            );
+            self.run(Kernel::ArgmaxCombine, &[rows as u32, parts as u32], &[&pairs, &buf], grid(rows, 1));
+        }
         IdsTicket::InFlight { slot: self.lock().read_start(&self.ctx, &buf, rows), n: rows }
     }
 

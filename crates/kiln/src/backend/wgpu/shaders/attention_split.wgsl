@@ -135,16 +135,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Invocations 0..63 write the head's values.
     let wr = lid < 64u;
     if DIRECT {
+        // The output, also kept in `sc` (its weights are spent) for the quantize tail.
         let inv = select(0.0, 1.0 / l, l != 0.0);
         if wr && lid < np {
-            ys[th * hd + 2u * lid] = a0.x * inv;
-            ys[th * hd + 2u * lid + 1u] = a0.y * inv;
+            let o = a0 * inv;
+            ys[th * hd + 2u * lid] = o.x;
+            ys[th * hd + 2u * lid + 1u] = o.y;
+            sc[2u * lid] = o.x;
+            sc[2u * lid + 1u] = o.y;
         }
         if wr && two && lid + 64u < np {
-            ys[th * hd + 2u * (lid + 64u)] = a1.x * inv;
-            ys[th * hd + 2u * (lid + 64u) + 1u] = a1.y * inv;
+            let o = a1 * inv;
+            ys[th * hd + 2u * (lid + 64u)] = o.x;
+            ys[th * hd + 2u * (lid + 64u) + 1u] = o.y;
+            sc[2u * (lid + 64u)] = o.x;
+            sc[2u * (lid + 64u) + 1u] = o.y;
         }
-        attn_tail(th * hd / 4u + min(lid, hd / 4u - 1u), lid < hd / 4u, lid);
+        workgroupBarrier();
+        let w = min(lid, hd / 4u - 1u);
+        let v = vec4<f32>(sc[4u * w], sc[4u * w + 1u], sc[4u * w + 2u], sc[4u * w + 3u]);
+        attn_tail_of(th * hd / 4u + w, v, lid < hd / 4u, lid);
         return;
     }
     if lid == 0u {

@@ -7,6 +7,11 @@ fn attn_tail(w: u32, live: bool, lid: u32) {
     // Invocations read values other invocations of this workgroup stored.
     storageBarrier();
     let o = 4u * w;
-    let v = vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]);
+    attn_tail_of(w, vec4<f32>(ys[o], ys[o + 1u], ys[o + 2u], ys[o + 3u]), live, lid);
+}
+
+// The same for word w's values `v` at hand (the split kernel passes them in workgroup
+// memory rather than through the output buffer).
+fn attn_tail_of(w: u32, v: vec4<f32>, live: bool, lid: u32) {
     quantize_word(w, v, live, lid, prm[8], prm[0], prm[1] * prm[3]);
 }
