@@ -79,6 +79,44 @@ fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
     return v;
 }
 ";
+/// rms_norm.wgsl's float-float total: a butterfly per subgroup (its lane 0's sum), then
+/// the subgroups' totals in order, where subgroups are runs of consecutive invocations
+/// (checked as ROW_SUM_SUBGROUP), else its tree. Two barriers instead of nine.
+const FF_TOTAL_SUBGROUP: &str = "var<workgroup> sg_split: u32;
+
+fn ff_total(s: vec2<f32>, lid: u32) -> vec2<f32> {
+    let n = subgroupAdd(1u);
+    let first = subgroupBroadcastFirst(lid);
+    if lid == 0u {
+        sg_split = 0u;
+    }
+    workgroupBarrier();
+    if n > NT || NT % n != 0u || first % n != 0u || first + g_sgi != lid {
+        sg_split = 1u;
+    }
+    if workgroupUniformLoad(&sg_split) != 0u {
+        return ff_total_tree(s, lid);
+    }
+    var t = s;
+    for (var m = 1u; m < n; m = m << 1u) {
+        t = ff_add(t, vec2<f32>(subgroupShuffleXor(t.x, m), subgroupShuffleXor(t.y, m)));
+    }
+    if g_sgi == 0u {
+        red_hi[lid / n] = t.x;
+        red_lo[lid / n] = t.y;
+    }
+    workgroupBarrier();
+    var r = vec2<f32>(red_hi[0], red_lo[0]);
+    for (var i = 1u; i < NT / n; i = i + 1u) {
+        r = ff_add(r, vec2<f32>(red_hi[i], red_lo[i]));
+    }
+    return r;
+}
+";
+const FF_TOTAL_TREE: &str = "fn ff_total(s: vec2<f32>, lid: u32) -> vec2<f32> {
+    return ff_total_tree(s, lid);
+}
+";
 const ROW_SUM_TREE: &str = "fn rows_by_subgroup(li: u32) -> bool {
     return false;
 }
@@ -387,6 +425,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         } else {
             "fn token_id(t: u32) -> u32 {\n    return prm[6u + t];\n}\n"
         });
+    }
+    if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) = k {
+        s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
     }
     if let Kernel::AttnPartial | Kernel::AttnDirect(_) = k {
         s.push_str(&format!("const DIRECT: bool = {};\n", k != Kernel::AttnPartial));

@@ -4,10 +4,11 @@
 // row (a few loads per invocation, all in flight at once), then normalizes its own slice,
 // so a decode step's norm is several short workgroups, not one long one. The CPU sums the
 // f32 squares in f64; a float-float (hi + lo) sum is as exact, so the mean rounds to the
-// same f32 in any order. `x_at`/`x_keep` (kernels.rs NORM_IN, NORM_ADD_IN) read the row,
-// with the residual add in front (x + y * scale, stored to the other residual buffer: other
-// workgroups still read x). `norm_tail` (kernels.rs) is empty, or quantizes the slice for
-// the next matmul (norm_quantize.wgsl).
+// same f32 in any order (a tree, or with subgroups a butterfly per subgroup). `x_at` and
+// `x_keep` (kernels.rs NORM_IN, NORM_ADD_IN) read the row, with the residual add in front
+// (x + y * scale, stored to the other residual buffer: other workgroups still read x).
+// `norm_tail` (kernels.rs) is empty, or quantizes the slice for the next matmul
+// (norm_quantize.wgsl).
 // prm: n_rows, dim, eps, wlen, scale, quantize mode.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wn: array<f32>;
@@ -33,9 +34,27 @@ fn ff_squares(s: vec2<f32>, v: vec4<f32>) -> vec2<f32> {
     return t;
 }
 
+// The workgroup's float-float total of every invocation's `s`, by a halving tree;
+// `ff_total` (kernels.rs) takes it or a subgroup butterfly.
+fn ff_total_tree(s: vec2<f32>, lid: u32) -> vec2<f32> {
+    red_hi[lid] = s.x;
+    red_lo[lid] = s.y;
+    workgroupBarrier();
+    for (var h = NT / 2u; h > 0u; h = h >> 1u) {
+        if lid < h {
+            let t = ff_add(vec2<f32>(red_hi[lid], red_lo[lid]), vec2<f32>(red_hi[lid + h], red_lo[lid + h]));
+            red_hi[lid] = t.x;
+            red_lo[lid] = t.y;
+        }
+        workgroupBarrier();
+    }
+    return vec2<f32>(red_hi[0], red_lo[0]);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        @builtin(local_invocation_index) lid: u32 /*SG*/) {
+    /*SGI*/
     let dim = prm[1];
     let nw = dim / 4u;
     let n_slices = (nw + NT - 1u) / NT;
@@ -65,21 +84,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    red_hi[lid] = s.x;
-    red_lo[lid] = s.y;
-    workgroupBarrier();
-    for (var h = NT / 2u; h > 0u; h = h >> 1u) {
-        if lid < h {
-            let t = ff_add(vec2<f32>(red_hi[lid], red_lo[lid]), vec2<f32>(red_hi[lid + h], red_lo[lid + h]));
-            red_hi[lid] = t.x;
-            red_lo[lid] = t.y;
-        }
-        workgroupBarrier();
-    }
+    let tot = ff_total(s, lid);
     let fd = f32(dim);
-    let hi = red_hi[0];
+    let hi = tot.x;
     let m0 = hi / fd;
-    let mean = m0 + (fma_x(-m0, fd, hi) + red_lo[0]) / fd;
+    let mean = m0 + (fma_x(-m0, fd, hi) + tot.y) / fd;
     let scale = 1.0 / sqrt(mean + eps);
     let j = slice * NT + lid;
     let live = j < nw;
