@@ -271,16 +271,6 @@ pub fn vec_shape() -> (usize, usize) {
     })
 }
 
-/// Units each vec matmul invocation loads per step (their loads in flight together):
-/// `KILN_GPU_VEC_UNITS` 2 (the default) or 4.
-pub fn vec_units() -> usize {
-    static UNITS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *UNITS.get_or_init(|| {
-        let env = std::env::var("KILN_GPU_VEC_UNITS").ok().and_then(|v| v.parse().ok());
-        env.filter(|u| [2, 4].contains(u)).unwrap_or(2)
-    })
-}
-
 /// The vec matmul's wide units for `ty` (dot_vec.wgsl's FAST: 1 Q4_0, 2 Q4_K, 3 Q6_K), 0
 /// where it has none; `KILN_GPU_VEC_FAST=0` turns them off (A/B measurements).
 pub fn vec_fast(ty: GgmlType) -> u32 {
@@ -449,10 +439,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         }
         Kernel::MatmulVec(ty, outs) => {
             let (rg, npr) = vec_shape();
-            s.push_str(&format!(
-                "const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\nconst UNITS: u32 = {}u;\n",
-                vec_units()
-            ));
+            s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
             let fast = vec_fast(ty);
             s.push_str(&format!("const FAST: u32 = {fast}u;\nconst ROPE: bool = {};\n", outs.rope));
             // Bound after the outputs, biases and (wide units) the activations and weights

@@ -1,6 +1,6 @@
 // out[t, col0 + r] = dot(w[r], x[t]), mul_mat_vec style, for hardware GPUs: a workgroup
 // takes RG weight rows, NPR invocations each (kernels.rs); invocation i sums units i,
-// i + NPR, ... of its row, UNITS of them loaded per step (a unit is a 32-value block, a 32-value K sub-block, 8 floats,
+// i + NPR, ... of its row (a unit is a 32-value block, a 32-value K sub-block, 8 floats,
 // or dot_vec.wgsl's wide units) in f32, and `row_sum` (kernels.rs: subgroup sums, else a fixed tree) adds the
 // NPR partials in a fixed order. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
@@ -88,21 +88,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tt = min(TT, n_tok - t0);
     for (var t = t0; t < t0 + tt; t = t + 1u) {
         var acc = 0.0;
-        for (var u0 = lid; u0 < nu; u0 = u0 + UNITS * NPR) {
-            // UNITS units per step (kernels.rs), added in order; those past the row's end
-            // are clamped and masked.
-            var d: array<f32, UNITS>;
-            for (var j = 0u; j < UNITS; j = j + 1u) {
-                let u = min(u0 + j * NPR, nu - 1u);
-                if FAST != 0u {
-                    d[j] = fast_unit(base, u, t, k);
-                } else {
-                    d[j] = unit_dot(base, u, t, k);
-                }
-            }
-            acc = acc + d[0];
-            for (var j = 1u; j < UNITS; j = j + 1u) {
-                acc = acc + select(0.0, 1.0, u0 + j * NPR < nu) * d[j];
+        for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
+            // Two units per step; the second is clamped and masked past the row's end.
+            let u1 = min(u0 + NPR, nu - 1u);
+            let m1 = select(0.0, 1.0, u0 + NPR < nu);
+            if FAST != 0u {
+                acc = acc + fast_unit(base, u0, t, k) + m1 * fast_unit(base, u1, t, k);
+            } else {
+                acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
             }
         }
         let v = row_sum(acc, so, lid, by_subgroup);
