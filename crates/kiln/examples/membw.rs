@@ -51,16 +51,40 @@ fn sum(c: &[u64]) -> u64 {
     sum_lanes(c)
 }
 
+/// Four 8-lane accumulators, explicitly (the plain loop below was compiled to scalar adds
+/// with spills, which read 3.3 GB/s a thread on an AMD Zen 5 VM that streams ~40).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn sum_avx512(c: &[u64]) -> u64 {
-    sum_lanes(c)
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    let chunks = c.chunks_exact(32);
+    let tail = sum_lanes(chunks.remainder());
+    for ch in chunks {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_add_epi64(*a, _mm512_loadu_si512(ch.as_ptr().add(8 * j).cast()));
+        }
+    }
+    let s = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
+    let lanes: [u64; 8] = std::mem::transmute(s);
+    lanes.iter().fold(tail, |a, &x| a.wrapping_add(x))
 }
 
+/// The same with eight 4-lane accumulators.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn sum_avx2(c: &[u64]) -> u64 {
-    sum_lanes(c)
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 8];
+    let chunks = c.chunks_exact(32);
+    let tail = sum_lanes(chunks.remainder());
+    for ch in chunks {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_epi64(*a, _mm256_loadu_si256(ch.as_ptr().add(4 * j).cast()));
+        }
+    }
+    let lanes: [[u64; 4]; 8] = std::mem::transmute(acc);
+    lanes.iter().flatten().fold(tail, |a, &x| a.wrapping_add(x))
 }
 
 /// Thirty-two independent lanes: the compiler keeps them in vector registers.
