@@ -43,22 +43,29 @@ fn x4(o: u32, live: bool) -> vec4<f32> {
     }
     return v;
 }";
-/// matmul_vec.wgsl's sum of a row's NPR partials, in a fixed order: per subgroup, then the
-/// subgroups' sums in order, where every subgroup is a run of consecutive invocations
-/// inside one row's (checked once per workgroup: WGSL promises neither), else a tree.
-const ROW_SUM_SUBGROUP: &str = "var<workgroup> sg_split: u32;
+/// Whether every subgroup is a run of consecutive invocations starting at a multiple of its
+/// length, which divides `size` (WGSL promises neither): checked once per workgroup, the
+/// answer uniform. Included before the subgroup sums that rely on it.
+const SUBGROUP_RUNS: &str = "var<workgroup> sg_split: u32;
 
-fn rows_by_subgroup(li: u32) -> bool {
+fn subgroups_are_runs(lid: u32, size: u32) -> bool {
     let n = subgroupAdd(1u);
-    let first = subgroupBroadcastFirst(li);
-    if li == 0u {
+    let first = subgroupBroadcastFirst(lid);
+    if lid == 0u {
         sg_split = 0u;
     }
     workgroupBarrier();
-    if n > NPR || NPR % n != 0u || first % n != 0u || first + g_sgi != li {
+    if n > size || size % n != 0u || first % n != 0u || first + g_sgi != lid {
         sg_split = 1u;
     }
     return workgroupUniformLoad(&sg_split) == 0u;
+}
+";
+/// matmul_vec.wgsl's sum of a row's NPR partials, in a fixed order: per subgroup, then the
+/// subgroups' sums in order, where subgroups are runs inside one row's invocations
+/// (SUBGROUP_RUNS), else a tree.
+const ROW_SUM_SUBGROUP: &str = "fn rows_by_subgroup(li: u32) -> bool {
+    return subgroups_are_runs(li, NPR);
 }
 
 fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
@@ -80,23 +87,13 @@ fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
 }
 ";
 /// rms_norm.wgsl's float-float total: a butterfly per subgroup (its lane 0's sum), then
-/// the subgroups' totals in order, where subgroups are runs of consecutive invocations
-/// (checked as ROW_SUM_SUBGROUP), else its tree. Two barriers instead of nine.
-const FF_TOTAL_SUBGROUP: &str = "var<workgroup> sg_split: u32;
-
-fn ff_total(s: vec2<f32>, lid: u32) -> vec2<f32> {
-    let n = subgroupAdd(1u);
-    let first = subgroupBroadcastFirst(lid);
-    if lid == 0u {
-        sg_split = 0u;
-    }
-    workgroupBarrier();
-    if n > NT || NT % n != 0u || first % n != 0u || first + g_sgi != lid {
-        sg_split = 1u;
-    }
-    if workgroupUniformLoad(&sg_split) != 0u {
+/// the subgroups' totals in order, where subgroups are runs (SUBGROUP_RUNS), else its
+/// tree. Two barriers instead of nine.
+const FF_TOTAL_SUBGROUP: &str = "fn ff_total(s: vec2<f32>, lid: u32) -> vec2<f32> {
+    if !subgroups_are_runs(lid, NT) {
         return ff_total_tree(s, lid);
     }
+    let n = subgroupAdd(1u);
     var t = s;
     for (var m = 1u; m < n; m = m << 1u) {
         t = ff_add(t, vec2<f32>(subgroupShuffleXor(t.x, m), subgroupShuffleXor(t.y, m)));
@@ -428,6 +425,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) = k {
         s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
+        if subgroups {
+            s.push_str(SUBGROUP_RUNS);
+        }
     }
     if let Kernel::AttnPartial | Kernel::AttnDirect(_) = k {
         s.push_str(&format!("const DIRECT: bool = {};\n", k != Kernel::AttnPartial));
@@ -464,6 +464,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
                 s.push_str(&DOT_VEC.replace("XV", &xv.to_string()).replace("WV", &(xv + 1).to_string()));
             }
             s.push_str(if subgroups { ROW_SUM_SUBGROUP } else { ROW_SUM_TREE });
+            if subgroups {
+                s.push_str(SUBGROUP_RUNS);
+            }
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", npr * rg))
         }
         _ => src.to_string(),
