@@ -545,7 +545,6 @@ impl GpuBackend {
         words
     }
 
-    /// The activation scratch, at least `n` values.
     /// The embedding of `n` tokens whose ids are host values (`Ok`) or the words of a
     /// device buffer (`Err`: the last greedy step's, never read back first).
     fn embed_rows(
@@ -576,6 +575,7 @@ impl GpuBackend {
         }
     }
 
+    /// The activation scratch, at least `n` values.
     fn act_buf(&self, n: usize) -> wgpu::Buffer {
         self.scratch(&self.act, n, "kiln act")
     }
