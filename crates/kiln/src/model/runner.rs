@@ -133,10 +133,8 @@ impl<B: Backend> State<B> {
         }
     }
 
-    /// Reserves KV blocks for `seq` to hold `n` tokens (evicting cached blocks as needed).
-    fn reserve(&mut self, seq: SeqId, n: usize) -> Result<()> {
-        let have = self.seq_mut(seq).map_or(0, |s| s.table.blocks.len());
-        let need = n.div_ceil(BLOCK_SIZE).saturating_sub(have);
+    /// Frees `need` blocks (evicting cached ones), or says the pool is full.
+    fn room_for(&mut self, need: usize) -> Result<()> {
         self.make_room(need);
         if need > self.kv.n_free_blocks() {
             return Err(KilnError::invalid(format!(
@@ -144,6 +142,27 @@ impl<B: Backend> State<B> {
                 self.kv.n_free_blocks()
             )));
         }
+        Ok(())
+    }
+
+    /// The tokens `seq` holds, after checking that it exists and `token` is in a vocabulary
+    /// of `n_vocab`.
+    fn check_entry(&self, seq: SeqId, token: u32, n_vocab: usize) -> Result<usize> {
+        let Some(s) = self.seqs.get(seq as usize).and_then(Option::as_ref) else {
+            return Err(KilnError::invalid(format!("unknown sequence {seq}")));
+        };
+        if token as usize >= n_vocab {
+            return Err(KilnError::invalid(format!(
+                "token id {token} is outside the vocabulary ({n_vocab})"
+            )));
+        }
+        Ok(s.table.n_tokens)
+    }
+
+    /// Reserves KV blocks for `seq` to hold `n` tokens (evicting cached blocks as needed).
+    fn reserve(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let have = self.seq_mut(seq).map_or(0, |s| s.table.blocks.len());
+        self.room_for(n.div_ceil(BLOCK_SIZE).saturating_sub(have))?;
         let s = self.seqs[seq as usize].as_mut().expect("a live sequence");
         self.kv.reserve(&mut s.table, n)
     }
@@ -243,15 +262,7 @@ impl<B: Backend> ModelRunner<B> {
     /// waits for the host between steps; the caller's next call takes that step when it
     /// asks for the token this one returns.
     fn decode_greedy(&self, st: &mut State<B>, e: Entry) -> Result<Vec<f32>> {
-        let Some(n) = st.seqs.get(e.seq as usize).and_then(Option::as_ref).map(|s| s.table.n_tokens) else {
-            return Err(KilnError::invalid(format!("unknown sequence {}", e.seq)));
-        };
-        if e.token as usize >= self.model.cfg.n_vocab {
-            return Err(KilnError::invalid(format!(
-                "token id {} is outside the vocabulary ({})",
-                e.token, self.model.cfg.n_vocab
-            )));
-        }
+        let n = st.check_entry(e.seq, e.token, self.model.cfg.n_vocab)?;
         let ids = match st.lookahead.take() {
             Some(la) if la.seq == e.seq && la.pos == n && la.token == e.token => la.ids,
             other => {
@@ -463,16 +474,8 @@ impl<B: Backend> Runner for ModelRunner<B> {
             st.seqs.iter().map(|s| s.as_ref().map_or(0, |s| s.table.n_tokens)).collect();
         let mut pos = Vec::with_capacity(entries.len());
         for e in entries {
+            st.check_entry(e.seq, e.token, cfg.n_vocab)?;
             let s = e.seq as usize;
-            if st.seqs.get(s).and_then(Option::as_ref).is_none() {
-                return Err(KilnError::invalid(format!("unknown sequence {s}")));
-            }
-            if e.token as usize >= cfg.n_vocab {
-                return Err(KilnError::invalid(format!(
-                    "token id {} is outside the vocabulary ({})",
-                    e.token, cfg.n_vocab
-                )));
-            }
             pos.push(new_len[s] as u32);
             new_len[s] += 1;
         }
@@ -484,13 +487,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
                 s.as_ref().map(|s| n.div_ceil(BLOCK_SIZE).saturating_sub(s.table.blocks.len()))
             })
             .sum();
-        st.make_room(need);
-        if need > st.kv.n_free_blocks() {
-            return Err(KilnError::invalid(format!(
-                "KV cache full: {need} more blocks needed, {} free",
-                st.kv.n_free_blocks()
-            )));
-        }
+        st.room_for(need)?;
         for (s, &n) in st.seqs.iter_mut().zip(&new_len) {
             if let Some(s) = s {
                 st.kv.reserve(&mut s.table, n)?;
