@@ -6,7 +6,8 @@
 //! Prints the best and the median of several runs (ms per token for decode, per prompt for
 //! prefill) in process CPU time divided by THREADS, so time other processes take on the
 //! cores does not count; the cached keys and values are random, a cache per layer (HOT=1:
-//! one for all, L2-resident, to see the arithmetic without the memory traffic).
+//! one for all, L2-resident, to see the arithmetic without the memory traffic; SHAPE=name:
+//! that shape alone; DECODE=1: no prefill).
 
 use half::f16;
 use kiln::backend::cpu::CpuBackend;
@@ -28,7 +29,11 @@ fn main() {
         ("smollm2-135m", 9, 3, 64, 30),
         ("gemma3-270m", 4, 1, 256, 18),
     ];
+    let only = std::env::var("SHAPE").ok();
     for (name, n_head, n_kv, hd, layers) in shapes {
+        if only.as_ref().is_some_and(|o| o != name) {
+            continue;
+        }
         let slots = depth + 512;
         // A cache per layer, as a model has: at depth they outgrow the caches.
         let row = slots * n_kv * hd;
@@ -68,7 +73,7 @@ fn main() {
             (ms[0], ms[ms.len() / 2])
         };
         let (d, dm) = time(1, depth);
-        let (p, pm) = time(512, 0);
+        let (p, pm) = if std::env::var("DECODE").is_ok() { (0.0, 0.0) } else { time(512, 0) };
         println!("{name:14} decode @ d{depth}: {d:6.2} ms/token (median {dm:6.2})   prefill 512: {p:7.1} ms (median {pm:7.1})");
     }
 }

@@ -4,7 +4,7 @@
 //!     cargo run --release -p kiln --example tile_bench [ROWS]
 //!
 //! Prints ns per (weight row × token × block) for the prefill tile (2 rows × 4 tokens) and
-//! per (weight row × block) for the decode tile (4 rows × 1 token), rows of 1536 values;
+//! per (weight row × block) for decode (a row per call), rows of 1536 values;
 //! then the same for the interleaved layouts the CPU backend repacks Q4_K and Q5_0 into
 //! (8 tokens per prefill call), to compare with the row-major lines above.
 
@@ -52,10 +52,8 @@ fn main() {
                 gemm[i] = gemm[i].min(t0.elapsed().as_secs_f64() * 1e9 / per);
                 let t0 = Instant::now();
                 for _ in 0..reps {
-                    for r in (0..rows).step_by(TILE) {
-                        let mut v = [0f32; TILE];
-                        tk.rows4(&w[r * wr..(r + TILE) * wr], &a[..ar], n, &mut v);
-                        sink += v[0];
+                    for r in 0..rows {
+                        sink += tk.one(&w[r * wr..(r + 1) * wr], &a[..ar], n);
                     }
                 }
                 gemv[i] = gemv[i].min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * blocks) as f64);

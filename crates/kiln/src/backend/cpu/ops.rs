@@ -119,15 +119,11 @@ pub fn matmul(
             let rows = task * chunk..((task + 1) * chunk).min(n);
             let mut v = [0f32; TILE];
             if n_tok < TILE {
-                // GEMV: TILE rows per call, independent accumulators.
+                // GEMV: a row per call, so the weights stream from DRAM in one sequence.
+                // (Four rows per call, side by side, measured 1.5x slower on gemma3-270m
+                // decode on a Zen 4: four streams a core, each its own DRAM pages.)
                 for t in 0..n_tok {
-                    let mut r = rows.start;
-                    while r + TILE <= rows.end {
-                        tk.rows4(&wb[r * rs..(r + TILE) * rs], act_at(t, 1), k, &mut v);
-                        (0..TILE).for_each(|i| put(t, r + i, v[i]));
-                        r += TILE;
-                    }
-                    for r in r..rows.end {
+                    for r in rows.clone() {
                         put(t, r, tk.one(&wb[r * rs..(r + 1) * rs], act_at(t, 1), k));
                     }
                 }

@@ -1,6 +1,6 @@
 //! Matmul tiles: one kernel call computes the dots of R weight rows with T activation rows,
-//! so a decode GEMV runs R independent accumulation chains (the single-row kernel waits on
-//! one FMA chain) and a prefill GEMM unpacks each weight block once for T tokens.
+//! so a prefill GEMM unpacks each weight block once for T tokens. A decode GEMV takes one
+//! row per call: the weights then stream from DRAM as one sequence.
 //!
 //! Every (row, token) pair goes through exactly the operations of the single-pair kernel in
 //! `avx2.rs`, in the same order, so the result is bit-identical whatever the tile shape:
@@ -296,12 +296,11 @@ instances!(q5_0_core, q5_0_avx2, q5_0_vnni);
 instances!(q4_k_core, q4_k_avx2, q4_k_vnni);
 instances!(q6_k_core, q6_k_avx2, q6_k_vnni);
 
-/// Tile kernels of one weight type: 1×1, 4 rows × 1 token (GEMV), 1 row × 4 tokens and
-/// 2 rows × 4 tokens (GEMM; the pair shares each activation block's loads).
+/// Tile kernels of one weight type: 1×1 (GEMV), 1 row × 4 tokens and 2 rows × 4 tokens
+/// (GEMM; the pair shares each activation block's loads).
 #[derive(Clone, Copy)]
 pub struct TileKernels {
     one: Core,
-    rows4: Core,
     toks4: Core,
     rows2_toks4: Core,
     /// Bytes per weight block and per activation block, and elements per block.
@@ -330,15 +329,6 @@ impl TileKernels {
             unsafe { (self.one)(w.as_ptr(), 0, a.as_ptr(), 0, nb, &mut out) };
         }
         out
-    }
-
-    /// `out[r] = dot(w row r, a)` for 4 consecutive weight rows (`w` holds them back to back).
-    pub fn rows4(&self, w: &[u8], a: &[u8], n: usize, out: &mut [f32; TILE]) {
-        *out = [f32::NAN; TILE];
-        if let Some(nb) = self.check(w, TILE, a, 1, n) {
-            // SAFETY: as in `one`.
-            unsafe { (self.rows4)(w.as_ptr(), nb * self.wb, a.as_ptr(), 0, nb, out.as_mut_ptr()) };
-        }
     }
 
     /// `out[r * 4 + t] = dot(w row r, a row t)` for 2 consecutive weight rows and 4
@@ -375,7 +365,6 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
             if vnni {
                 TileKernels {
                     one: $vnni::<1, 1>,
-                    rows4: $vnni::<TILE, 1>,
                     toks4: $vnni::<1, TILE>,
                     rows2_toks4: $vnni::<2, TILE>,
                     wb: $wb,
@@ -385,7 +374,6 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
             } else {
                 TileKernels {
                     one: $avx2::<1, 1>,
-                    rows4: $avx2::<TILE, 1>,
                     toks4: $avx2::<1, TILE>,
                     rows2_toks4: $avx2::<2, TILE>,
                     wb: $wb,
