@@ -15,6 +15,15 @@
 //! same arithmetic, so its result depends neither on the tile nor on the other rows.
 //! Scratch is per thread: no allocation after the first call.
 //!
+//! Keys go in chunks of [`KV_CHUNK`] positions (aligned to absolute positions): a row's
+//! accumulator, maximum and sum start afresh in every chunk, and the chunks are folded
+//! together in ascending order in f32 ([`fold`]). A decode step's chunks can then go to
+//! different threads, each taking all the query heads of its KV head, so every cached key
+//! is read once whatever the head counts, and the result is the same bits as a prompt's
+//! walk through the chunks in order (the GPU's exact kernel folds the same way). Contexts
+//! within one chunk give exactly ggml's one-chunk arithmetic (llama.cpp's CPU splits a long
+//! decode over its threads too, so past a chunk neither matches the other bit for bit).
+//!
 //! The f16 primitives (dot, rescale, multiply-add with rounding) run 16 lanes wide where
 //! the CPU has AVX-512 F, each lane with the arithmetic of the 8-lane AVX2 forms, so every
 //! tier gives the same bits (~1.3x on gemma3-270m's pp512 attention).
@@ -44,6 +53,9 @@ const Q_TILE: usize = 8;
 const MAX_ROWS: usize = 32;
 /// Keys per block: one 16-lane `expf` gives a row's weights for the whole block.
 const K_BLOCK: usize = 16;
+/// Keys per chunk of the accumulation (see the module doc); a multiple of K_BLOCK. The
+/// GPU's exact attention (attention.wgsl's CH) folds at the same positions.
+pub const KV_CHUNK: u32 = 256;
 /// How far ahead (in key blocks) the K/V rows are prefetched. The next block alone is too
 /// close when they come from DRAM under the weights' stream: qwen2.5-1.5b decode at depth
 /// 2048 measured +7-10% at 6 blocks against 1 (12: the same as 6).
@@ -91,6 +103,10 @@ pub fn attention(
     }
     let n_kv = plan.n_head_kv;
     let group = plan.n_head / n_kv;
+    let (c0, c1) = (plan.first_pos(0) / KV_CHUNK, plan.pos[0] / KV_CHUNK);
+    if n_tok == 1 && c1 > c0 && group <= MAX_ROWS {
+        return split_decode(pool, q, kc, vc, plan, arith, c0..c1 + 1, out);
+    }
     let n_tiles = n_tok.div_ceil(Q_TILE);
     let hs = heads_per_task(n_tiles * n_kv, group, MAX_ROWS / Q_TILE.min(n_tok), pool.n_threads());
     let n_sub = group.div_ceil(hs);
@@ -109,11 +125,92 @@ pub fn attention(
             while b < t1 && plan.seq[b] == plan.seq[a] {
                 b += 1;
             }
-            let task = Task { q, kc, vc, plan, arith, kvh, heads: heads.clone(), ts: a..b, out: op };
+            let task = Task {
+                q,
+                kc,
+                vc,
+                plan,
+                arith,
+                kvh,
+                heads: heads.clone(),
+                ts: a..b,
+                keys: 0..u32::MAX,
+                out: Sink::Out(op),
+            };
             SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
             a = b;
         }
     });
+}
+
+/// One query over `chunks` (more than one): a task per (chunk, KV head) with all the KV
+/// head's query heads, each writing its chunk's state; then the chunks folded in order.
+#[allow(clippy::too_many_arguments)]
+fn split_decode(
+    pool: &ThreadPool,
+    q: &[f32],
+    kc: &[f16],
+    vc: &[f16],
+    plan: &AttnPlan,
+    arith: AttnArith,
+    chunks: std::ops::Range<u32>,
+    out: &mut [f32],
+) {
+    let (n_head, n_kv, hd) = (plan.n_head, plan.n_head_kv, plan.head_dim);
+    let group = n_head / n_kv;
+    let n_chunks = chunks.len();
+    let stride = n_head * (hd + 2);
+    PARTIALS.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < n_chunks * stride {
+            p.resize(n_chunks * stride, 0.0);
+        }
+        let pp = SyncPtr(p.as_mut_ptr());
+        pool.run(n_chunks * n_kv, &|task| {
+            let (c, kvh) = (task / n_kv, task % n_kv);
+            let k0 = (chunks.start + c as u32) * KV_CHUNK;
+            // SAFETY: each task writes its own chunk's rows of the partials (its heads).
+            let part = SyncPtr(unsafe { pp.get().add(c * stride) });
+            let heads = kvh * group..(kvh + 1) * group;
+            let keys = k0..k0 + KV_CHUNK;
+            let task = Task { q, kc, vc, plan, arith, kvh, heads, ts: 0..1, keys, out: Sink::Partial(part) };
+            SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
+        });
+        for (h, o) in out.chunks_exact_mut(hd).take(n_head).enumerate() {
+            let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+            for c in 0..n_chunks {
+                let st = &p[c * stride + h * (hd + 2)..][..hd + 2];
+                fold(&mut m, &mut sum, o, st[0], st[1], &st[2..]);
+            }
+            finish(o, sum);
+        }
+    });
+}
+
+/// Folds a chunk's state (maximum `m`, sum of weights, unnormalized `acc`) into the running
+/// one (`mm`, `ss`, `aa`) in f32: each side weighed by `expf` of its maximum less the new
+/// one. An empty chunk (`m` = -inf) changes nothing, and the first one is taken as it is.
+fn fold(mm: &mut f32, ss: &mut f32, aa: &mut [f32], m: f32, sum: f32, acc: &[f32]) {
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    if *mm == f32::NEG_INFINITY {
+        (*mm, *ss) = (m, sum);
+        aa.copy_from_slice(acc);
+        return;
+    }
+    let mx = if m > *mm { m } else { *mm };
+    let mut f = [*mm - mx, m - mx];
+    expf_slice(&mut f);
+    aa.iter_mut().zip(acc).for_each(|(a, &c)| *a = c.mul_add(f[1], *a * f[0]));
+    *ss = sum.mul_add(f[1], *ss * f[0]);
+    *mm = mx;
+}
+
+/// A row's output from its folded accumulator and sum of weights.
+fn finish(o: &mut [f32], sum: f32) {
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    o.iter_mut().for_each(|o| *o *= inv);
 }
 
 /// Query heads per task: as many of a KV head's group as fit in `max_heads`, split further
@@ -132,14 +229,18 @@ fn heads_per_task(units: usize, group: usize, max_heads: usize, threads: usize) 
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
+    /// A split decode's chunk states, `[chunk][head][m, sum, acc...]` (the calling thread's).
+    static PARTIALS: std::cell::RefCell<Vec<f32>> = Default::default();
 }
 
 #[derive(Default)]
 struct Scratch {
     /// f16-rounded queries of the rows, `[rows, head_dim]`.
     q: Vec<f32>,
-    /// Unnormalized outputs, `[rows, head_dim]`.
+    /// Unnormalized outputs of the current chunk, `[rows, head_dim]`.
     acc: Vec<f32>,
+    /// The chunks before it, folded (`fold`), `[rows, head_dim]`.
+    folded: Vec<f32>,
     /// The current block of K and V rows, widened, `[K_BLOCK, head_dim]`.
     k: Vec<f32>,
     v: Vec<f32>,
@@ -156,13 +257,31 @@ struct Task<'a> {
     kvh: usize,
     heads: std::ops::Range<usize>,
     ts: std::ops::Range<usize>,
-    out: SyncPtr<f32>,
+    /// The key positions this task may take (a split decode's chunk; else all).
+    keys: std::ops::Range<u32>,
+    out: Sink,
+}
+
+/// Where a task's rows go.
+#[derive(Clone, Copy)]
+enum Sink {
+    /// Normalized, into the output `[token, head, head_dim]`.
+    Out(SyncPtr<f32>),
+    /// As chunk states `[head - heads.start... ]`: per row of head h, at `(h, hd + 2)`
+    /// offsets, the maximum, the sum and the accumulator (a split decode's one chunk).
+    Partial(SyncPtr<f32>),
 }
 
 fn run_task(t: &Task, s: &mut Scratch) {
     let hd = t.plan.head_dim;
     let rows = t.ts.len() * t.heads.len();
-    for (v, n) in [(&mut s.q, rows), (&mut s.acc, rows), (&mut s.k, K_BLOCK), (&mut s.v, K_BLOCK)] {
+    for (v, n) in [
+        (&mut s.q, rows),
+        (&mut s.acc, rows),
+        (&mut s.folded, rows),
+        (&mut s.k, K_BLOCK),
+        (&mut s.v, K_BLOCK),
+    ] {
         if v.len() < n * hd {
             v.resize(n * hd, 0.0);
         }
@@ -300,14 +419,14 @@ impl Kernel for AnyHead {
 
 #[inline(always)]
 fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
-    let Task { q, kc, vc, plan, kvh, ref heads, ref ts, out: op, .. } = *task;
+    let Task { q, kc, vc, plan, kvh, ref heads, ref ts, ref keys, out: sink, .. } = *task;
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
     let nh = heads.len();
     let rows = ts.len() * nh;
     // Row `r` is query `ts.start + r / nh` on head `heads.start + r % nh`.
     let row = |r: usize| (ts.start + r / nh, heads.start + r % nh);
-    let (qs, acc) = (&mut s.q[..rows * hd], &mut s.acc[..rows * hd]);
+    let (qs, acc, folded) = (&mut s.q[..rows * hd], &mut s.acc[..rows * hd], &mut s.folded[..rows * hd]);
     let (kb, vb) = (&mut s.k[..K_BLOCK * hd], &mut s.v[..K_BLOCK * hd]);
     for r in 0..rows {
         let (t, h) = row(r);
@@ -316,12 +435,18 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
         round_f16(dst);
     }
     acc.fill(0.0);
+    folded.fill(0.0);
     let mut m = [f32::NEG_INFINITY; MAX_ROWS];
     let mut sum = [0.0f32; MAX_ROWS];
+    // The chunks before the current one, folded.
+    let (mut mm, mut ss) = ([f32::NEG_INFINITY; MAX_ROWS], [0.0f32; MAX_ROWS]);
     let mut wts = [Weights { w: [0.0; K_BLOCK], raised: 0, a: 0, b: 0 }; MAX_ROWS];
     let seq = plan.seq[ts.start];
-    let lo = ts.clone().map(|t| plan.first_pos(t)).min().unwrap_or(0);
-    let hi = ts.clone().map(|t| plan.pos[t]).max().unwrap_or(0);
+    // The keys query `t` sees in this task.
+    let first = |t: usize| plan.first_pos(t).max(keys.start);
+    let last = |t: usize| plan.pos[t].min(keys.end - 1);
+    let lo = ts.clone().map(first).min().unwrap_or(0);
+    let hi = ts.clone().map(last).max().unwrap_or(0);
     // Blocks start at multiples of K_BLOCK, so a row's blocks depend only on its own keys.
     // Where KV blocks hold whole key blocks, a key block's slots are consecutive: one
     // block-table lookup per key block instead of a division per key.
@@ -330,7 +455,16 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
         let first = runs.then(|| plan.slot(seq, p0));
         move |i: usize| first.map_or_else(|| plan.slot(seq, p0 + i as u32), |s| s + i)
     };
-    for p0 in (lo - lo % K_BLOCK as u32..=hi).step_by(K_BLOCK) {
+    let start = lo - lo % K_BLOCK as u32;
+    for p0 in (start..=hi).step_by(K_BLOCK) {
+        if p0.is_multiple_of(KV_CHUNK) && p0 > start {
+            for r in 0..rows {
+                let at = r * hd..(r + 1) * hd;
+                fold(&mut mm[r], &mut ss[r], &mut folded[at.clone()], m[r], sum[r], &acc[at]);
+            }
+            acc.fill(0.0);
+            (m, sum) = ([f32::NEG_INFINITY; MAX_ROWS], [0.0; MAX_ROWS]);
+        }
         let n = K_BLOCK.min((hi - p0) as usize + 1);
         let slot = slots(p0);
         for i in (lo.saturating_sub(p0) as usize)..n {
@@ -339,9 +473,11 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
             widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
         }
         // At depth the cache comes from memory: ask for a block a few ahead while this one
-        // computes.
-        let next = p0 + (K_BLOCK * PREFETCH_BLOCKS) as u32;
-        if next <= hi {
+        // computes (at the start, for the blocks before that one too: a split decode's
+        // task starts cold in every chunk).
+        let ahead = (K_BLOCK * PREFETCH_BLOCKS) as u32;
+        let from = if p0 == start { p0 + K_BLOCK as u32 } else { p0 + ahead };
+        for next in (from..=(p0 + ahead).min(hi)).step_by(K_BLOCK) {
             let slot = slots(next);
             for i in 0..K_BLOCK.min((hi - next) as usize + 1) {
                 let base = slot(i) * kv_dim + kvh * hd;
@@ -352,8 +488,8 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
             let t = row(r).0;
             // The keys of the block this query sees.
-            wt.a = plan.first_pos(t).saturating_sub(p0) as usize;
-            wt.b = ((plan.pos[t] + 1).saturating_sub(p0) as usize).min(n);
+            wt.a = first(t).saturating_sub(p0) as usize;
+            wt.b = ((last(t) + 1).saturating_sub(p0) as usize).min(n);
             if wt.a >= wt.b {
                 continue;
             }
@@ -398,10 +534,22 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
     }
     for r in 0..rows {
         let (t, h) = row(r);
-        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
-        // SAFETY: each task writes its own (token, head) slices of `out`.
-        let o = unsafe { std::slice::from_raw_parts_mut(op.get().add((t * n_head + h) * hd), hd) };
-        o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]).for_each(|(o, &a)| *o = a * inv);
+        let at = r * hd..(r + 1) * hd;
+        fold(&mut mm[r], &mut ss[r], &mut folded[at.clone()], m[r], sum[r], &acc[at.clone()]);
+        match sink {
+            Sink::Out(op) => {
+                // SAFETY: each task writes its own (token, head) slices of `out`.
+                let o = unsafe { std::slice::from_raw_parts_mut(op.get().add((t * n_head + h) * hd), hd) };
+                o.copy_from_slice(&folded[at]);
+                finish(o, ss[r]);
+            }
+            Sink::Partial(pp) => {
+                // SAFETY: each task writes its own heads' states in its chunk's partials.
+                let st = unsafe { std::slice::from_raw_parts_mut(pp.get().add(h * (hd + 2)), hd + 2) };
+                (st[0], st[1]) = (mm[r], ss[r]);
+                st[2..].copy_from_slice(&folded[at]);
+            }
+        }
     }
 }
 
@@ -709,7 +857,8 @@ mod reference_tests {
     use super::*;
 
     /// The arithmetic before tasks grouped heads and blocked keys: one (query, head) at a
-    /// time, keys one at a time, libm's `expf` per key. The kernels must give its bits.
+    /// time, keys one at a time, libm's `expf` per key; the chunks of KV_CHUNK keys folded
+    /// one after another. The kernels must give its bits.
     fn reference(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan) -> Vec<f32> {
         let (n_head, hd) = (plan.n_head, plan.head_dim);
         let kv_dim = plan.n_head_kv * hd;
@@ -722,7 +871,13 @@ mod reference_tests {
                 round_f16(&mut qr);
                 let mut acc = vec![0f32; hd];
                 let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                let mut folded = vec![0f32; hd];
+                let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
                 for p in plan.first_pos(t)..=plan.pos[t] {
+                    if p.is_multiple_of(KV_CHUNK) && p > plan.first_pos(t) {
+                        fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
+                        (acc, m, sum) = (vec![0f32; hd], f32::NEG_INFINITY, 0.0);
+                    }
                     let base = plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
                     widen(&kc[base..base + hd], &mut k);
                     widen(&vc[base..base + hd], &mut v);
@@ -740,9 +895,10 @@ mod reference_tests {
                     mad_f16(&mut acc, &v, vs);
                     sum = sum.mul_add(ms, vs);
                 }
-                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
+                let inv = if ss == 0.0 { 0.0 } else { 1.0 / ss };
                 let o = &mut out[(t * n_head + h) * hd..][..hd];
-                o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
+                o.iter_mut().zip(&folded).for_each(|(o, &a)| *o = a * inv);
             }
         }
         out
@@ -764,9 +920,15 @@ mod reference_tests {
                 let row = |p: u32| plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
                 let mut acc = vec![0f32; hd];
                 let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                let mut folded = vec![0f32; hd];
+                let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
                 let (first, last) = (plan.first_pos(t), plan.pos[t]);
                 let mut p0 = first - first % K_BLOCK as u32;
                 while p0 <= last {
+                    if p0.is_multiple_of(KV_CHUNK) && p0 > first {
+                        fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
+                        (acc, m, sum) = (vec![0f32; hd], f32::NEG_INFINITY, 0.0);
+                    }
                     let keys = p0.max(first)..=(p0 + K_BLOCK as u32 - 1).min(last);
                     let scores: Vec<f32> = keys
                         .clone()
@@ -793,9 +955,10 @@ mod reference_tests {
                     }
                     p0 += K_BLOCK as u32;
                 }
-                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
+                let inv = if ss == 0.0 { 0.0 } else { 1.0 / ss };
                 let o = &mut out[(t * n_head + h) * hd..][..hd];
-                o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
+                o.iter_mut().zip(&folded).for_each(|(o, &a)| *o = a * inv);
             }
         }
         out
@@ -833,12 +996,22 @@ mod reference_tests {
             let t1: Vec<u32> = (0..half).map(|b| half + (b * 13) % half).collect();
             let tables = [&t0[..], &t1[..]];
             // (pos, seq) lists.
+            // 300: two chunks (a split decode; with a window of 100 too), 310 with a window of 40: one.
             let decode = vec![(300, 0)];
+            let decode_late = vec![(310, 1)];
             let batch = vec![(17, 0), (250, 1), (5, 1)];
             let prompt: Vec<(u32, u32)> = (0..37).map(|p| (p + 3, 0)).chain((0..5).map(|p| (p, 1))).collect();
-            for (toks, window) in
-                [(decode, None), (batch.clone(), None), (prompt.clone(), None), (prompt, Some(5))]
-            {
+            // A prompt whose queries cross a chunk boundary.
+            let long: Vec<(u32, u32)> = (250..262).map(|p| (p, 0)).collect();
+            for (toks, window) in [
+                (decode.clone(), None),
+                (decode, Some(100)),
+                (decode_late, Some(40)),
+                (batch.clone(), None),
+                (prompt.clone(), None),
+                (prompt, Some(5)),
+                (long, None),
+            ] {
                 let pos: Vec<u32> = toks.iter().map(|t| t.0).collect();
                 let seq: Vec<u32> = toks.iter().map(|t| t.1).collect();
                 let plan = AttnPlan {

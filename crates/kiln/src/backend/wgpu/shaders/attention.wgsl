@@ -1,6 +1,8 @@
 // Causal attention over the f16 KV cache (GQA, sliding window, block tables): one
 // workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
-// Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256.
+// Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256. Tiles are aligned
+// to absolute positions, and keys go in chunks of CH positions, folded in f32 as the CPU's
+// (attention/mod.rs `fold`, KV_CHUNK).
 // prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off, quantize
 // mode, (split kernels) chunks; per token at tok_off: pos, first_pos, table offset (into
 // tab_off) of its sequence.
@@ -21,6 +23,35 @@ var<workgroup> pvs: array<f32, 64>;
 var<workgroup> pnew: array<u32, 64>;
 // The tile's inclusive prefix max of scores.
 var<workgroup> pmx: array<f32, 64>;
+
+// Keys per chunk (the CPU's KV_CHUNK; a multiple of WG).
+const CH: u32 = 256u;
+
+// The chunks before the current one, folded: max, sum, this invocation's accumulators.
+struct Folded {
+    m: f32,
+    s: f32,
+    a0: vec2<f32>,
+    a1: vec2<f32>,
+}
+
+// The CPU's `fold`: a chunk's (m, s, a0, a1) into f, each weighed by exp of its max less
+// the new max; an empty chunk changes nothing, the first is taken as it is.
+fn fold(f: Folded, m: f32, s: f32, a0: vec2<f32>, a1: vec2<f32>) -> Folded {
+    let neg_inf = bitcast<f32>(0xff800000u);
+    if m == neg_inf {
+        return f;
+    }
+    if f.m == neg_inf {
+        return Folded(m, s, a0, a1);
+    }
+    let mx = select(f.m, m, m > f.m);
+    let f0 = exp_acc(f.m - mx);
+    let f1 = exp_acc(m - mx);
+    let b0 = vec2<f32>(fma_x(a0.x, f1, nc(f.a0.x * f0)), fma_x(a0.y, f1, nc(f.a0.y * f0)));
+    let b1 = vec2<f32>(fma_x(a1.x, f1, nc(f.a1.x * f0)), fma_x(a1.y, f1, nc(f.a1.y * f0)));
+    return Folded(mx, fma_x(s, f1, nc(f.s * f0)), b0, b1);
+}
 
 fn kv_at(buf_is_v: bool, e: u32) -> f32 {
     var w: u32;
@@ -124,9 +155,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let e1 = min(lid + WG, np - 1u);
     var a0 = vec2<f32>(0.0);
     var a1 = vec2<f32>(0.0);
-    for (var p0 = first; p0 <= pos; p0 = p0 + WG) {
+    var fd = Folded(neg_inf, 0.0, vec2<f32>(0.0), vec2<f32>(0.0));
+    let start = first - first % WG;
+    for (var p0 = start; p0 <= pos; p0 = p0 + WG) {
+        if p0 % CH == 0u && p0 > start {
+            fd = fold(fd, m, ssum, a0, a1);
+            m = neg_inf;
+            ssum = 0.0;
+            a0 = vec2<f32>(0.0);
+            a1 = vec2<f32>(0.0);
+        }
         let p = p0 + lid;
-        if p <= pos {
+        // Keys before `first` (the aligned tile's head) are skipped, as past `pos`.
+        let live = p >= first && p <= pos;
+        bj[lid] = 0u;
+        if live {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
             pj[lid] = dot_ggml(base, hd) * scale;
@@ -136,7 +179,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         // The max before each key: an inclusive prefix max over the tile (six doubling
         // steps), after the running max of the tiles before.
         workgroupBarrier();
-        var run = select(neg_inf, pj[lid], lid < nv);
+        var run = select(neg_inf, pj[lid], live);
         for (var s = 1u; s < WG; s = s << 1u) {
             pmx[lid] = run;
             workgroupBarrier();
@@ -149,7 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
         let before = select(m, max(m, pmx[max(lid, 1u) - 1u]), lid > 0u);
         m = max(m, pmx[nv - 1u]);
-        if lid < nv {
+        if live {
             let sc = pj[lid];
             var ms = 1.0;
             var vs = 1.0;
@@ -183,7 +226,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 }
             }
             for (var u = 0u; u < 16u; u = u + 1u) {
-                if j + u < nv {
+                if j + u < nv && p0 + j + u >= first {
                     let pm = pms[j + u];
                     let pv = pvs[j + u];
                     let raised = pnew[j + u] != 0u;
@@ -197,14 +240,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
     }
-    let inv = select(0.0, 1.0 / ssum, ssum != 0.0);
+    fd = fold(fd, m, ssum, a0, a1);
+    let inv = select(0.0, 1.0 / fd.s, fd.s != 0.0);
     if lid < np {
-        ys[th * hd + 2u * lid] = a0.x * inv;
-        ys[th * hd + 2u * lid + 1u] = a0.y * inv;
+        ys[th * hd + 2u * lid] = fd.a0.x * inv;
+        ys[th * hd + 2u * lid + 1u] = fd.a0.y * inv;
     }
     if two && lid + WG < np {
-        ys[th * hd + 2u * (lid + WG)] = a1.x * inv;
-        ys[th * hd + 2u * (lid + WG) + 1u] = a1.y * inv;
+        ys[th * hd + 2u * (lid + WG)] = fd.a1.x * inv;
+        ys[th * hd + 2u * (lid + WG) + 1u] = fd.a1.y * inv;
     }
     attn_tail(th * hd / 4u + min(lid, hd / 4u - 1u), lid < hd / 4u, lid);
 }
