@@ -144,7 +144,16 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, rows: usize, dim: usize, out: &mut Vec<f32>) {
         let w = self.vector(w);
-        ops::rms_norm(&x[..rows * dim], &w, eps, dim, &mut out[..rows * dim]);
+        // A row's sum of squares is one f64 chain (ggml's order): a prompt's rows go to the
+        // threads in runs (gemma3-270m's pp512 spent 3.5% in one thread's norms).
+        let run = rows.div_ceil(4 * self.pool.n_threads()).max(16);
+        let op = ops::SyncPtr(out.as_mut_ptr());
+        self.pool.run(rows.div_ceil(run), &|task| {
+            let r = task * run..((task + 1) * run).min(rows);
+            // SAFETY: each task writes its own rows of `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(op.get().add(r.start * dim), r.len() * dim) };
+            ops::rms_norm(&x[r.start * dim..r.end * dim], &w, eps, dim, o);
+        });
     }
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, rows: usize, out: &mut Vec<f32>) {
