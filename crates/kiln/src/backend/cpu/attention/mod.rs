@@ -287,8 +287,8 @@ struct Task<'a> {
 enum Sink {
     /// Normalized, into the output `[token, head, head_dim]`.
     Out(SyncPtr<f32>),
-    /// As chunk states `[head - heads.start... ]`: per row of head h, at `(h, hd + 2)`
-    /// offsets, the maximum, the sum and the accumulator (a split decode's one chunk).
+    /// As a chunk's states (a split decode's task): per head h, at `h · (head_dim + 2)`,
+    /// the maximum, the sum of weights and the accumulator.
     Partial(SyncPtr<f32>),
 }
 
