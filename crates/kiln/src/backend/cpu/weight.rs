@@ -1,9 +1,10 @@
-//! CPU weights: read in place from the mapped GGUF file, except Q4_K and Q5_0 matrices,
-//! which the SIMD tiers repack with rows interleaved (`quant::interleave`: eight Q4_K rows,
-//! two Q5_0 rows; the layout their prefill and decode kernels both read) the first time
-//! they are multiplied, so a table only looked up (an untied `token_embd`) stays in the
-//! file, read a row at a time. The file's pages of a repacked tensor are then released: a
-//! weight is never held twice. Repacked tensors live in their file's [`Arena`] (huge pages).
+//! CPU weights: read in place from the mapped GGUF file until first multiplied; then a
+//! matrix is copied into its file's [`Arena`] (huge pages), Q4_K and Q5_0 with rows
+//! interleaved where the SIMD tiers have kernels for it (`quant::interleave`: eight Q4_K
+//! rows, two Q5_0 rows; the layout their prefill and decode kernels both read), the others
+//! as they are. A table only looked up (an untied `token_embd`) stays in the file, read a
+//! row at a time. The file's pages of a copied tensor are then released: a weight is never
+//! held twice.
 
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
@@ -13,6 +14,13 @@ use crate::error::Result;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType, Interleave};
 
+/// Where a matrix's copy lies: its layout (`None`: plain), its arena and the offset there.
+struct ArenaCopy {
+    layout: Option<Interleave>,
+    arena: Arc<Arena>,
+    off: usize,
+}
+
 /// A weight matrix (or vector).
 pub struct CpuWeight {
     file: Arc<GgufFile>,
@@ -20,13 +28,11 @@ pub struct CpuWeight {
     len: usize,
     /// Where repacked copies of the file's tensors go (if it could be reserved).
     arena: Option<Arc<Arena>>,
-    /// The interleaved copy of the tensor (an arena and its offset there), once it was
-    /// multiplied, where it is repacked (the file's bytes then stay unread).
-    interleaved: OnceLock<Option<(Interleave, Arc<Arena>, usize)>>,
-    /// A plain copy in the arena, made at the first matmul of a matrix kept in GGUF layout:
-    /// decode then streams it from huge pages too (qwen2.5-coder-0.5b tg +4-5% on a Zen 4,
-    /// its 136 MB Q8_0 output matrix), and the file's pages are released.
-    copied: OnceLock<Option<(Arc<Arena>, usize)>>,
+    /// The matrix's copy in the arena (its layout where interleaved, the arena and the
+    /// offset there), made at its first matmul; the file's pages are then released. Plain
+    /// copies too: decode then streams every matrix from huge pages (qwen2.5-coder-0.5b tg
+    /// +4-9% on a Zen 4, its 136 MB Q8_0 output matrix).
+    copy: OnceLock<Option<ArenaCopy>>,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
@@ -43,8 +49,7 @@ impl CpuWeight {
             start: (gguf.data_offset + t.offset) as usize,
             len: t.size as usize,
             arena,
-            interleaved: OnceLock::new(),
-            copied: OnceLock::new(),
+            copy: OnceLock::new(),
             ty: t.ty,
             rows,
             cols,
@@ -85,37 +90,45 @@ impl CpuWeight {
         &self.file.bytes()[self.start..self.start + self.len]
     }
 
-    /// The plain bytes: the arena copy where one was made, else the file's.
+    /// The plain bytes: the arena's plain copy where one was made, else the file's.
     fn plain(&self) -> &[u8] {
-        match self.copied.get() {
-            Some(Some((arena, off))) => arena.get(*off, self.len),
+        match self.copy.get() {
+            Some(Some(ArenaCopy { layout: None, arena, off })) => arena.get(*off, self.len),
             _ => self.file_bytes(),
         }
     }
 
-    /// For a matmul: the weight's bytes in plain GGUF layout (copied into the arena on the
-    /// first call), or `None` where it was repacked.
-    pub fn bytes(&self) -> Option<&[u8]> {
-        if self.packed().is_some() {
-            return None;
-        }
-        self.copied.get_or_init(|| self.repack(None));
-        Some(self.plain())
-    }
-
     /// The interleaved layout and bytes where it was repacked (so far).
     fn packed(&self) -> Option<(Interleave, &[u8])> {
-        self.interleaved.get()?.as_ref().map(|(layout, arena, off)| (*layout, arena.get(*off, self.len)))
+        match self.copy.get()? {
+            Some(ArenaCopy { layout: Some(layout), arena, off }) => {
+                Some((*layout, arena.get(*off, self.len)))
+            }
+            _ => None,
+        }
     }
 
-    /// For a matmul: the interleaved layout and bytes where this CPU has kernels for one
-    /// (repacking on the first call), else `None` (multiply [`Self::bytes`]).
-    pub fn interleaved(&self) -> Option<(Interleave, &[u8])> {
-        self.interleaved.get_or_init(|| {
-            let layout = interleave_for(self.ty).filter(|l| self.rows.is_multiple_of(l.rows()))?;
-            // No room for the copy: multiply the file's bytes in place instead.
-            self.repack(Some(layout)).map(|(arena, off)| (layout, arena, off))
+    /// The arena copy, made on the first call: interleaved where this CPU has kernels for
+    /// a layout of the type, else plain. No room for it: the file's bytes are multiplied
+    /// in place instead.
+    fn copy(&self) {
+        self.copy.get_or_init(|| {
+            let layout = interleave_for(self.ty).filter(|l| self.rows.is_multiple_of(l.rows()));
+            self.repack(layout).map(|(arena, off)| ArenaCopy { layout, arena, off })
         });
+    }
+
+    /// For a matmul: the weight's bytes in plain GGUF layout, or `None` where it was
+    /// repacked (multiply [`Self::interleaved`]).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        self.copy();
+        self.packed().is_none().then(|| self.plain())
+    }
+
+    /// For a matmul: the interleaved layout and bytes where this CPU has kernels for one,
+    /// else `None` (multiply [`Self::bytes`]).
+    pub fn interleaved(&self) -> Option<(Interleave, &[u8])> {
+        self.copy();
         self.packed()
     }
 
