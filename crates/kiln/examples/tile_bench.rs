@@ -71,7 +71,7 @@ fn main() {
     }
     q4_k_x8(rows, &mut next);
     q4_k_amx(rows, &mut next);
-    q5_0_x2(rows, &mut next);
+    q5_0_x16(rows, &mut next);
 }
 
 /// Q4_K interleaved eight rows (what the CPU backend repacks Q4_K into) against the
@@ -164,15 +164,15 @@ fn q4_k_amx(rows: usize, next: &mut impl FnMut() -> f32) {
     println!("Q4_K×8 amx: prefill {best:.2} ns{}", if out[0].is_nan() { " NaN!" } else { "" });
 }
 
-/// Q5_0 interleaved two rows, the same way: prefill as 2 rows × 8 tokens per call, decode
-/// as 2 rows × 1 token (ns per row × token × 32-value block).
+/// Q5_0 interleaved sixteen rows, the same way: prefill as 16 rows × 8 tokens per call,
+/// decode as 16 rows × 1 token (ns per row × token × 32-value block).
 #[cfg(target_arch = "x86_64")]
-fn q5_0_x2(rows: usize, next: &mut impl FnMut() -> f32) {
-    use kiln::quant::{q5_0_x2_kernels_for, quantize_row, CpuTier, GgmlType, Interleave, Q5_0X2Kernels};
+fn q5_0_x16(rows: usize, next: &mut impl FnMut() -> f32) {
+    use kiln::quant::{q5_0_x16_kernels_for, quantize_row, CpuTier, GgmlType, Interleave, Q5_0X16Kernels};
     use std::time::Instant;
     let (n, toks) = (1536, 8);
     let wr = GgmlType::Q5_0.row_size(n).unwrap();
-    let ar = Q5_0X2Kernels::act_row_size(n);
+    let ar = Q5_0X16Kernels::act_row_size(n);
     let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
     for r in 0..rows {
         let x: Vec<f32> = (0..n).map(|_| next()).collect();
@@ -180,39 +180,39 @@ fn q5_0_x2(rows: usize, next: &mut impl FnMut() -> f32) {
     }
     for t in 0..toks {
         let x: Vec<f32> = (0..n).map(|_| next()).collect();
-        if let Some(k) = q5_0_x2_kernels_for(CpuTier::Avx2) {
+        if let Some(k) = q5_0_x16_kernels_for(CpuTier::Avx2) {
             k.prepare(&x, &mut a[t * ar..(t + 1) * ar]).unwrap();
         }
     }
     let mut packed = vec![0u8; w.len()];
-    Interleave::Q5_0X2.pack(&w, n, &mut packed).unwrap();
+    Interleave::Q5_0X16.pack(&w, n, &mut packed).unwrap();
     let blocks = n / 32;
     let reps = (1280 / rows).max(1);
     let mut sink = 0f32;
     for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni] {
-        let Some(k) = q5_0_x2_kernels_for(tier) else { continue };
+        let Some(k) = q5_0_x16_kernels_for(tier) else { continue };
         let (mut gemm, mut gemv) = (f64::MAX, f64::MAX);
         for _ in 0..200 {
-            let mut out = [0f32; 16];
+            let mut out = [0f32; 128];
             let t0 = Instant::now();
             for _ in 0..reps {
-                for p in 0..rows / 2 {
-                    k.dots(&packed[2 * p * wr..2 * (p + 1) * wr], &a, n, toks, &mut out, 2);
+                for g in 0..rows / 16 {
+                    k.dots(&packed[16 * g * wr..16 * (g + 1) * wr], &a, n, toks, &mut out, 16);
                     sink += out[0];
                 }
             }
             gemm = gemm.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * toks * blocks) as f64);
             let t0 = Instant::now();
             for _ in 0..reps {
-                for p in 0..rows / 2 {
-                    k.dots(&packed[2 * p * wr..2 * (p + 1) * wr], &a[..ar], n, 1, &mut out, 2);
+                for g in 0..rows / 16 {
+                    k.dots(&packed[16 * g * wr..16 * (g + 1) * wr], &a[..ar], n, 1, &mut out, 16);
                     sink += out[0];
                 }
             }
             gemv = gemv.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * blocks) as f64);
         }
         println!(
-            "Q5_0×2 {}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
+            "Q5_0×16 {}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
             tier.name(),
             if sink.is_nan() { " NaN!" } else { "" }
         );

@@ -225,92 +225,86 @@ fn amx_q4_k_matches_the_row_major_tiles() {
     assert!(out.iter().all(|v| v.is_nan()), "mis-sized input gives NaN");
 }
 
-/// Q5_0×2 (two rows interleaved at load, activations prepared with their lane offsets)
-/// gives the row-major Q5_0 tiles' bits on every tier and token count, and unpacks back to
-/// the original rows.
+/// Q5_0×16 (sixteen rows interleaved at load, activations prepared with their offsets)
+/// gives the scalar reference's bits (ggml's generic float steps) on every tier and token
+/// count, as do the row-major Q5_0 tiles, and unpacks back to the original rows. Row 0 and
+/// token 1 are the extremes of the AVX2 kernel's 16-bit partial sums (quants 31 × 127).
 #[test]
-fn interleaved_q5_0_matches_the_row_major_tiles() {
-    use kiln::quant::{q5_0_x2_kernels_for, Interleave, Q5_0X2Kernels};
+fn interleaved_q5_0_matches_the_scalar_reference() {
+    use kiln::quant::{q5_0_x16_kernels_for, Interleave, Q5_0X16Kernels};
     let mut rng = Rng(13);
-    let (ty, n, rows, toks) = (GgmlType::Q5_0, 896, 6, 11);
+    let (ty, n, rows, toks) = (GgmlType::Q5_0, 896, 32, 11);
     let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_0.row_size(n).unwrap());
     let mut w = vec![0u8; wr * rows];
     for r in 0..rows {
-        let x: Vec<f32> = (0..n).map(|_| rng.f() * (0.1 + r as f32)).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|i| match (r, i % 32) {
+                (0, 0) => 1.0,
+                (0, _) => -0.9375,
+                _ => rng.f() * (0.1 + r as f32),
+            })
+            .collect();
         quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
     }
-    let (mut a, mut prepared) = (vec![0u8; ar * toks], vec![0u8; Q5_0X2Kernels::act_row_size(n) * toks]);
-    let pr = Q5_0X2Kernels::act_row_size(n);
+    let pr = Q5_0X16Kernels::act_row_size(n);
+    let (mut a, mut prepared) = (vec![0u8; ar * toks], vec![0u8; pr * toks]);
     for t in 0..toks {
         let y: Vec<f32> = (0..n)
-            .map(|i| {
-                if t == 0 {
-                    if i % 5 == 0 {
-                        -3.0
-                    } else {
-                        3.0
-                    }
-                } else {
-                    rng.f()
-                }
+            .map(|i| match t {
+                0 if i % 5 == 0 => -3.0,
+                0 | 1 => 3.0,
+                _ => rng.f(),
             })
             .collect();
         quantize_activation(GgmlType::Q8_0, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
-        let k = q5_0_x2_kernels_for(detected_cpu_tier());
-        if let Some(k) = k {
+        if let Some(k) = q5_0_x16_kernels_for(detected_cpu_tier()) {
             k.prepare(&y, &mut prepared[t * pr..(t + 1) * pr]).unwrap();
         }
     }
+    let reference = |r: usize, t: usize| vec_dot(ty, &w[r * wr..][..wr], &a[t * ar..][..ar], n);
     let mut packed = vec![0u8; w.len()];
-    Interleave::Q5_0X2.pack(&w, n, &mut packed).unwrap();
+    Interleave::Q5_0X16.pack(&w, n, &mut packed).unwrap();
     assert_ne!(packed, w);
     let mut row = vec![0u8; wr];
     for r in 0..rows {
-        Interleave::Q5_0X2.unpack_row(&packed, n, r, &mut row).unwrap();
+        Interleave::Q5_0X16.unpack_row(&packed, n, r, &mut row).unwrap();
         assert_eq!(row, w[r * wr..(r + 1) * wr], "row {r} round trip");
     }
-    assert!(Interleave::Q5_0X2.pack(&w[..wr * 3], n, &mut packed[..wr * 3]).is_err(), "3 rows are not pairs");
+    assert!(Interleave::Q5_0X16.pack(&w[..wr * 8], n, &mut packed[..wr * 8]).is_err(), "8 rows are no group");
     let mut tested = 0;
     for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
-        let Some(k) = q5_0_x2_kernels_for(tier) else {
+        let Some(k) = q5_0_x16_kernels_for(tier) else {
             assert_eq!(tier, CpuTier::Scalar);
             continue;
         };
         tested += 1;
         let tk = tile_kernels_for(ty, tier).unwrap();
-        // One pair per call, and two (four rows: 512-bit registers on AVX-512 VNNI).
-        let calls = (0..rows / 2).flat_map(|p| [(p, 1), (p, 2)]).filter(|&(p, pairs)| p + pairs <= rows / 2);
-        for (p, pairs) in calls {
+        for g in 0..rows / 16 {
             for n_tok in 1..=8 {
                 for t0 in [0, toks - n_tok] {
-                    let os = 2 * pairs + 1;
+                    let os = 17;
                     let mut out = vec![f32::NAN; os * 8];
-                    k.dots(
-                        &packed[2 * p * wr..2 * (p + pairs) * wr],
-                        &prepared[t0 * pr..(t0 + n_tok) * pr],
-                        n,
-                        n_tok,
-                        &mut out,
-                        os,
-                    );
+                    let pw = &packed[16 * g * wr..16 * (g + 1) * wr];
+                    k.dots(pw, &prepared[t0 * pr..(t0 + n_tok) * pr], n, n_tok, &mut out, os);
                     for t in 0..n_tok {
-                        for r in 0..2 * pairs {
-                            let row = 2 * p + r;
-                            let want = tk.one(&w[row * wr..][..wr], &a[(t0 + t) * ar..][..ar], n);
+                        for r in 0..16 {
+                            let (row, tok) = (16 * g + r, t0 + t);
+                            let want = reference(row, tok);
                             let got = out[t * os + r];
+                            let tile = tk.one(&w[row * wr..][..wr], &a[tok * ar..][..ar], n);
                             assert_eq!(
                                 got.to_bits(),
                                 want.to_bits(),
-                                "{tier:?} row {row} ({pairs} pairs) token {} of {n_tok}: {got} vs {want}",
-                                t0 + t
+                                "{tier:?} row {row} token {tok}: {got} vs {want}"
                             );
+                            assert_eq!(tile.to_bits(), want.to_bits(), "{tier:?} tile row {row} token {tok}");
                         }
                     }
                 }
             }
         }
-        let mut out = [0f32; 2];
-        k.dots(&packed[..2 * wr - 1], &prepared[..pr], n, 1, &mut out, 2);
+        let mut out = [0f32; 16];
+        k.dots(&packed[..16 * wr - 1], &prepared[..pr], n, 1, &mut out, 16);
         assert!(out.iter().all(|v| v.is_nan()), "mis-sized weights give NaN");
     }
     if detected_cpu_tier() >= CpuTier::Avx2 {

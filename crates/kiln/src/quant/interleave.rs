@@ -12,9 +12,17 @@
 //! - `[128, 1152)`: the quants in 16 columns of 8 bytes: bytes `8c..8c+8` of row r's 128
 //!   quant bytes at `128 + 64c + 8r`.
 //!
-//! Q5_0 with two rows interleaved ("Q5_0×2"): rows 2p, 2p+1 form pair p; its block i is
-//! 44 bytes at `(p · nb + i) · 44`: the two `d`, the two 32-bit `qh`, then the two rows' 16
-//! quant bytes, so one 256-bit load holds a block of both rows (`simd/q5_0_x2.rs`).
+//! Q5_0 with sixteen rows interleaved ("Q5_0×16"): rows 16g..16g+16 form group g; its
+//! block i is 16 × 22 bytes at `(g · nb + i) · 352`, laid out for a `vpdpbusd` whose 32-bit
+//! lane r is row r (`simd/q5_0_x16.rs`):
+//!
+//! - `[0, 32)`: the sixteen `d` (f16), row r's at `2r`;
+//! - `[32, 96)`: the fifth bits as eight 64-bit masks: bit `4r + j` of mask s is bit
+//!   `4s + j` of row r's `qh` (quant `4s + j`);
+//! - `[96, 352)`: the quant bytes in four 64-byte chunks: byte `4r + j` of chunk c is row
+//!   r's quant byte `4c + j` (quants `4c + j` low, `16 + 4c + j` high).
+//!
+//! The same bytes, except that the `qh` bits move between bytes.
 
 use super::GgmlType;
 use crate::error::{KilnError, Result};
@@ -38,11 +46,17 @@ fn x8_pieces(r: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     [(0, 2 * lane, 2), (2, 16 + 2 * lane, 2)].into_iter().chain(scales).chain(quants)
 }
 
-/// A row-interleaved layout: the same bytes as the plain matrix, moved.
+/// Rows per Q5_0×16 group.
+pub const Q5_0_X16_ROWS: usize = 16;
+/// Bytes of one Q5_0×16 block: one block of each of the sixteen rows.
+pub const Q5_0_X16_BLOCK: usize = Q5_0_X16_ROWS * 22;
+
+/// A row-interleaved layout: the same bytes (bits, for Q5_0's `qh`) as the plain matrix,
+/// moved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interleave {
     Q4kX8,
-    Q5_0X2,
+    Q5_0X16,
 }
 
 impl Interleave {
@@ -50,7 +64,7 @@ impl Interleave {
     pub fn ty(self) -> GgmlType {
         match self {
             Interleave::Q4kX8 => GgmlType::Q4_K,
-            Interleave::Q5_0X2 => GgmlType::Q5_0,
+            Interleave::Q5_0X16 => GgmlType::Q5_0,
         }
     }
 
@@ -58,15 +72,40 @@ impl Interleave {
     pub fn rows(self) -> usize {
         match self {
             Interleave::Q4kX8 => Q4K_X8_ROWS,
-            Interleave::Q5_0X2 => 2,
+            Interleave::Q5_0X16 => Q5_0_X16_ROWS,
         }
     }
 
-    /// The contiguous pieces of row `r` (of a group) of one block in its interleaved block.
-    fn pieces(self, r: usize) -> Vec<(usize, usize, usize)> {
+    /// Moves row `r`'s (of a group) block `plain` into its interleaved `block`, or back
+    /// (`to_plain`).
+    fn move_row(self, r: usize, plain: &mut [u8], block: &mut [u8], to_plain: bool) {
+        let mut copy = |from: usize, to: usize, len: usize| {
+            if to_plain {
+                plain[from..from + len].copy_from_slice(&block[to..to + len]);
+            } else {
+                block[to..to + len].copy_from_slice(&plain[from..from + len]);
+            }
+        };
         match self {
-            Interleave::Q4kX8 => x8_pieces(r).collect(),
-            Interleave::Q5_0X2 => vec![(0, 2 * r, 2), (2, 4 + 4 * r, 4), (6, 12 + 16 * r, 16)],
+            Interleave::Q4kX8 => x8_pieces(r).for_each(|(from, to, len)| copy(from, to, len)),
+            Interleave::Q5_0X16 => {
+                copy(0, 2 * r, 2);
+                (0..4).for_each(|c| copy(6 + 4 * c, 96 + 64 * c + 4 * r, 4));
+                // qh's nibble s is the nibble at bit 4r of mask s.
+                let mask = |s: usize| 32 + 8 * s + r / 2;
+                let shift = 4 * (r % 2);
+                if to_plain {
+                    let qh =
+                        (0..8).fold(0u32, |qh, s| qh | (((block[mask(s)] >> shift) & 15) as u32) << (4 * s));
+                    plain[2..6].copy_from_slice(&qh.to_le_bytes());
+                } else {
+                    let qh = u32::from_le_bytes([plain[2], plain[3], plain[4], plain[5]]);
+                    for s in 0..8 {
+                        let b = &mut block[mask(s)];
+                        *b = (*b & !(15 << shift)) | ((((qh >> (4 * s)) & 15) as u8) << shift);
+                    }
+                }
+            }
         }
     }
 
@@ -91,14 +130,12 @@ impl Interleave {
     pub fn pack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<()> {
         let (_, nb) = self.check(cols, src.len(), dst.len())?;
         let (r_n, bs) = (self.rows(), self.ty().type_size());
-        let pieces: Vec<_> = (0..r_n).map(|r| self.pieces(r)).collect();
+        let mut sb = vec![0u8; bs];
         for (g, group) in dst.chunks_exact_mut(nb * r_n * bs).enumerate() {
             for (i, block) in group.chunks_exact_mut(r_n * bs).enumerate() {
-                for (r, pieces) in pieces.iter().enumerate() {
-                    let sb = &src[((g * r_n + r) * nb + i) * bs..][..bs];
-                    for &(from, to, len) in pieces {
-                        block[to..to + len].copy_from_slice(&sb[from..from + len]);
-                    }
+                for r in 0..r_n {
+                    sb.copy_from_slice(&src[((g * r_n + r) * nb + i) * bs..][..bs]);
+                    self.move_row(r, &mut sb, block, false);
                 }
             }
         }
@@ -116,12 +153,11 @@ impl Interleave {
                 dst.len()
             )));
         }
-        let pieces = self.pieces(r % r_n);
         let group = &packed[(r / r_n) * nb * r_n * bs..][..nb * r_n * bs];
-        for (block, sb) in group.chunks_exact(r_n * bs).zip(dst.chunks_exact_mut(bs)) {
-            for &(from, to, len) in &pieces {
-                sb[from..from + len].copy_from_slice(&block[to..to + len]);
-            }
+        let mut block = vec![0u8; r_n * bs];
+        for (b, sb) in group.chunks_exact(r_n * bs).zip(dst.chunks_exact_mut(bs)) {
+            block.copy_from_slice(b);
+            self.move_row(r % r_n, sb, &mut block, true);
         }
         Ok(())
     }

@@ -1,12 +1,12 @@
 //! Matmuls on weights repacked with rows interleaved at load (`quant::interleave`): Q4_K
-//! eight rows at a time, Q5_0 two. Each kernel call gives a group of rows × up to eight
+//! eight rows at a time, Q5_0 sixteen. Each kernel call gives a group of rows × up to eight
 //! tokens; a task's rows pass over eight tokens' activations while those stay in L1.
 //! Every (row, token) dot has the bits of the row-major kernels, whatever the batch.
 
 use super::ops::{quantize_rows, rows_per_task, SyncPtr};
 use super::pool::ThreadPool;
 use super::CpuWeight;
-use crate::quant::{self, GgmlType, Interleave, Q4kX8Amx, Q4kX8Kernels, Q5_0X2Kernels};
+use crate::quant::{self, GgmlType, Interleave, Q4kX8Amx, Q4kX8Kernels, Q5_0X16Kernels};
 
 /// A group kernel with its activations' form bound: (weights, activations, tokens, out).
 type DotsFn<'k> = dyn Fn(&[u8], &[u8], usize, &mut [f32]) + Sync + 'k;
@@ -17,7 +17,9 @@ const AMX_MIN_TOKENS: usize = 16;
 
 /// Most tokens a kernel call takes (both kernels' limit).
 const TOKENS: usize = 8;
-const _: () = assert!(Q4kX8Kernels::TOKENS == TOKENS && Q5_0X2Kernels::TOKENS == TOKENS);
+const _: () = assert!(Q4kX8Kernels::TOKENS == TOKENS && Q5_0X16Kernels::TOKENS == TOKENS);
+/// Most rows a kernel call gives.
+const ROWS: usize = Q5_0X16Kernels::ROWS;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmul(
@@ -44,12 +46,11 @@ pub(super) fn matmul(
             };
             (act_row, Box::new(prepare), Box::new(move |w, a, nt, v| k8.dots(w, a, k, nt, v, group)))
         }
-        Interleave::Q5_0X2 => {
-            let k2 = quant::q5_0_x2_kernels().expect("weights are repacked only where the kernels exist");
-            let prepare = move |src: &[f32], dst: &mut [u8]| k2.prepare(src, dst).expect("sizes match");
-            // One or two pairs per call (four rows in 512-bit registers where the CPU can).
-            let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k2.dots(w, a, k, nt, v, w.len() / rs);
-            (Q5_0X2Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
+        Interleave::Q5_0X16 => {
+            let k16 = quant::q5_0_x16_kernels().expect("weights are repacked only where the kernels exist");
+            let prepare = move |src: &[f32], dst: &mut [u8]| k16.prepare(src, dst).expect("sizes match");
+            let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k16.dots(w, a, k, nt, v, group);
+            (Q5_0X16Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
         }
     };
     let act = quantize_rows(pool, x, n_tok, k, act_row, act_buf, &prepare);
@@ -60,18 +61,15 @@ pub(super) fn matmul(
     if let Some(amx) = amx {
         return amx_matmul(pool, amx, packed, rs, act, k, n, n_tok, &op, &dots);
     }
-    // Rows per call: a group, or two pairs of Q5_0×2.
-    let step = if layout == Interleave::Q5_0X2 { 2 * group } else { group };
-    let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(step);
+    let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(group);
     pool.run(n.div_ceil(chunk), &|task| {
         let rows = task * chunk..((task + 1) * chunk).min(n);
-        let mut v = [0f32; TOKENS * 8];
+        let mut v = [0f32; TOKENS * ROWS];
         for t0 in (0..n_tok).step_by(TOKENS) {
             let nt = (n_tok - t0).min(TOKENS);
-            for r in rows.clone().step_by(step) {
-                let g = step.min(rows.end - r);
-                dots(&packed[r * rs..(r + g) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
-                for (t, vt) in v.chunks_exact(g).take(nt).enumerate() {
+            for r in rows.clone().step_by(group) {
+                dots(&packed[r * rs..(r + group) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
+                for (t, vt) in v.chunks_exact(group).take(nt).enumerate() {
                     vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));
                 }
             }

@@ -8,6 +8,7 @@ mod expf;
 mod interleaved;
 mod ops;
 pub use attention::AttnArith;
+pub(crate) use ops::gelu_table;
 pub use ops::rope_cache;
 pub mod pool;
 mod vexp;

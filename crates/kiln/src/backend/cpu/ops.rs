@@ -277,7 +277,7 @@ pub fn argmax_rows(x: &[f32], n: usize) -> Vec<u32> {
 
 /// GELU-tanh of every f16 value, as ggml's table (it evaluates GELU on f16-rounded inputs),
 /// and one value of padding, so a 32-bit gather at any index stays inside.
-fn gelu_table() -> &'static [f16] {
+pub(crate) fn gelu_table() -> &'static [f16] {
     static TABLE: OnceLock<Vec<f16>> = OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)

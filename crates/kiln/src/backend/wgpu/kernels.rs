@@ -326,13 +326,14 @@ fn dot_consts(ty: GgmlType) -> String {
     };
     format!(
         "const CLASS: u32 = {class}u;\nconst KMODE: u32 = {kmode}u;\nconst BB: u32 = {}u;\nconst HAS_MIN: bool = {};\n\
-         const WF16: bool = {};\n\
+         const WF16: bool = {};\nconst GENERIC: bool = {};\n\
          fn unit_a(o: u32, xw: u32) {{\n    {unit}(o, xw);\n}}\n\
          fn sub_k(o: u32, j: u32, xw: u32) -> vec2<i32> {{\n    return {sub}(o, j, xw);\n}}\n\
          fn kscale(o: u32) -> vec2<f32> {{\n    return {kscale}(o);\n}}\n",
         ty.type_size(),
         ty == Q4_1,
         ty == F16,
+        ty == Q5_0,
     )
 }
 
@@ -502,7 +503,8 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         s.push_str(QUANTIZE_CORE);
     }
     if src.contains("glu_value(") {
-        s.push_str(GLU);
+        // The GELU table is bound after the kernel's other buffers.
+        s.push_str(&GLU.replace("GT", if k == Kernel::QuantizeGlu { "4" } else { "3" }));
     }
     if src.contains("rope_pair(") {
         s.push_str(ROPE_CORE);

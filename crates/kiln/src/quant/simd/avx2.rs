@@ -187,18 +187,19 @@ unsafe fn q4_1_q8_1(x: *const u8, y: *const u8, nb: usize) -> f32 {
 safe_wrapper!(dot_q4_1_q8_1 => q4_1_q8_1, 20, 36);
 
 #[target_feature(enable = "avx2,fma,f16c")]
+/// ggml's generic float steps (the whole block's integer sum, then `sumf += d · sum`), as
+/// every Q5_0 kernel (`q5_0_x16.rs`).
 unsafe fn q5_0_q8_0(x: *const u8, y: *const u8, nb: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let mut sumf = 0f32;
     let f0 = _mm256_set1_epi8(0xf0u8 as i8);
     blocks32(x, 22, y, 34, nb, false, |i, d, _| {
         let x = x.add(22 * i);
         // Where the fifth bit is clear, nibble | 0xf0 is the nibble minus 16 as an i8.
         let high = _mm256_andnot_si256(bits_32(x.add(2)), f0);
         let qx = _mm256_or_si256(nibbles_32(x.add(6)), high);
-        let s = dot_s8(qx, loadu(y.add(34 * i + 2)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc);
+        sumf += d * hsum_epi32(dot_s8(qx, loadu(y.add(34 * i + 2)))) as f32;
     });
-    hsum_ps(acc)
+    sumf
 }
 safe_wrapper!(dot_q5_0_q8_0 => q5_0_q8_0, 22, 34);
 

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 
 use super::prefetch;
 
-use super::avx2::{bits_32, dot_us8, hsum_ps, loadu, nibbles_32};
+use super::avx2::{bits_32, dot_us8, hsum_epi32, hsum_ps, loadu, nibbles_32};
 use super::ktiles::{q4_k_core, q6_k_core};
 
 /// `out[r * T + t] = dot(w row r, a row t)` for `R` weight rows of `ws` bytes starting at
@@ -174,7 +174,9 @@ unsafe fn q5_0_core<const R: usize, const T: usize, const VNNI: bool>(
     q0_core::<true, R, T, VNNI>(x, xs, y, ys, nb, out)
 }
 
-/// Q8_0 or Q5_0 (one f16 scale, signed quants) with Q8_0 activations.
+/// Q8_0 or Q5_0 (one f16 scale, signed quants) with Q8_0 activations. Q5_0 takes ggml's
+/// generic float steps (`sumf += (x.d · y.d) · f32(sum)` per block, as `q5_0_x16.rs`), Q8_0
+/// its AVX2 ones (eight lane chains).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q0_core<const Q5: bool, const R: usize, const T: usize, const VNNI: bool>(
@@ -190,6 +192,7 @@ unsafe fn q0_core<const Q5: bool, const R: usize, const T: usize, const VNNI: bo
     }
     let wb = if Q5 { 22 } else { 34 };
     let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut sums = [[0f32; T]; R];
     let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
         let mut qx = [_mm256_setzero_si256(); R];
@@ -210,13 +213,17 @@ unsafe fn q0_core<const Q5: bool, const R: usize, const T: usize, const VNNI: bo
                 let d = _mm_mul_ps(dx[r], dy);
                 // The sign moves onto y so one operand is unsigned (as `dot_s8`).
                 let s = dot_u8i8::<VNNI>(absx[r], _mm256_sign_epi8(qy, qx[r]));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(s), acc[r][t]);
+                if Q5 {
+                    sums[r][t] += _mm_cvtss_f32(d) * hsum_epi32(s) as f32;
+                } else {
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm256_cvtepi32_ps(s), acc[r][t]);
+                }
             }
         }
     }
     for r in 0..R {
         for t in 0..T {
-            *out.add(r * T + t) = hsum_ps(acc[r][t]);
+            *out.add(r * T + t) = if Q5 { sums[r][t] } else { hsum_ps(acc[r][t]) };
         }
     }
 }
@@ -235,6 +242,7 @@ unsafe fn q0_core_t4<const Q5: bool, const R: usize, const VNNI: bool>(
 ) {
     let wb = if Q5 { 22 } else { 34 };
     let mut acc = [[_mm256_setzero_ps(); TILE]; R];
+    let mut sums = [[0f32; TILE]; R];
     let lane: [__m256i; TILE] = std::array::from_fn(|t| _mm256_set1_epi32(t as i32));
     let ahead = prefetch::tile_distance(R * xs);
     for i in 0..nb {
@@ -252,13 +260,17 @@ unsafe fn q0_core_t4<const Q5: bool, const R: usize, const VNNI: bool>(
                 // The sign moves onto y so one operand is unsigned (as `dot_s8`).
                 let s = dot_u8i8::<VNNI>(absx, _mm256_sign_epi8(qy[t], qx));
                 let d = _mm256_permutevar8x32_ps(p, lane[t]);
-                acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r][t]);
+                if Q5 {
+                    sums[r][t] += _mm256_cvtss_f32(d) * hsum_epi32(s) as f32;
+                } else {
+                    acc[r][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r][t]);
+                }
             }
         }
     }
     for r in 0..R {
         for t in 0..TILE {
-            *out.add(r * TILE + t) = hsum_ps(acc[r][t]);
+            *out.add(r * TILE + t) = if Q5 { sums[r][t] } else { hsum_ps(acc[r][t]) };
         }
     }
 }

@@ -2,9 +2,11 @@
 // integer sums of i8 quants, then the same f32 operations in the same order, so each
 // output is bit-identical to the CPU's. The activation row is packed i8 words (quantize.wgsl).
 //
-// 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0): the CPU keeps eight lane accumulators; lane l
+// 32-value formats (Q4_0, Q4_1, Q8_0): the CPU keeps eight lane accumulators; lane l
 // of block b adds fma_x(d_w * d_x, sum of products of quants 4l..4l+3, acc_l), in block order;
-// the row's dot is hsum8 of the lanes (+ the sum of d_min * s_x for Q4_1).
+// the row's dot is hsum8 of the lanes (+ the sum of d_min * s_x for Q4_1). Q5_0 (GENERIC)
+// takes ggml's generic steps instead: its unit leaves the block's whole sum in lane 0 (the
+// others 0) and `chain` adds nc((d_w * d_x) * sum), unfused, so hsum8 is lane 0's chain.
 // K formats (Q4_K, Q5_K, Q6_K): per superblock exact integer sums, then (KMODE) as the
 // CPU's kernels: 0 (Q5_K) sum += (d_x * d_w) * f32(int), mins += (d_x * d_min) *
 // f32(int_min), dot = sum - mins; 1 (Q4_K, llama.cpp's repacked order) sum = fma(f32(int),
@@ -63,15 +65,26 @@ fn unit_q4_1(o: u32, xw: u32) {
 fn unit_q5_0(o: u32, xw: u32) {
     udw = wf16(o);
     let qh = wu32(o + 2u);
+    var s = 0;
     for (var l = 0u; l < 4u; l = l + 1u) {
         let w = wu32(o + 6u + 4u * l);
         let x0 = xq[xw + l];
         let x1 = xq[xw + 4u + l];
         let q0 = (w & 0x0f0f0f0fu) | spread4((qh >> (4u * l)) & 15u);
         let q1 = ((w >> 4u) & 0x0f0f0f0fu) | spread4((qh >> (16u + 4u * l)) & 15u);
-        ls[l] = dot4i8(q0, x0) - 16 * xsum4(x0);
-        ls[l + 4u] = dot4i8(q1, x1) - 16 * xsum4(x1);
+        s = s + dot4i8(q0, x0) - 16 * xsum4(x0) + dot4i8(q1, x1) - 16 * xsum4(x1);
+        ls[l + 1u] = 0;
+        ls[l + 4u] = 0;
     }
+    ls[0] = s;
+}
+
+// One step of a 32-value format's lane chain (see the top).
+fn chain(d: f32, l: f32, acc: f32) -> f32 {
+    if GENERIC {
+        return acc + nc(d * l);
+    }
+    return fma_x(d, l, acc);
 }
 
 // K formats: sub-block j (32 values) of the superblock at byte `o`, activation superblock
@@ -198,7 +211,7 @@ fn row_dot(base: u32, t: u32, k: u32) -> f32 {
             unit_a(base + b * BB, t * k / 4u + 8u * b);
             let d = udw * xd(t * nb + b);
             for (var l = 0u; l < 8u; l = l + 1u) {
-                acc[l] = fma_x(d, f32(ls[l]), acc[l]);
+                acc[l] = chain(d, f32(ls[l]), acc[l]);
             }
             if HAS_MIN {
                 summs = summs + nc(umw * xs1(t * nb + b));

@@ -1,6 +1,8 @@
 // The gated activation of value i of `len`, as the CPU's: act 0 SiLU with ggml's expf in
-// whole groups of 16 values and exp() in the tail, 1 GELU-tanh on f16-rounded inputs
-// (ggml's table).
+// whole groups of 16 values and exp() in the tail, 1 GELU-tanh looked up by the input's
+// f16 bits in the CPU's table (ggml's; computing tanh here rounds differently at times).
+@group(0) @binding(GT) var<storage, read> gelu_t: array<u32>;
+
 // ggml's vector expf (the CPU's backend/cpu/vexp.rs): exp(x) = j * 2^n, j a degree-5
 // polynomial of the reduced argument, every step a fused multiply-add as on the CPU.
 fn expf_ggml(x: f32) -> f32 {
@@ -41,7 +43,7 @@ fn glu_value(g: f32, u: f32, i: u32, len: u32, act: u32) -> f32 {
     } else if g >= 10.0 {
         return g * u;
     }
-    let x = f16r(g);
-    let y = 0.5 * x * (1.0 + tanh(0.7978846 * x * (1.0 + 0.044715 * x * x)));
-    return f16r(y) * u;
+    let h = pack2x16float(vec2<f32>(g, 0.0)) & 0xffffu;
+    let w = gelu_t[h >> 1u] >> (16u * (h & 1u));
+    return unpack2x16float(w).x * u;
 }

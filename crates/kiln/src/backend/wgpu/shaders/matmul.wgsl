@@ -51,11 +51,11 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
                         l[j] = u_l[s512 + 8u * (u + j) + lid];
                     }
                     for (var j = 0u; j < 8u; j = j + 1u) {
-                        acc = fma_x(d[j], l[j], acc);
+                        acc = chain(d[j], l[j], acc);
                     }
                 }
                 for (; u < n; u = u + 1u) {
-                    acc = fma_x(u_d[s64 + u], u_l[s512 + 8u * u + lid], acc);
+                    acc = chain(u_d[s64 + u], u_l[s512 + 8u * u + lid], acc);
                 }
             } else if lid == 8u && HAS_MIN {
                 for (var u = 0u; u < n; u = u + 1u) {
