@@ -5,7 +5,7 @@
 //!
 //! Prints ns per (weight row × token × block) for the prefill tile (2 rows × 4 tokens) and
 //! per (weight row × block) for decode (a row per call), rows of 1536 values;
-//! then the same for the interleaved layouts the CPU backend repacks Q4_K and Q5_0 into
+//! then the same for the interleaved layouts the CPU backend repacks Q4_K, Q5_0 and Q4_1 into
 //! (8 tokens per prefill call), to compare with the row-major lines above.
 
 #[cfg(target_arch = "x86_64")]
@@ -71,7 +71,12 @@ fn main() {
     }
     q4_k_x8(rows, &mut next);
     q4_k_amx(rows, &mut next);
-    q5_0_x16(rows, &mut next);
+    for (ty, layout) in [
+        (GgmlType::Q5_0, kiln::quant::Interleave::Q5_0X16),
+        (GgmlType::Q4_1, kiln::quant::Interleave::Q4_1X16),
+    ] {
+        x16(ty, layout, rows, &mut next);
+    }
 }
 
 /// Q4_K interleaved eight rows (what the CPU backend repacks Q4_K into) against the
@@ -164,33 +169,38 @@ fn q4_k_amx(rows: usize, next: &mut impl FnMut() -> f32) {
     println!("Q4_K×8 amx: prefill {best:.2} ns{}", if out[0].is_nan() { " NaN!" } else { "" });
 }
 
-/// Q5_0 interleaved sixteen rows, the same way: prefill as 16 rows × 8 tokens per call,
-/// decode as 16 rows × 1 token (ns per row × token × 32-value block).
+/// Q5_0 and Q4_1 interleaved sixteen rows, the same way: prefill as 16 rows × 8 tokens per
+/// call, decode as 16 rows × 1 token (ns per row × token × 32-value block).
 #[cfg(target_arch = "x86_64")]
-fn q5_0_x16(rows: usize, next: &mut impl FnMut() -> f32) {
-    use kiln::quant::{q5_0_x16_kernels_for, quantize_row, CpuTier, GgmlType, Interleave, Q5_0X16Kernels};
+fn x16(
+    ty: kiln::quant::GgmlType,
+    layout: kiln::quant::Interleave,
+    rows: usize,
+    next: &mut impl FnMut() -> f32,
+) {
+    use kiln::quant::{quantize_row, x16_kernels_for, CpuTier, X16Kernels};
     use std::time::Instant;
     let (n, toks) = (1536, 8);
-    let wr = GgmlType::Q5_0.row_size(n).unwrap();
-    let ar = Q5_0X16Kernels::act_row_size(n);
+    let wr = ty.row_size(n).unwrap();
+    let ar = X16Kernels::act_row_size(n);
     let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
     for r in 0..rows {
         let x: Vec<f32> = (0..n).map(|_| next()).collect();
-        quantize_row(GgmlType::Q5_0, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+        quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
     }
     for t in 0..toks {
         let x: Vec<f32> = (0..n).map(|_| next()).collect();
-        if let Some(k) = q5_0_x16_kernels_for(CpuTier::Avx2) {
+        if let Some(k) = x16_kernels_for(ty, CpuTier::Avx2) {
             k.prepare(&x, &mut a[t * ar..(t + 1) * ar]).unwrap();
         }
     }
     let mut packed = vec![0u8; w.len()];
-    Interleave::Q5_0X16.pack(&w, n, &mut packed).unwrap();
+    layout.pack(&w, n, &mut packed).unwrap();
     let blocks = n / 32;
     let reps = (1280 / rows).max(1);
     let mut sink = 0f32;
     for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni] {
-        let Some(k) = q5_0_x16_kernels_for(tier) else { continue };
+        let Some(k) = x16_kernels_for(ty, tier) else { continue };
         let (mut gemm, mut gemv) = (f64::MAX, f64::MAX);
         for _ in 0..200 {
             let mut out = [0f32; 128];
@@ -212,7 +222,7 @@ fn q5_0_x16(rows: usize, next: &mut impl FnMut() -> f32) {
             gemv = gemv.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * blocks) as f64);
         }
         println!(
-            "Q5_0×16 {}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
+            "{ty}×16 {}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
             tier.name(),
             if sink.is_nan() { " NaN!" } else { "" }
         );

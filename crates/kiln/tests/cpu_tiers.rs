@@ -225,90 +225,93 @@ fn amx_q4_k_matches_the_row_major_tiles() {
     assert!(out.iter().all(|v| v.is_nan()), "mis-sized input gives NaN");
 }
 
-/// Q5_0×16 (sixteen rows interleaved at load, activations prepared with their offsets)
-/// gives the scalar reference's bits (ggml's generic float steps) on every tier and token
-/// count, as do the row-major Q5_0 tiles, and unpacks back to the original rows. Row 0 and
-/// token 1 are the extremes of the AVX2 kernel's 16-bit partial sums (quants 31 × 127).
+/// Q5_0×16 and Q4_1×16 (sixteen rows interleaved at load, activations prepared for them)
+/// give the row-major tiles' bits on every tier and token count (Q5_0: also the scalar
+/// reference's, ggml's generic float steps), and unpack back to the original rows.
+/// Row 0 and token 1 are the extremes of the AVX2 kernel's 16-bit partial sums (Q5_0
+/// quants 31 × 127).
 #[test]
-fn interleaved_q5_0_matches_the_scalar_reference() {
-    use kiln::quant::{q5_0_x16_kernels_for, Interleave, Q5_0X16Kernels};
-    let mut rng = Rng(13);
-    let (ty, n, rows, toks) = (GgmlType::Q5_0, 896, 32, 11);
-    let (wr, ar) = (ty.row_size(n).unwrap(), GgmlType::Q8_0.row_size(n).unwrap());
-    let mut w = vec![0u8; wr * rows];
-    for r in 0..rows {
-        let x: Vec<f32> = (0..n)
-            .map(|i| match (r, i % 32) {
-                (0, 0) => 1.0,
-                (0, _) => -0.9375,
-                _ => rng.f() * (0.1 + r as f32),
-            })
-            .collect();
-        quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
-    }
-    let pr = Q5_0X16Kernels::act_row_size(n);
-    let (mut a, mut prepared) = (vec![0u8; ar * toks], vec![0u8; pr * toks]);
-    for t in 0..toks {
-        let y: Vec<f32> = (0..n)
-            .map(|i| match t {
-                0 if i % 5 == 0 => -3.0,
-                0 | 1 => 3.0,
-                _ => rng.f(),
-            })
-            .collect();
-        quantize_activation(GgmlType::Q8_0, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
-        if let Some(k) = q5_0_x16_kernels_for(detected_cpu_tier()) {
-            k.prepare(&y, &mut prepared[t * pr..(t + 1) * pr]).unwrap();
+fn interleaved_x16_matches_the_tiles_and_q5_0_the_scalar_reference() {
+    use kiln::quant::{x16_kernels_for, Interleave, X16Kernels};
+    for (ty, layout) in [(GgmlType::Q5_0, Interleave::Q5_0X16), (GgmlType::Q4_1, Interleave::Q4_1X16)] {
+        let mut rng = Rng(13);
+        let (n, rows, toks) = (896, 32, 11);
+        let at = ty.vec_dot_type();
+        let (wr, ar) = (ty.row_size(n).unwrap(), at.row_size(n).unwrap());
+        let mut w = vec![0u8; wr * rows];
+        for r in 0..rows {
+            let x: Vec<f32> = (0..n)
+                .map(|i| match (r, i % 32) {
+                    (0, 0) => 1.0,
+                    (0, _) => -0.9375,
+                    _ => rng.f() * (0.1 + r as f32),
+                })
+                .collect();
+            quantize_row(ty, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
         }
-    }
-    let reference = |r: usize, t: usize| vec_dot(ty, &w[r * wr..][..wr], &a[t * ar..][..ar], n);
-    let mut packed = vec![0u8; w.len()];
-    Interleave::Q5_0X16.pack(&w, n, &mut packed).unwrap();
-    assert_ne!(packed, w);
-    let mut row = vec![0u8; wr];
-    for r in 0..rows {
-        Interleave::Q5_0X16.unpack_row(&packed, n, r, &mut row).unwrap();
-        assert_eq!(row, w[r * wr..(r + 1) * wr], "row {r} round trip");
-    }
-    assert!(Interleave::Q5_0X16.pack(&w[..wr * 8], n, &mut packed[..wr * 8]).is_err(), "8 rows are no group");
-    let mut tested = 0;
-    for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
-        let Some(k) = q5_0_x16_kernels_for(tier) else {
-            assert_eq!(tier, CpuTier::Scalar);
-            continue;
-        };
-        tested += 1;
-        let tk = tile_kernels_for(ty, tier).unwrap();
-        for g in 0..rows / 16 {
-            for n_tok in 1..=8 {
-                for t0 in [0, toks - n_tok] {
-                    let os = 17;
-                    let mut out = vec![f32::NAN; os * 8];
-                    let pw = &packed[16 * g * wr..16 * (g + 1) * wr];
-                    k.dots(pw, &prepared[t0 * pr..(t0 + n_tok) * pr], n, n_tok, &mut out, os);
-                    for t in 0..n_tok {
-                        for r in 0..16 {
-                            let (row, tok) = (16 * g + r, t0 + t);
-                            let want = reference(row, tok);
-                            let got = out[t * os + r];
-                            let tile = tk.one(&w[row * wr..][..wr], &a[tok * ar..][..ar], n);
-                            assert_eq!(
-                                got.to_bits(),
-                                want.to_bits(),
-                                "{tier:?} row {row} token {tok}: {got} vs {want}"
-                            );
-                            assert_eq!(tile.to_bits(), want.to_bits(), "{tier:?} tile row {row} token {tok}");
+        let pr = X16Kernels::act_row_size(n);
+        let (mut a, mut prepared) = (vec![0u8; ar * toks], vec![0u8; pr * toks]);
+        for t in 0..toks {
+            let y: Vec<f32> = (0..n)
+                .map(|i| match t {
+                    0 if i % 5 == 0 => -3.0,
+                    0 | 1 => 3.0,
+                    _ => rng.f(),
+                })
+                .collect();
+            quantize_activation(at, &y, &mut a[t * ar..(t + 1) * ar]).unwrap();
+            if let Some(k) = x16_kernels_for(ty, detected_cpu_tier()) {
+                k.prepare(&y, &mut prepared[t * pr..(t + 1) * pr]).unwrap();
+            }
+        }
+        let reference = |r: usize, t: usize| vec_dot(ty, &w[r * wr..][..wr], &a[t * ar..][..ar], n);
+        let mut packed = vec![0u8; w.len()];
+        layout.pack(&w, n, &mut packed).unwrap();
+        assert_ne!(packed, w);
+        let mut row = vec![0u8; wr];
+        for r in 0..rows {
+            layout.unpack_row(&packed, n, r, &mut row).unwrap();
+            assert_eq!(row, w[r * wr..(r + 1) * wr], "{ty} row {r} round trip");
+        }
+        assert!(layout.pack(&w[..wr * 8], n, &mut packed[..wr * 8]).is_err(), "8 rows are no group");
+        let mut tested = 0;
+        for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
+            let Some(k) = x16_kernels_for(ty, tier) else {
+                assert_eq!(tier, CpuTier::Scalar);
+                continue;
+            };
+            tested += 1;
+            let tk = tile_kernels_for(ty, tier).unwrap();
+            for g in 0..rows / 16 {
+                for n_tok in 1..=8 {
+                    for t0 in [0, toks - n_tok] {
+                        let os = 17;
+                        let mut out = vec![f32::NAN; os * 8];
+                        let pw = &packed[16 * g * wr..16 * (g + 1) * wr];
+                        k.dots(pw, &prepared[t0 * pr..(t0 + n_tok) * pr], n, n_tok, &mut out, os);
+                        for t in 0..n_tok {
+                            for r in 0..16 {
+                                let (row, tok) = (16 * g + r, t0 + t);
+                                let got = out[t * os + r];
+                                let want = tk.one(&w[row * wr..][..wr], &a[tok * ar..][..ar], n);
+                                let at = format!("{ty} {tier:?} row {row} token {tok}");
+                                assert_eq!(got.to_bits(), want.to_bits(), "{at}: {got} vs tile {want}");
+                                if ty == GgmlType::Q5_0 {
+                                    let scalar = reference(row, tok);
+                                    assert_eq!(got.to_bits(), scalar.to_bits(), "{at}: {got} vs {scalar}");
+                                }
+                            }
                         }
                     }
                 }
             }
+            let mut out = [0f32; 16];
+            k.dots(&packed[..16 * wr - 1], &prepared[..pr], n, 1, &mut out, 16);
+            assert!(out.iter().all(|v| v.is_nan()), "mis-sized weights give NaN");
         }
-        let mut out = [0f32; 16];
-        k.dots(&packed[..16 * wr - 1], &prepared[..pr], n, 1, &mut out, 16);
-        assert!(out.iter().all(|v| v.is_nan()), "mis-sized weights give NaN");
-    }
-    if detected_cpu_tier() >= CpuTier::Avx2 {
-        assert!(tested > 0);
+        if detected_cpu_tier() >= CpuTier::Avx2 {
+            assert!(tested > 0);
+        }
     }
 }
 

@@ -12,17 +12,17 @@
 //! - `[128, 1152)`: the quants in 16 columns of 8 bytes: bytes `8c..8c+8` of row r's 128
 //!   quant bytes at `128 + 64c + 8r`.
 //!
-//! Q5_0 with sixteen rows interleaved ("Q5_0×16"): rows 16g..16g+16 form group g; its
-//! block i is 16 × 22 bytes at `(g · nb + i) · 352`, laid out for a `vpdpbusd` whose 32-bit
-//! lane r is row r (`simd/q5_0_x16.rs`):
+//! Q5_0 and Q4_1 with sixteen rows interleaved ("Q5_0×16", "Q4_1×16"): rows 16g..16g+16
+//! form group g; its block i is 16 blocks at `(g · nb + i) · 16 · type_size`, laid out for
+//! a `vpdpbusd` whose 32-bit lane r is row r (`simd/x16.rs`):
 //!
 //! - `[0, 32)`: the sixteen `d` (f16), row r's at `2r`;
-//! - `[32, 96)`: the fifth bits as eight 64-bit masks: bit `4r + j` of mask s is bit
-//!   `4s + j` of row r's `qh` (quant `4s + j`);
-//! - `[96, 352)`: the quant bytes in four 64-byte chunks: byte `4r + j` of chunk c is row
-//!   r's quant byte `4c + j` (quants `4c + j` low, `16 + 4c + j` high).
+//! - Q4_1: `[32, 64)`: the sixteen `m`, likewise; Q5_0: `[32, 96)`: the fifth bits as eight
+//!   64-bit masks: bit `4r + j` of mask s is bit `4s + j` of row r's `qh` (quant `4s + j`);
+//! - then (at 64 or 96) the quant bytes in four 64-byte chunks: byte `4r + j` of chunk c
+//!   is row r's quant byte `4c + j` (quants `4c + j` low, `16 + 4c + j` high).
 //!
-//! The same bytes, except that the `qh` bits move between bytes.
+//! The same bytes, except that Q5_0's `qh` bits move between bytes.
 
 use super::GgmlType;
 use crate::error::{KilnError, Result};
@@ -46,10 +46,8 @@ fn x8_pieces(r: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     [(0, 2 * lane, 2), (2, 16 + 2 * lane, 2)].into_iter().chain(scales).chain(quants)
 }
 
-/// Rows per Q5_0×16 group.
-pub const Q5_0_X16_ROWS: usize = 16;
-/// Bytes of one Q5_0×16 block: one block of each of the sixteen rows.
-pub const Q5_0_X16_BLOCK: usize = Q5_0_X16_ROWS * 22;
+/// Rows per Q5_0×16 / Q4_1×16 group.
+pub const X16_ROWS: usize = 16;
 
 /// A row-interleaved layout: the same bytes (bits, for Q5_0's `qh`) as the plain matrix,
 /// moved.
@@ -57,6 +55,7 @@ pub const Q5_0_X16_BLOCK: usize = Q5_0_X16_ROWS * 22;
 pub enum Interleave {
     Q4kX8,
     Q5_0X16,
+    Q4_1X16,
 }
 
 impl Interleave {
@@ -65,6 +64,7 @@ impl Interleave {
         match self {
             Interleave::Q4kX8 => GgmlType::Q4_K,
             Interleave::Q5_0X16 => GgmlType::Q5_0,
+            Interleave::Q4_1X16 => GgmlType::Q4_1,
         }
     }
 
@@ -72,7 +72,7 @@ impl Interleave {
     pub fn rows(self) -> usize {
         match self {
             Interleave::Q4kX8 => Q4K_X8_ROWS,
-            Interleave::Q5_0X16 => Q5_0_X16_ROWS,
+            Interleave::Q5_0X16 | Interleave::Q4_1X16 => X16_ROWS,
         }
     }
 
@@ -88,6 +88,11 @@ impl Interleave {
         };
         match self {
             Interleave::Q4kX8 => x8_pieces(r).for_each(|(from, to, len)| copy(from, to, len)),
+            Interleave::Q4_1X16 => {
+                copy(0, 2 * r, 2);
+                copy(2, 32 + 2 * r, 2);
+                (0..4).for_each(|c| copy(4 + 4 * c, 64 + 64 * c + 4 * r, 4));
+            }
             Interleave::Q5_0X16 => {
                 copy(0, 2 * r, 2);
                 (0..4).for_each(|c| copy(6 + 4 * c, 96 + 64 * c + 4 * r, 4));

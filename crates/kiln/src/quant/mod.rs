@@ -24,9 +24,8 @@ pub use interleave::{Interleave, Q4K_X8_BLOCK, Q4K_X8_ROWS};
 pub use simd::{cpu_tier, detected_cpu_tier, vec_dot_f16, vec_dot_fn, vec_dot_fn_for, CpuTier};
 #[cfg(target_arch = "x86_64")]
 pub use simd::{
-    q4_k_x8_amx, q4_k_x8_amx_for, q4_k_x8_kernels, q4_k_x8_kernels_for, q5_0_x16_kernels,
-    q5_0_x16_kernels_for, tile_kernels, tile_kernels_for, Q4kX8Amx, Q4kX8Kernels, Q5_0X16Kernels,
-    TileKernels, TILE,
+    q4_k_x8_amx, q4_k_x8_amx_for, q4_k_x8_kernels, q4_k_x8_kernels_for, tile_kernels, tile_kernels_for,
+    x16_kernels, x16_kernels_for, Q4kX8Amx, Q4kX8Kernels, TileKernels, X16Kernels, TILE,
 };
 pub use types::{GgmlType, ALL_TYPES};
 

@@ -1,12 +1,12 @@
 //! Matmuls on weights repacked with rows interleaved at load (`quant::interleave`): Q4_K
-//! eight rows at a time, Q5_0 sixteen. Each kernel call gives a group of rows × up to eight
+//! eight rows at a time, Q5_0 and Q4_1 sixteen. Each kernel call gives a group of rows × up to eight
 //! tokens; a task's rows pass over eight tokens' activations while those stay in L1.
 //! Every (row, token) dot has the bits of the row-major kernels, whatever the batch.
 
 use super::ops::{quantize_rows, rows_per_task, SyncPtr};
 use super::pool::ThreadPool;
 use super::CpuWeight;
-use crate::quant::{self, GgmlType, Interleave, Q4kX8Amx, Q4kX8Kernels, Q5_0X16Kernels};
+use crate::quant::{self, GgmlType, Interleave, Q4kX8Amx, Q4kX8Kernels, X16Kernels};
 
 /// A group kernel with its activations' form bound: (weights, activations, tokens, out).
 type DotsFn<'k> = dyn Fn(&[u8], &[u8], usize, &mut [f32]) + Sync + 'k;
@@ -17,9 +17,9 @@ const AMX_MIN_TOKENS: usize = 16;
 
 /// Most tokens a kernel call takes (both kernels' limit).
 const TOKENS: usize = 8;
-const _: () = assert!(Q4kX8Kernels::TOKENS == TOKENS && Q5_0X16Kernels::TOKENS == TOKENS);
+const _: () = assert!(Q4kX8Kernels::TOKENS == TOKENS && X16Kernels::TOKENS == TOKENS);
 /// Most rows a kernel call gives.
-const ROWS: usize = Q5_0X16Kernels::ROWS;
+const ROWS: usize = X16Kernels::ROWS;
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmul(
@@ -46,11 +46,12 @@ pub(super) fn matmul(
             };
             (act_row, Box::new(prepare), Box::new(move |w, a, nt, v| k8.dots(w, a, k, nt, v, group)))
         }
-        Interleave::Q5_0X16 => {
-            let k16 = quant::q5_0_x16_kernels().expect("weights are repacked only where the kernels exist");
+        Interleave::Q5_0X16 | Interleave::Q4_1X16 => {
+            let k16 =
+                quant::x16_kernels(layout.ty()).expect("weights are repacked only where the kernels exist");
             let prepare = move |src: &[f32], dst: &mut [u8]| k16.prepare(src, dst).expect("sizes match");
             let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k16.dots(w, a, k, nt, v, group);
-            (Q5_0X16Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
+            (X16Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
         }
     };
     let act = quantize_rows(pool, x, n_tok, k, act_row, act_buf, &prepare);

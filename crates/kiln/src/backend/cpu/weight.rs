@@ -1,7 +1,7 @@
 //! CPU weights: read in place from the mapped GGUF file until first multiplied; then a
-//! matrix is copied into its file's [`Arena`] (huge pages), Q4_K and Q5_0 with rows
+//! matrix is copied into its file's [`Arena`] (huge pages), Q4_K, Q5_0 and Q4_1 with rows
 //! interleaved where the SIMD tiers have kernels for it (`quant::interleave`: eight Q4_K
-//! rows, sixteen Q5_0 rows; the layout their prefill and decode kernels both read), the others
+//! rows, sixteen Q5_0 or Q4_1 rows; the layout their prefill and decode kernels both read), the others
 //! as they are. A table only looked up (an untied `token_embd`) stays in the file, read a
 //! row at a time. The file's pages of a copied tensor are then released: a weight is never
 //! held twice.
@@ -163,7 +163,8 @@ impl CpuWeight {
 fn interleave_for(ty: GgmlType) -> Option<Interleave> {
     match ty {
         GgmlType::Q4_K => quant::q4_k_x8_kernels().map(|_| Interleave::Q4kX8),
-        GgmlType::Q5_0 => quant::q5_0_x16_kernels().map(|_| Interleave::Q5_0X16),
+        GgmlType::Q5_0 => quant::x16_kernels(ty).map(|_| Interleave::Q5_0X16),
+        GgmlType::Q4_1 => quant::x16_kernels(ty).map(|_| Interleave::Q4_1X16),
         _ => None,
     }
 }

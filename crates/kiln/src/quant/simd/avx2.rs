@@ -188,7 +188,7 @@ safe_wrapper!(dot_q4_1_q8_1 => q4_1_q8_1, 20, 36);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 /// ggml's generic float steps (the whole block's integer sum, then `sumf += d · sum`), as
-/// every Q5_0 kernel (`q5_0_x16.rs`).
+/// every Q5_0 kernel (`x16.rs`).
 unsafe fn q5_0_q8_0(x: *const u8, y: *const u8, nb: usize) -> f32 {
     let mut sumf = 0f32;
     let f0 = _mm256_set1_epi8(0xf0u8 as i8);

@@ -14,20 +14,20 @@ mod prefetch;
 #[cfg(target_arch = "x86_64")]
 mod q4k_x8;
 #[cfg(target_arch = "x86_64")]
-mod q5_0_x16;
-#[cfg(target_arch = "x86_64")]
 mod q8k;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
+#[cfg(target_arch = "x86_64")]
+mod x16;
 
 #[cfg(target_arch = "x86_64")]
 pub use amx::Q4kX8Amx;
 #[cfg(target_arch = "x86_64")]
 pub use q4k_x8::Q4kX8Kernels;
 #[cfg(target_arch = "x86_64")]
-pub use q5_0_x16::Q5_0X16Kernels;
-#[cfg(target_arch = "x86_64")]
 pub use tiles::{TileKernels, TILE};
+#[cfg(target_arch = "x86_64")]
+pub use x16::X16Kernels;
 
 use std::sync::OnceLock;
 
@@ -278,16 +278,17 @@ pub fn q4_k_x8_amx_for(tier: CpuTier) -> Option<Q4kX8Amx> {
     amx::kernel(tier.min(detected_cpu_tier()))
 }
 
-/// Matmul kernels on Q5_0×16 (`quant::interleave`) on this CPU, where kiln has them.
+/// Matmul kernels on sixteen interleaved rows of `ty` (Q5_0, Q4_1: `quant::interleave`)
+/// on this CPU, where kiln has them.
 #[cfg(target_arch = "x86_64")]
-pub fn q5_0_x16_kernels() -> Option<Q5_0X16Kernels> {
-    q5_0_x16::kernels(cpu_tier())
+pub fn x16_kernels(ty: GgmlType) -> Option<X16Kernels> {
+    x16::kernels(ty, cpu_tier())
 }
 
-/// [`q5_0_x16_kernels`] for a given tier, capped at what the CPU supports (for tests).
+/// [`x16_kernels`] for a given tier, capped at what the CPU supports (for tests).
 #[cfg(target_arch = "x86_64")]
-pub fn q5_0_x16_kernels_for(tier: CpuTier) -> Option<Q5_0X16Kernels> {
-    q5_0_x16::kernels(tier.min(detected_cpu_tier()))
+pub fn x16_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<X16Kernels> {
+    x16::kernels(ty, tier.min(detected_cpu_tier()))
 }
 
 // NEON (aarch64) is the seam for an ARM tier: a `neon` module with the same `VecDotFn`
