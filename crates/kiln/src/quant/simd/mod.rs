@@ -186,12 +186,13 @@ pub fn tile_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<TileKernels> {
 /// first token's activations at `y` (`ys` bytes per token), outputs at `out`, `os` apart.
 type GroupCore = unsafe fn(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize);
 
-/// A group kernel file's entry points: `core::<T, VNNI>` compiled for the AVX2 and the
-/// AVX-512 VNNI tiers, and `cores(tier)`, its cores for 1, 2, 4 and 8 tokens there.
+/// A group kernel file's entry points: `core::<T, VNNI, ..>` compiled for the AVX2 and the
+/// AVX-512 VNNI tiers, and `cores::<..>(tier)`, its cores for 1, 2, 4 and 8 tokens there
+/// (`..`: the file's own const parameters, if any, e.g. `group_cores!(Q41: bool)`).
 macro_rules! group_cores {
-    () => {
+    ($($p:ident: $t:ty),*) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn avx2<const T: usize>(
+        unsafe fn avx2<const T: usize $(, const $p: $t)*>(
             x: *const u8,
             y: *const u8,
             ys: usize,
@@ -199,11 +200,11 @@ macro_rules! group_cores {
             out: *mut f32,
             os: usize,
         ) {
-            core::<T, false>(x, y, ys, nb, out, os)
+            core::<T, false $(, $p)*>(x, y, ys, nb, out, os)
         }
 
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn vnni<const T: usize>(
+        unsafe fn vnni<const T: usize $(, const $p: $t)*>(
             x: *const u8,
             y: *const u8,
             ys: usize,
@@ -211,15 +212,19 @@ macro_rules! group_cores {
             out: *mut f32,
             os: usize,
         ) {
-            core::<T, true>(x, y, ys, nb, out, os)
+            core::<T, true $(, $p)*>(x, y, ys, nb, out, os)
         }
 
-        fn cores(tier: super::CpuTier) -> Option<[super::GroupCore; 4]> {
+        fn cores<$(const $p: $t),*>(tier: super::CpuTier) -> Option<[super::GroupCore; 4]> {
             use super::CpuTier;
             match tier {
                 CpuTier::Scalar => None,
-                CpuTier::Avx2 | CpuTier::Avx512 => Some([avx2::<1>, avx2::<2>, avx2::<4>, avx2::<8>]),
-                CpuTier::Avx512Vnni | CpuTier::Amx => Some([vnni::<1>, vnni::<2>, vnni::<4>, vnni::<8>]),
+                CpuTier::Avx2 | CpuTier::Avx512 => {
+                    Some([avx2::<1 $(, $p)*>, avx2::<2 $(, $p)*>, avx2::<4 $(, $p)*>, avx2::<8 $(, $p)*>])
+                }
+                CpuTier::Avx512Vnni | CpuTier::Amx => {
+                    Some([vnni::<1 $(, $p)*>, vnni::<2 $(, $p)*>, vnni::<4 $(, $p)*>, vnni::<8 $(, $p)*>])
+                }
             }
         }
     };
@@ -252,6 +257,38 @@ unsafe fn by_token_width(
             t += width;
         }
     }
+}
+
+/// A group kernel's `dots`: `out[t * os + r] = dot(row r, token t)` for one group of
+/// `rows` interleaved rows `w` (`n` columns in blocks of `bs` values, `block` bytes per
+/// block of the group) and `n_tok` (1..=8) activation rows `a` (`act` bytes per block),
+/// after checking that the slices hold every byte the cores read and write. Mis-sized input
+/// writes NaN to whatever of `out` exists.
+#[allow(clippy::too_many_arguments)]
+fn group_dots(
+    cores: &[GroupCore; 4],
+    (rows, bs, block, act): (usize, usize, usize, usize),
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    n_tok: usize,
+    out: &mut [f32],
+    os: usize,
+) {
+    let nb = n / bs;
+    let ok = n.is_multiple_of(bs)
+        && (1..=8).contains(&n_tok)
+        && os >= rows
+        && w.len() >= nb * block
+        && a.len() >= n_tok * nb * act
+        && out.len() >= (n_tok - 1) * os + rows;
+    if !ok {
+        out.iter_mut().for_each(|v| *v = f32::NAN);
+        return;
+    }
+    // SAFETY: the cores' tier was detected before they were handed out, and the slices hold
+    // every byte read and written (checked above).
+    unsafe { by_token_width(cores, w, a, nb * act, nb, n_tok, out, os) }
 }
 
 /// Matmul kernels on Q4_K×8 (`quant::interleave`) on this CPU, where kiln has them.

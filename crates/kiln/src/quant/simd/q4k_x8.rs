@@ -283,20 +283,8 @@ impl Q4kX8Kernels {
     /// interleaved rows `w` (`n` columns) and `n_tok` (1..=8) Q8_K activation rows `a`.
     /// Mis-sized input writes NaN to whatever of `out` exists.
     pub fn dots(&self, w: &[u8], a: &[u8], n: usize, n_tok: usize, out: &mut [f32], os: usize) {
-        let nb = n / 256;
-        let ok = n.is_multiple_of(256)
-            && (1..=Self::TOKENS).contains(&n_tok)
-            && os >= Q4K_X8_ROWS
-            && w.len() >= nb * Q4K_X8_BLOCK
-            && a.len() >= n_tok * nb * Q8K_BYTES
-            && out.len() >= (n_tok - 1) * os + Q4K_X8_ROWS;
-        if !ok {
-            out.iter_mut().for_each(|v| *v = f32::NAN);
-            return;
-        }
-        // SAFETY: the tier was detected before these kernels were handed out, and the slices
-        // hold every byte read and written (checked above).
-        unsafe { super::by_token_width(&self.cores, w, a, nb * Q8K_BYTES, nb, n_tok, out, os) }
+        let shape = (Q4K_X8_ROWS, 256, Q4K_X8_BLOCK, Q8K_BYTES);
+        super::group_dots(&self.cores, shape, w, a, n, n_tok, out, os)
     }
 }
 

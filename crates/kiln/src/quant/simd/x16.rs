@@ -26,6 +26,7 @@ use std::arch::x86_64::*;
 use super::avx2::loadu;
 use super::prefetch;
 use super::{CpuTier, GroupCore as Core};
+
 use crate::quant::interleave::X16_ROWS as ROWS;
 use crate::quant::GgmlType;
 
@@ -225,22 +226,12 @@ unsafe fn core256<const T: usize, const Q41: bool>(
     }
 }
 
-/// Q4_1's eight lane accumulators per token fill the registers at two tokens: more go
-/// through two at a time (the weights unpacked again, from L1).
-macro_rules! by_pairs {
-    ($core:ident, $x:expr, $y:expr, $ys:expr, $nb:expr, $out:expr, $os:expr) => {
-        if Q41 && T > 2 {
-            for p in 0..T / 2 {
-                $core::<2, true>($x, $y.add(2 * p * $ys), $ys, $nb, $out.add(2 * p * $os), $os)
-            }
-        } else {
-            $core::<T, Q41>($x, $y, $ys, $nb, $out, $os)
-        }
-    };
-}
-
+/// One core: 512-bit with VNNI, else 256-bit. Q4_1's eight lane accumulators per token
+/// fill the registers at two tokens: more go through two at a time (the weights unpacked
+/// again, from L1).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2<const T: usize, const Q41: bool>(
+unsafe fn core<const T: usize, const VNNI: bool, const Q41: bool>(
     x: *const u8,
     y: *const u8,
     ys: usize,
@@ -248,32 +239,19 @@ unsafe fn avx2<const T: usize, const Q41: bool>(
     out: *mut f32,
     os: usize,
 ) {
-    by_pairs!(core256, x, y, ys, nb, out, os)
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn vnni<const T: usize, const Q41: bool>(
-    x: *const u8,
-    y: *const u8,
-    ys: usize,
-    nb: usize,
-    out: *mut f32,
-    os: usize,
-) {
-    by_pairs!(core512, x, y, ys, nb, out, os)
-}
-
-fn cores<const Q41: bool>(tier: CpuTier) -> Option<[Core; 4]> {
-    match tier {
-        CpuTier::Scalar => None,
-        CpuTier::Avx2 | CpuTier::Avx512 => {
-            Some([avx2::<1, Q41>, avx2::<2, Q41>, avx2::<4, Q41>, avx2::<8, Q41>])
-        }
-        CpuTier::Avx512Vnni | CpuTier::Amx => {
-            Some([vnni::<1, Q41>, vnni::<2, Q41>, vnni::<4, Q41>, vnni::<8, Q41>])
+    let (t, pairs) = if Q41 && T > 2 { (2, T / 2) } else { (T, 1) };
+    for p in 0..pairs {
+        let (y, out) = (y.add(p * t * ys), out.add(p * t * os));
+        match (VNNI, Q41 && T > 2) {
+            (true, true) => core512::<2, true>(x, y, ys, nb, out, os),
+            (true, false) => core512::<T, Q41>(x, y, ys, nb, out, os),
+            (false, true) => core256::<2, true>(x, y, ys, nb, out, os),
+            (false, false) => core256::<T, Q41>(x, y, ys, nb, out, os),
         }
     }
 }
+
+super::group_cores!(Q41: bool);
 
 /// The matmul kernels of one interleaved format (Q5_0×16 or Q4_1×16) on one tier.
 #[derive(Clone, Copy)]
@@ -323,20 +301,7 @@ impl X16Kernels {
     /// sixteen rows) and `n_tok` (1..=8) prepared activation rows `a`. Mis-sized input writes
     /// NaN to whatever of `out` exists.
     pub fn dots(&self, w: &[u8], a: &[u8], n: usize, n_tok: usize, out: &mut [f32], os: usize) {
-        let nb = n / 32;
-        let ok = n.is_multiple_of(32)
-            && (1..=Self::TOKENS).contains(&n_tok)
-            && os >= ROWS
-            && w.len() >= nb * block(self.q41)
-            && a.len() >= n_tok * nb * ACT
-            && out.len() >= (n_tok - 1) * os + ROWS;
-        if !ok {
-            out.iter_mut().for_each(|v| *v = f32::NAN);
-            return;
-        }
-        // SAFETY: the tier was detected before these kernels were handed out, and the slices
-        // hold every byte read and written (checked above).
-        unsafe { super::by_token_width(&self.cores, w, a, nb * ACT, nb, n_tok, out, os) }
+        super::group_dots(&self.cores, (ROWS, 32, block(self.q41), ACT), w, a, n, n_tok, out, os)
     }
 }
 
