@@ -38,23 +38,32 @@ impl<const N: usize> Kernel for Heads<N> {
 
     #[inline(always)]
     fn walk<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
-        assert!(acc.len() == 16 * N && vb.len() >= K_BLOCK * 16 * N);
-        // SAFETY: as above, with the sizes checked.
-        unsafe { walk::<N, 1, F16>([acc], vb, [wt], [sum]) }
+        Self::walk_rows::<F16>(acc, vb, std::slice::from_ref(wt), std::slice::from_mut(sum))
     }
 
+    /// As many rows' accumulators as fit in the 32 registers beside the value being added.
+    const WALK_ROWS: usize = if N <= 4 {
+        4
+    } else if N <= 8 {
+        2
+    } else {
+        1
+    };
+
     #[inline(always)]
-    fn walk2<const F16: bool>(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
-        assert!(acc.iter().all(|a| a.len() == 16 * N) && vb.len() >= K_BLOCK * 16 * N);
-        // Two rows' accumulators fit in the 32 registers up to N = 8.
-        if N > 8 {
-            let ([a0, a1], [s0, s1]) = (acc, sum);
-            Self::walk::<F16>(a0, vb, wt[0], s0);
-            Self::walk::<F16>(a1, vb, wt[1], s1);
-            return;
+    fn walk_rows<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &[Weights], sum: &mut [f32]) {
+        let r = wt.len();
+        assert!(acc.len() == r * 16 * N && sum.len() == r && vb.len() >= K_BLOCK * 16 * N);
+        // SAFETY: only instantiated behind the AVX-512 F check, with the sizes checked.
+        unsafe {
+            match r {
+                1 => walk::<N, 1, F16>(acc, vb, wt, sum),
+                2 if N <= 8 => walk::<N, 2, F16>(acc, vb, wt, sum),
+                3 if N <= 4 => walk::<N, 3, F16>(acc, vb, wt, sum),
+                4 if N <= 4 => walk::<N, 4, F16>(acc, vb, wt, sum),
+                _ => unreachable!("at most WALK_ROWS rows"),
+            }
         }
-        // SAFETY: as above, with the sizes checked.
-        unsafe { walk::<N, 2, F16>(acc, vb, wt, sum) }
     }
 }
 
@@ -149,27 +158,34 @@ unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32]) -> __m512 {
 }
 
 /// The walk of `R` rows over their keys `wt[0].a..wt[0].b` (the same for all), with
-/// each row's accumulator in registers: `scale_f16` and `mad_f16` lane for lane where
-/// `F16`, else the f32 multiply-adds alone.
+/// each row's accumulator (`16 · N` values at `acc[r · 16N..]`) in registers:
+/// `scale_f16` and `mad_f16` lane for lane where `F16`, else the f32 multiply-adds alone.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn walk<const N: usize, const R: usize, const F16: bool>(
-    acc: [&mut [f32]; R],
+    acc: &mut [f32],
     vb: &[f32],
-    wt: [&Weights; R],
-    sum: [&mut f32; R],
+    wt: &[Weights],
+    sum: &mut [f32],
 ) {
     let hd = 16 * N;
-    let mut a: [[__m512; N]; R] =
-        std::array::from_fn(|r| std::array::from_fn(|j| _mm512_loadu_ps(acc[r].as_ptr().add(16 * j))));
-    let mut s: [f32; R] = std::array::from_fn(|r| *sum[r]);
+    let mut a = [[_mm512_setzero_ps(); N]; R];
+    let mut s = [0f32; R];
+    for (r, ar) in a.iter_mut().enumerate() {
+        for (j, v) in ar.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(acc.as_ptr().add(r * hd + 16 * j));
+        }
+    }
+    s.copy_from_slice(&sum[..R]);
     for i in wt[0].a..wt[0].b {
         let v = vb.as_ptr().add(i * hd);
         for r in 0..R {
             let e = wt[r].w[i];
             let (ms, vs) = if wt[r].raised >> i & 1 == 1 {
                 let m = _mm512_set1_ps(e);
-                a[r].iter_mut().for_each(|a| *a = round16(_mm512_mul_ps(*a, m)));
+                for a in a[r].iter_mut() {
+                    *a = round16(_mm512_mul_ps(*a, m));
+                }
                 (e, 1.0)
             } else {
                 (1.0, e)
@@ -182,10 +198,10 @@ unsafe fn walk<const N: usize, const R: usize, const F16: bool>(
             s[r] = s[r].mul_add(ms, vs);
         }
     }
-    for r in 0..R {
-        for (j, a) in a[r].iter().enumerate() {
-            _mm512_storeu_ps(acc[r].as_mut_ptr().add(16 * j), *a);
+    for (r, ar) in a.iter().enumerate() {
+        for (j, v) in ar.iter().enumerate() {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(r * hd + 16 * j), *v);
         }
-        *sum[r] = s[r];
     }
+    sum[..R].copy_from_slice(&s);
 }

@@ -387,12 +387,15 @@ trait Kernel {
     /// Rescales and accumulates `acc` (and its sum of weights) over the block's keys,
     /// rounding to f16 after every step where `F16` (ggml's arithmetic).
     fn walk<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32);
-    /// Two rows with the same keys: their independent chains interleaved.
-    fn walk2<const F16: bool>(acc: [&mut [f32]; 2], vb: &[f32], wt: [&Weights; 2], sum: [&mut f32; 2]) {
-        let [a0, a1] = acc;
-        let [s0, s1] = sum;
-        Self::walk::<F16>(a0, vb, wt[0], s0);
-        Self::walk::<F16>(a1, vb, wt[1], s1);
+    /// Most rows [`Self::walk_rows`] takes at once.
+    const WALK_ROWS: usize = 1;
+    /// Rows with the same keys (`wt.len()` of them, at most [`Self::WALK_ROWS`], their
+    /// accumulators one after another in `acc`): their independent chains interleaved.
+    fn walk_rows<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &[Weights], sum: &mut [f32]) {
+        let hd = acc.len() / wt.len().max(1);
+        for (r, wt) in wt.iter().enumerate() {
+            Self::walk::<F16>(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
+        }
     }
 }
 
@@ -487,11 +490,10 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
         }
         let n = K_BLOCK.min((hi - p0) as usize + 1);
         let slot = slots(p0);
-        for i in (lo.saturating_sub(p0) as usize)..n {
-            let base = slot(i) * kv_dim + kvh * hd;
-            widen(&kc[base..base + hd], &mut kb[i * hd..(i + 1) * hd]);
-            widen(&vc[base..base + hd], &mut vb[i * hd..(i + 1) * hd]);
-        }
+        let i0 = (lo.saturating_sub(p0) as usize).min(n);
+        let bases = (i0..n).map(|i| slot(i) * kv_dim + kvh * hd);
+        widen_rows(kc, bases.clone(), hd, &mut kb[i0 * hd..n * hd]);
+        widen_rows(vc, bases, hd, &mut vb[i0 * hd..n * hd]);
         // At depth the cache comes from memory: ask for a block a few ahead while this one
         // computes (at the start, for the blocks before that one too: a split decode's
         // task starts cold in every chunk).
@@ -505,17 +507,25 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
                 prefetch(&vc[base..base + hd]);
             }
         }
+        // Scores, the running maximum, and each key's `expf` argument: `m - score` where
+        // the key raises the maximum (the rescale factor), `score - m` otherwise. Each step
+        // for every row before the next: the rows' chains are independent, and short loops
+        // let the core overlap them (one loop over all three steps ran them row by row).
+        let mut mbs = [f32::NEG_INFINITY; MAX_ROWS];
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
             let t = row(r).0;
             // The keys of the block this query sees.
             wt.a = first(t).saturating_sub(p0) as usize;
             wt.b = ((last(t) + 1).saturating_sub(p0) as usize).min(n);
+            if wt.a < wt.b {
+                mbs[r] = K::scores(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, plan.scale, &mut wt.w);
+            }
+        }
+        for (r, wt) in wts[..rows].iter_mut().enumerate() {
             if wt.a >= wt.b {
                 continue;
             }
-            // Scores, the running maximum, and each key's `expf` argument: `m - score`
-            // where the key raises the maximum (the rescale factor), `score - m` otherwise.
-            let mb = K::scores(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, plan.scale, &mut wt.w);
+            let mb = mbs[r];
             wt.raised = if F16 {
                 K::raises(&mut wt.w, wt.a, wt.b, &mut m[r], mb)
             } else {
@@ -533,23 +543,25 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
                 wt.w.iter_mut().take(wt.b).skip(wt.a).for_each(|w| *w -= m[r]);
                 0
             };
+        }
+        for wt in wts[..rows].iter_mut().filter(|wt| wt.a < wt.b) {
             K::exp(&mut wt.w, wt.a, wt.b);
         }
-        // The walks, two rows at a time where they see the same keys (a decode step's do).
+        // The walks, several rows at a time where they see the same keys (a decode step's
+        // do): their chains interleave (each key's multiply-add waits on the last's rounding).
         let mut r = 0;
         while r < rows {
             let wt = &wts[r];
             if wt.a >= wt.b {
                 r += 1;
-            } else if r + 1 < rows && (wts[r + 1].a, wts[r + 1].b) == (wt.a, wt.b) {
-                let (a0, a1) = acc[r * hd..(r + 2) * hd].split_at_mut(hd);
-                let (s0, s1) = sum[r..r + 2].split_at_mut(1);
-                K::walk2::<F16>([a0, a1], vb, [wt, &wts[r + 1]], [&mut s0[0], &mut s1[0]]);
-                r += 2;
-            } else {
-                K::walk::<F16>(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
-                r += 1;
+                continue;
             }
+            let mut e = r + 1;
+            while e < rows && e - r < K::WALK_ROWS && (wts[e].a, wts[e].b) == (wt.a, wt.b) {
+                e += 1;
+            }
+            K::walk_rows::<F16>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
+            r = e;
         }
     }
     for r in 0..rows {
@@ -593,6 +605,19 @@ fn widen(src: &[f16], dst: &mut [f32]) {
         return unsafe { simd::wide::widen(src, dst) };
     }
     quant::dequantize_row(GgmlType::F16, bytemuck::cast_slice(src), dst).expect("sizes match");
+}
+
+/// Widens the rows of `hd` values at `bases` in `src` into consecutive rows of `dst` (one
+/// call and tier check for a block's keys, not one per key).
+fn widen_rows(src: &[f16], bases: impl Iterator<Item = usize>, hd: usize, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
+        // SAFETY: the CPU has AVX-512 F.
+        return unsafe { simd::wide::widen_rows(src, bases, hd, dst) };
+    }
+    for (b, d) in bases.zip(dst.chunks_exact_mut(hd)) {
+        widen(&src[b..b + hd], d);
+    }
 }
 
 /// Rounds every value to the nearest f16 (ties to even), as storing to f16 does.
@@ -757,6 +782,19 @@ mod simd {
             _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
         }
 
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub unsafe fn widen_rows(
+            src: &[f16],
+            bases: impl Iterator<Item = usize>,
+            hd: usize,
+            dst: &mut [f32],
+        ) {
+            for (b, d) in bases.zip(dst.chunks_exact_mut(hd)) {
+                widen(&src[b..b + hd], d);
+            }
+        }
+
+        #[inline]
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         pub unsafe fn widen(src: &[f16], dst: &mut [f32]) {
             let n = src.len().min(dst.len());
