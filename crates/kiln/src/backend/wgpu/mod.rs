@@ -6,7 +6,7 @@ mod context;
 pub mod kernels;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use ::wgpu;
 
@@ -80,8 +80,8 @@ pub struct GpuBackend {
     /// The split attention's partial sums, the long argmax's per-part bests (grown on demand).
     part: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
-    /// GELU of every f16 value (the CPU's table, uploaded at first use; glu.wgsl).
-    gelu: OnceLock<wgpu::Buffer>,
+    /// GELU of every f16 value (the CPU's table, 128 KiB; glu.wgsl).
+    gelu: wgpu::Buffer,
     /// Weights larger than this are split by rows (the binding limit).
     split_bytes: u64,
     matmul: MatmulPath,
@@ -224,6 +224,8 @@ impl GpuBackend {
         let split_bytes = ctx.max_binding.min(ctx.max_buffer);
         let matmul = MatmulPath::from_env(ctx.info.device_type == wgpu::DeviceType::Cpu);
         let rec = Mutex::new(Recorder::new(&ctx));
+        let table = crate::backend::cpu::gelu_table();
+        let gelu = ctx.upload(bytemuck::cast_slice(&table[..1 << 16]), "kiln gelu")?;
         Ok(GpuBackend {
             ctx,
             pipes: Pipelines::default(),
@@ -234,7 +236,7 @@ impl GpuBackend {
             ids: Mutex::new(None),
             part: Mutex::new(None),
             counts: Arc::default(),
-            gelu: OnceLock::new(),
+            gelu,
             split_bytes,
             matmul,
         })
@@ -254,14 +256,6 @@ impl GpuBackend {
     /// readable after the backend moves into a model).
     pub fn counts(&self) -> Arc<OpCounts> {
         self.counts.clone()
-    }
-
-    /// The GELU table the glu kernels read (uploaded once; bound for SiLU too, unread).
-    fn gelu_table(&self) -> &wgpu::Buffer {
-        self.gelu.get_or_init(|| {
-            let table = crate::backend::cpu::gelu_table();
-            self.ctx.upload(bytemuck::cast_slice(&table[..1 << 16]), "kiln gelu").expect("a 128 KiB buffer")
-        })
     }
 
     /// Uploads f32 values as a weight vector (tests and callers with host data).
@@ -345,7 +339,7 @@ impl GpuBackend {
     fn run_pending(&self, p: Pending) {
         match p {
             Pending::Glu { gate, up, act, len } => {
-                self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up, self.gelu_table()], grid(len, 64))
+                self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up, &self.gelu], grid(len, 64))
             }
             Pending::Attention { kernel, prm, bufs, groups, .. } => {
                 self.run(kernel(false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
@@ -463,7 +457,7 @@ impl GpuBackend {
                     match taken {
                         Some(Pending::Glu { up, act: a, .. }) => {
                             let prm = [mode, rows as u32, k as u32, a];
-                            let bufs = [&x.buf, &act, &up, self.gelu_table()];
+                            let bufs = [&x.buf, &act, &up, &self.gelu];
                             self.run(Kernel::QuantizeGlu, &prm, &bufs, grid(n / 4, 64));
                         }
                         Some(Pending::Attention { kernel, mut prm, bufs, groups, .. }) => {

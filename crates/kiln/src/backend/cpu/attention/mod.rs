@@ -104,8 +104,9 @@ pub fn attention(
     let n_kv = plan.n_head_kv;
     let group = plan.n_head / n_kv;
     let (c0, c1) = (plan.first_pos(0) / KV_CHUNK, plan.pos[0] / KV_CHUNK);
+    let inp = Inputs { q, kc, vc, plan, arith };
     if n_tok == 1 && c1 > c0 && group <= MAX_ROWS {
-        return split_decode(pool, q, kc, vc, plan, arith, c0..c1 + 1, out);
+        return split_decode(pool, inp, c0..c1 + 1, out);
     }
     let n_tiles = n_tok.div_ceil(Q_TILE);
     let hs = heads_per_task(n_tiles * n_kv, group, MAX_ROWS / Q_TILE.min(n_tok), pool.n_threads());
@@ -125,18 +126,8 @@ pub fn attention(
             while b < t1 && plan.seq[b] == plan.seq[a] {
                 b += 1;
             }
-            let task = Task {
-                q,
-                kc,
-                vc,
-                plan,
-                arith,
-                kvh,
-                heads: heads.clone(),
-                ts: a..b,
-                keys: 0..u32::MAX,
-                out: Sink::Out(op),
-            };
+            let task =
+                Task { inp, kvh, heads: heads.clone(), ts: a..b, keys: 0..u32::MAX, out: Sink::Out(op) };
             SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
             a = b;
         }
@@ -145,17 +136,8 @@ pub fn attention(
 
 /// One query over `chunks` (more than one): a task per (chunk, KV head) with all the KV
 /// head's query heads, each writing its chunk's state; then the chunks folded in order.
-#[allow(clippy::too_many_arguments)]
-fn split_decode(
-    pool: &ThreadPool,
-    q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
-    plan: &AttnPlan,
-    arith: AttnArith,
-    chunks: std::ops::Range<u32>,
-    out: &mut [f32],
-) {
+fn split_decode(pool: &ThreadPool, inp: Inputs, chunks: std::ops::Range<u32>, out: &mut [f32]) {
+    let plan = inp.plan;
     let (n_head, n_kv, hd) = (plan.n_head, plan.n_head_kv, plan.head_dim);
     let group = n_head / n_kv;
     let n_chunks = chunks.len();
@@ -173,7 +155,7 @@ fn split_decode(
             let part = SyncPtr(unsafe { pp.get().add(c * stride) });
             let heads = kvh * group..(kvh + 1) * group;
             let keys = k0..k0 + KV_CHUNK;
-            let task = Task { q, kc, vc, plan, arith, kvh, heads, ts: 0..1, keys, out: Sink::Partial(part) };
+            let task = Task { inp, kvh, heads, ts: 0..1, keys, out: Sink::Partial(part) };
             SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
         });
         #[cfg(target_arch = "x86_64")]
@@ -266,14 +248,21 @@ struct Scratch {
     v: Vec<f32>,
 }
 
-/// One task: query heads `heads` (all reading KV head `kvh`) for queries `ts` (all of
-/// one sequence).
-struct Task<'a> {
+/// What an attention call reads: the queries `[token, head, head_dim]`, the caches, the
+/// plan and the arithmetic.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
     q: &'a [f32],
     kc: &'a [f16],
     vc: &'a [f16],
     plan: &'a AttnPlan<'a>,
     arith: AttnArith,
+}
+
+/// One task: query heads `heads` (all reading KV head `kvh`) for queries `ts` (all of
+/// one sequence).
+struct Task<'a> {
+    inp: Inputs<'a>,
     kvh: usize,
     heads: std::ops::Range<usize>,
     ts: std::ops::Range<usize>,
@@ -293,7 +282,7 @@ enum Sink {
 }
 
 fn run_task(t: &Task, s: &mut Scratch) {
-    let hd = t.plan.head_dim;
+    let hd = t.inp.plan.head_dim;
     let rows = t.ts.len() * t.heads.len();
     for (v, n) in [
         (&mut s.q, rows),
@@ -342,7 +331,7 @@ unsafe fn run_task_avx512<K: Kernel>(t: &Task, s: &mut Scratch) {
 
 #[inline(always)]
 fn run_task_arith<K: Kernel>(t: &Task, s: &mut Scratch) {
-    match t.arith {
+    match t.inp.arith {
         AttnArith::F32 => run_task_body::<K, false>(t, s),
         AttnArith::Ggml => run_task_body::<K, true>(t, s),
     }
@@ -442,7 +431,7 @@ impl Kernel for AnyHead {
 
 #[inline(always)]
 fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
-    let Task { q, kc, vc, plan, kvh, ref heads, ref ts, ref keys, out: sink, .. } = *task;
+    let Task { inp: Inputs { q, kc, vc, plan, .. }, kvh, ref heads, ref ts, ref keys, out: sink } = *task;
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
     let nh = heads.len();
