@@ -265,10 +265,14 @@ fn weights_loaded_together_match_the_cpu_in_one_kernel() {
                     let what = format!("matmul_many {group} x{count} n={n} bias {bias} {path:?}");
                     against_cpu(&gpu, &what, &d, &c, if path == MatmulPath::Vec { 1e-11 } else { 0.0 });
                     // Input upload (embed), quantize, one matmul per run of one type
-                    // (the mixed group's third weight is its own run), biases added in it.
+                    // (the mixed group's third weight is its own run), biases added in it;
+                    // a vec decode step's runs quantize in their prologue where the
+                    // activations are Q8_0 or Q8_1 (Q8_0's here).
                     let dispatches = gpu.counts().get().1 - before;
                     let runs = if count == 3 { kernels } else { 1 };
-                    assert_eq!(dispatches, 2 + runs, "{what}: {dispatches} dispatches");
+                    let prologue = path == MatmulPath::Vec && n == 1 && group == "grp.Q8_0";
+                    let expected = 1 + u64::from(!prologue) + runs;
+                    assert_eq!(dispatches, expected, "{what}: {dispatches} dispatches");
                 }
             }
         }
@@ -283,8 +287,8 @@ fn glu_matmul_out<B: Backend>(
     ty: GgmlType,
     act: Activation,
     split: bool,
+    n: usize,
 ) -> Vec<f32> {
-    let n = 3;
     let w = weight(b, g, &format!("w.{}", ty.name()));
     let mut gate = input(b, g, "gate", n, 16 * K);
     let up = input(b, g, "y", n, 16 * K);
@@ -309,14 +313,14 @@ fn glu_fused_into_the_next_matmul_matches_cpu() {
             for act in [Activation::Silu, Activation::GeluTanh] {
                 let what = format!("glu {act:?} then matmul {ty} on {}", gpu.name());
                 let before = gpu.counts().get().1;
-                let fused = glu_matmul_out(&gpu, &g, ty, act, false);
+                let fused = glu_matmul_out(&gpu, &g, ty, act, false, 3);
                 // Two input uploads, the fused quantize, the matmul.
                 let dispatches = gpu.counts().get().1 - before;
                 assert_eq!(dispatches, 4, "{what}: {dispatches} dispatches");
-                let split = glu_matmul_out(&gpu, &g, ty, act, true);
+                let split = glu_matmul_out(&gpu, &g, ty, act, true, 3);
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 // GELU's tanh differs from the CPU's table in the last bits (as the glu op).
-                let c = glu_matmul_out(&cpu, &g, ty, act, false);
+                let c = glu_matmul_out(&cpu, &g, ty, act, false, 3);
                 against_cpu(&gpu, &what, &fused, &c, if act == Activation::Silu { 0.0 } else { 1e-10 });
             }
         }
@@ -326,8 +330,14 @@ fn glu_fused_into_the_next_matmul_matches_cpu() {
 /// A norm (with the residual add first when `add`), then a matmul of its output; `split`
 /// reads the norm's output first so the two run unfused. Returns the matmul's output, the
 /// norm's output and the residual.
-fn norm_matmul_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, add: bool, split: bool) -> Vec<f32> {
-    let n = 3;
+fn norm_matmul_out<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    ty: GgmlType,
+    add: bool,
+    split: bool,
+    n: usize,
+) -> Vec<f32> {
     let w = weight(b, g, &format!("w.{}", ty.name()));
     let mut x = input(b, g, "x", n, K);
     let y = input(b, g, "y", n, K);
@@ -359,13 +369,68 @@ fn norm_fused_into_the_next_matmul_matches_cpu() {
             for add in [false, true] {
                 let what = format!("norm (add {add}) then matmul {ty} on {}", gpu.name());
                 let before = gpu.counts().get().1;
-                let fused = norm_matmul_out(&gpu, &g, ty, add, false);
+                let fused = norm_matmul_out(&gpu, &g, ty, add, false, 3);
                 // Two input uploads, the norm with its quantize, the matmul.
                 let dispatches = gpu.counts().get().1 - before;
                 assert_eq!(dispatches, 4, "{what}: {dispatches} dispatches");
-                let split = norm_matmul_out(&gpu, &g, ty, add, true);
+                let split = norm_matmul_out(&gpu, &g, ty, add, true, 3);
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
-                against_cpu(&gpu, &what, &fused, &norm_matmul_out(&cpu, &g, ty, add, false), 0.0);
+                against_cpu(&gpu, &what, &fused, &norm_matmul_out(&cpu, &g, ty, add, false, 3), 0.0);
+            }
+        }
+    }
+}
+
+/// A matmul of `x` as it is (an f32 input, no op held back before it).
+fn plain_matmul_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, n: usize) -> Vec<f32> {
+    let w = weight(b, g, &format!("w.{}", ty.name()));
+    let x = input(b, g, "x", n, K);
+    let mut out = b.alloc(n * ROWS).unwrap();
+    b.matmul(&w, &x, n, &mut out);
+    read(b, &out, n * ROWS)
+}
+
+/// An op then a matmul of its output on a backend: the outputs read back.
+type OpRun = Box<dyn Fn(&GpuBackend) -> Vec<f32>>;
+
+#[test]
+fn decode_matmul_prologues_match_the_separate_kernels() {
+    // A vec matmul of one token makes its Q8_0 or Q8_1 activations itself (the norm, the
+    // GLU, or the quantize of an f32 input): the same bits as the kernels run before it,
+    // one dispatch fewer, and the op's own outputs (norm, residual, GLU) stored all the
+    // same. Q8_K activations (K-quant weights) still take the dispatch.
+    let g = model();
+    for mut gpu in vec_gpus() {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q6_K] {
+            let mut runs: Vec<(String, OpRun)> = Vec::new();
+            for add in [false, true] {
+                let g = g.clone();
+                runs.push((
+                    format!("norm (add {add})"),
+                    Box::new(move |b| norm_matmul_out(b, &g, ty, add, false, 1)),
+                ));
+            }
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let g = g.clone();
+                runs.push((
+                    format!("glu {act:?}"),
+                    Box::new(move |b| glu_matmul_out(b, &g, ty, act, false, 1)),
+                ));
+            }
+            let g2 = g.clone();
+            runs.push(("f32 input".into(), Box::new(move |b| plain_matmul_out(b, &g2, ty, 1))));
+            for (what, run) in &runs {
+                let what = format!("{what} then matmul {ty} on {}", gpu.name());
+                gpu.set_prologue_bytes(usize::MAX);
+                let d0 = gpu.counts().get().1;
+                let fused = run(&gpu);
+                let d1 = gpu.counts().get().1;
+                gpu.set_prologue_bytes(0);
+                let split = run(&gpu);
+                let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
+                let q8k = ty.vec_dot_type() == GgmlType::Q8_K;
+                assert_eq!(saved, u64::from(!q8k), "{what}: {saved} dispatches saved");
+                assert_same_bits(&what, &fused, &split);
             }
         }
     }

@@ -26,6 +26,8 @@ pub struct Context {
     pub max_buffer: u64,
     /// Storage-buffer offset alignment for the per-op parameter words.
     pub align: u64,
+    /// Workgroup memory a kernel may use, in bytes (the vec matmul's prologue needs it).
+    pub max_workgroup_storage: u32,
     /// Whether the driver's fma() rounds once, as the CPU's FMA does (probed at start).
     pub fused_fma: bool,
 }
@@ -98,6 +100,7 @@ impl Context {
             info,
             subgroups,
             max_binding: limits.max_storage_buffer_binding_size as u64,
+            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
             max_buffer: limits.max_buffer_size,
             align: (limits.min_storage_buffer_offset_alignment as u64).max(4),
             fused_fma: false,

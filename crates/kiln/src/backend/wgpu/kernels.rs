@@ -21,14 +21,17 @@ const QUANTIZE_CORE: &str = include_str!("shaders/quantize_core.wgsl");
 const NORM_QUANTIZE: &str = include_str!("shaders/norm_quantize.wgsl");
 const ATTN_QUANTIZE: &str = include_str!("shaders/attn_quantize.wgsl");
 const ROPE_EPILOGUE: &str = include_str!("shaders/rope_epilogue.wgsl");
+const FF_SUM: &str = include_str!("shaders/ff_sum.wgsl");
+const MATMUL_PROLOGUE: &str = include_str!("shaders/matmul_prologue.wgsl");
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
 fn x4(o: u32, live: bool) -> vec4<f32> {
     return vec4<f32>(xs[o], xs[o + 1u], xs[o + 2u], xs[o + 3u]);
 }";
-const QUANTIZE_GLU_IN: &str = "@group(0) @binding(1) var<storage, read_write> xs: array<f32>;
+const QUANTIZE_GLU_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 @group(0) @binding(3) var<storage, read> ups: array<f32>;
+@group(0) @binding(5) var<storage, read_write> gout: array<f32>;
 
 fn x4(o: u32, live: bool) -> vec4<f32> {
     var v: vec4<f32>;
@@ -38,7 +41,7 @@ fn x4(o: u32, live: bool) -> vec4<f32> {
     }
     if live {
         for (var i = 0u; i < 4u; i = i + 1u) {
-            xs[o + i] = v[i];
+            gout[o + i] = v[i];
         }
     }
     return v;
@@ -122,30 +125,137 @@ fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
     return row_sum_tree(acc, so, lid);
 }
 ";
-/// rms_norm.wgsl's input: a word of the row, and (with the residual add) where the sum is kept.
-const NORM_IN: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
+/// rms_norm.wgsl's input: a word of the row (`x_at`: x, or x + y where the residual add
+/// comes first, `y_at` and `add_y` its parts), and where the sum is kept; bound at XS (YR,
+/// XO), the add's scale at prm[P_ADD] (per includer).
+const NORM_IN: &str = "@group(0) @binding(XS) var<storage, read> xs: array<vec4<f32>>;
+
+fn y_at(j: u32) -> vec4<f32> {
+    return vec4<f32>(0.0);
+}
+
+fn add_y(x: vec4<f32>, y: vec4<f32>) -> vec4<f32> {
+    return x;
+}
 
 fn x_at(j: u32) -> vec4<f32> {
     return xs[j];
 }
 
 fn x_keep(j: u32, v: vec4<f32>) {}";
-const NORM_ADD_IN: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> yr: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> xo: array<vec4<f32>>;
+const NORM_ADD_IN: &str = "@group(0) @binding(XS) var<storage, read> xs: array<vec4<f32>>;
+@group(0) @binding(YR) var<storage, read> yr: array<vec4<f32>>;
+@group(0) @binding(XO) var<storage, read_write> xo: array<vec4<f32>>;
+
+fn y_at(j: u32) -> vec4<f32> {
+    return yr[j];
+}
 
 // The CPU's add: x + y * scale (the product rounded on its own).
-fn x_at(j: u32) -> vec4<f32> {
-    let s = pf(4u);
-    let y = yr[j];
+fn add_y(x: vec4<f32>, y: vec4<f32>) -> vec4<f32> {
+    let s = pf(P_ADD);
     if s == 1.0 {
-        return xs[j] + y;
+        return x + y;
     }
-    return xs[j] + vec4<f32>(nc(y.x * s), nc(y.y * s), nc(y.z * s), nc(y.w * s));
+    return x + vec4<f32>(nc(y.x * s), nc(y.y * s), nc(y.z * s), nc(y.w * s));
+}
+
+fn x_at(j: u32) -> vec4<f32> {
+    return add_y(xs[j], yr[j]);
 }
 
 fn x_keep(j: u32, v: vec4<f32>) {
     xo[j] = v;
+}";
+/// matmul_prologue.wgsl's ops: the word loads `in_a`, `in_b`, the op's input value
+/// `in_value`, `in_scale` over all of them, and `in_out`, the value quantized (stored too
+/// where `keep`). The norm (its input NORM_IN or NORM_ADD_IN; the weight at WN, its output
+/// at NO; prm[PP + 1, 2]: eps, weight length) ...
+const PROLOGUE_NORM: &str = "@group(0) @binding(WN) var<storage, read> wn: array<f32>;
+@group(0) @binding(NO) var<storage, read_write> nout: array<vec4<f32>>;
+
+fn in_a(j: u32) -> vec4<f32> {
+    return xs[j];
+}
+
+fn in_b(j: u32) -> vec4<f32> {
+    return y_at(j);
+}
+
+fn in_value(j: u32, a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
+    return add_y(a, b);
+}
+
+fn in_scale(v: array<vec4<f32>, NC>, li: u32, nw: u32) -> f32 {
+    var s = vec2<f32>(0.0, 0.0);
+    for (var c = 0u; c < NC; c = c + 1u) {
+        if c * NT + li < nw {
+            s = ff_squares(s, v[c]);
+        }
+    }
+    return rms_scale(ff_total(s, li), 4u * nw, pf(PP + 1u));
+}
+
+fn in_out(j: u32, v: vec4<f32>, scale: f32, keep: bool) -> vec4<f32> {
+    let y = rms_apply(v, scale, j, prm[PP + 2u]);
+    if keep {
+        x_keep(j, v);
+        nout[j] = y;
+    }
+    return y;
+}";
+/// ... the GLU (gate bound at 2, up at UP, its output at GO; prm[PP + 1]: the act) ...
+const PROLOGUE_GLU: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
+@group(0) @binding(UP) var<storage, read> ups: array<vec4<f32>>;
+@group(0) @binding(GO) var<storage, read_write> gout: array<vec4<f32>>;
+
+fn in_a(j: u32) -> vec4<f32> {
+    return xs[j];
+}
+
+fn in_b(j: u32) -> vec4<f32> {
+    return ups[j];
+}
+
+fn in_value(j: u32, a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
+    var v: vec4<f32>;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        v[i] = glu_value(a[i], b[i], 4u * j + i, prm[1], prm[PP + 1u]);
+    }
+    return v;
+}
+
+fn in_scale(v: array<vec4<f32>, NC>, li: u32, nw: u32) -> f32 {
+    return 1.0;
+}
+
+fn in_out(j: u32, v: vec4<f32>, scale: f32, keep: bool) -> vec4<f32> {
+    if keep {
+        gout[j] = v;
+    }
+    return v;
+}";
+/// ... or none (f32 values bound at 2).
+const PROLOGUE_QUANTIZE: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
+
+fn in_a(j: u32) -> vec4<f32> {
+    return xs[j];
+}
+
+fn in_b(j: u32) -> vec4<f32> {
+    return vec4<f32>(0.0);
+}
+
+fn in_value(j: u32, a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
+    return a;
+}
+
+fn in_scale(v: array<vec4<f32>, NC>, li: u32, nw: u32) -> f32 {
+    return 1.0;
+}
+
+fn in_out(j: u32, v: vec4<f32>, scale: f32, keep: bool) -> vec4<f32> {
+    return v;
 }";
 /// Packed 4x8 integer dot: the WGSL builtin (naga emits OpSDot where the device has it, a
 /// polyfill elsewhere), or plain shifts on the forced fallback path.
@@ -166,6 +276,38 @@ pub struct Outs {
     pub rope: bool,
 }
 
+/// Where the vec matmul's activations come from: quantized rows bound at 2 (`Quantized`),
+/// or, in a decode step, made by every workgroup in its prologue from the op before
+/// (matmul_prologue.wgsl): the attention's f32 output quantized, the RMSNorm (with the
+/// residual add), or the GLU; one dispatch instead of two. The value is k, which sizes the
+/// workgroup memory they go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Input {
+    Quantized,
+    Quantize(u32),
+    Norm(u32),
+    AddNorm(u32),
+    Glu(u32),
+}
+
+impl Input {
+    /// Words of workgroup memory its quantized row takes: k / 4 of quants, then the
+    /// scales and sums (at most k / 16 + k / 256: Q8_K's).
+    pub fn words(k: usize) -> usize {
+        k / 4 + k / 16 + k / 256 + 1
+    }
+
+    /// Its buffers bound after the matmul's own (before the RoPE store's caches).
+    pub fn extra_bindings(self) -> usize {
+        match self {
+            Input::Quantized | Input::Quantize(_) => 0,
+            Input::Norm(_) => 2,
+            Input::Glu(_) => 3,
+            Input::AddNorm(_) => 4,
+        }
+    }
+}
+
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -176,7 +318,7 @@ pub enum Kernel {
     MatmulRows(GgmlType, Outs),
     /// Rows split over a workgroup, f32 partial sums (not bit-identical to the CPU, still
     /// batch invariant).
-    MatmulVec(GgmlType, Outs),
+    MatmulVec(GgmlType, Outs, Input),
     /// The embedding lookup; `true`: the ids are read from a device buffer (bound third:
     /// the last greedy step's), not from the parameters.
     Embed(GgmlType, bool),
@@ -388,6 +530,56 @@ fn matmul_store(outs: Outs) -> String {
     s
 }
 
+/// The vec matmul's activations (`Input`): bound at 2 (and at `xv` as 16-byte words for
+/// the wide units), or made in the prologue into workgroup memory from the op's buffers
+/// (bound at 2 and from `extras`); its parameters start after the RoPE store's.
+fn matmul_input(input: Input, xv: usize, extras: usize, rope: bool, fast: bool, subgroups: bool) -> String {
+    let k = match input {
+        Input::Quantized => {
+            let mut s = "@group(0) @binding(2) var<storage, read> xq: array<u32>;\n\
+                         fn prologue(li: u32, first: bool) {}\n"
+                .to_string();
+            if fast {
+                s.push_str(&format!(
+                    "@group(0) @binding({xv}) var<storage, read> xv: array<vec4<u32>>;\n\
+                     fn xv_at(i: u32) -> vec4<u32> {{\n    return xv[i];\n}}\n"
+                ));
+            }
+            return s;
+        }
+        Input::Quantize(k) | Input::Norm(k) | Input::AddNorm(k) | Input::Glu(k) => k as usize,
+    };
+    let pp = if rope { 18 } else { 11 };
+    let nc = (k / 4).div_ceil(vec_shape().0 * vec_shape().1);
+    let mut s =
+        MATMUL_PROLOGUE.replace("XQW", &format!("{}u", Input::words(k))).replace("NCW", &format!("{nc}u"));
+    s.push_str(
+        "fn xv_at(i: u32) -> vec4<u32> {\n    return vec4<u32>(xq[4u * i], xq[4u * i + 1u], xq[4u * i + 2u], xq[4u * i + 3u]);\n}\n",
+    );
+    let at = |i: usize| (extras + i).to_string();
+    let op = match input {
+        Input::Norm(_) | Input::AddNorm(_) => {
+            let read = if matches!(input, Input::AddNorm(_)) { NORM_ADD_IN } else { NORM_IN };
+            s.push_str(FF_SUM);
+            s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
+            let read = read.replace("XS", "2").replace("YR", &at(2)).replace("XO", &at(3));
+            format!(
+                "{}\n{}",
+                read.replace("P_ADD", &format!("{}u", pp + 3)),
+                PROLOGUE_NORM.replace("WN", &at(0)).replace("NO", &at(1))
+            )
+        }
+        Input::Glu(_) => {
+            s.push_str(&GLU.replace("GT", &at(1)));
+            PROLOGUE_GLU.replace("UP", &at(0)).replace("GO", &at(2))
+        }
+        _ => PROLOGUE_QUANTIZE.to_string(),
+    };
+    s.push_str(&op);
+    s.push('\n');
+    s.replace("PP", &format!("{pp}u"))
+}
+
 /// The full WGSL text of a kernel (exposed for the shader-validation test). `subgroups`
 /// false is the portable fallback: tree reductions and plain integer dots.
 /// `fused_fma`: the driver's fma() rounds once (else it is emulated from exact parts).
@@ -402,7 +594,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     );
     if let Kernel::Matmul(ty, _)
     | Kernel::MatmulRows(ty, _)
-    | Kernel::MatmulVec(ty, _)
+    | Kernel::MatmulVec(ty, ..)
     | Kernel::Embed(ty, _) = k
     {
         s.push_str(DEQUANT);
@@ -411,7 +603,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             chunk_fn(ty)
         ));
     }
-    if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs) = k {
+    if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs, _) = k {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
         s.push_str(&matmul_store(outs));
@@ -425,6 +617,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         });
     }
     if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) = k {
+        s.push_str(FF_SUM);
         s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
         if subgroups {
             s.push_str(SUBGROUP_RUNS);
@@ -438,14 +631,19 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
         }
-        Kernel::MatmulVec(ty, outs) => {
+        Kernel::MatmulVec(ty, outs, input) => {
             let (rg, npr) = vec_shape();
             s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
             let fast = vec_fast(ty);
             s.push_str(&format!("const FAST: u32 = {fast}u;\nconst ROPE: bool = {};\n", outs.rope));
-            // Bound after the outputs, biases and (wide units) the activations and weights
-            // again: the KV caches of the RoPE store.
-            let kc = 3 + outs.n as usize * if outs.bias { 2 } else { 1 } + if fast == 0 { 0 } else { 2 };
+            // Bound after the outputs and biases: (wide units) the activations as 16-byte
+            // words where they are bound, and the weights again as 16-byte words; then the
+            // prologue's buffers, then the KV caches of the RoPE store.
+            let xv = 3 + outs.n as usize * if outs.bias { 2 } else { 1 };
+            let bound = input == Input::Quantized;
+            let wv = xv + usize::from(bound);
+            let extras = if fast == 0 { xv } else { wv + 1 };
+            let kc = extras + input.extra_bindings();
             if outs.rope {
                 s.push_str(
                     &ROPE_EPILOGUE.replace("KC", &kc.to_string()).replace("VC", &(kc + 1).to_string()),
@@ -459,11 +657,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             if fast == 0 {
                 s.push_str("fn fast_unit(base: u32, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n");
             } else {
-                // Bound after the outputs and biases: the activations and the weights again,
-                // as 16-byte words.
-                let xv = 3 + outs.n as usize * if outs.bias { 2 } else { 1 };
-                s.push_str(&DOT_VEC.replace("XV", &xv.to_string()).replace("WV", &(xv + 1).to_string()));
+                s.push_str(&DOT_VEC.replace("WV", &wv.to_string()));
             }
+            s.push_str(&matmul_input(input, xv, extras, outs.rope, fast != 0, subgroups));
             s.push_str(if subgroups { ROW_SUM_SUBGROUP } else { ROW_SUM_TREE });
             if subgroups {
                 s.push_str(SUBGROUP_RUNS);
@@ -478,7 +674,8 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::AddRmsNorm(_) => NORM_ADD_IN,
         _ => QUANTIZE_IN,
     };
-    let mut src = src.replace("//INPUT", input);
+    let input = input.replace("XS", "2").replace("YR", "4").replace("XO", "5").replace("P_ADD", "4u");
+    let mut src = src.replace("//INPUT", &input);
     match k {
         // The quantized rows are bound after the norm's buffers (w, x, out; y, new x).
         Kernel::RmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "4")),
@@ -499,12 +696,13 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         ),
         _ => {}
     }
-    if src.contains("quantize_word(") {
+    // (The vec matmul's prologue, in `s`, quantizes too.)
+    if src.contains("quantize_word(") || s.contains("quantize_word(") {
         s.push_str(QUANTIZE_CORE);
     }
     if src.contains("glu_value(") {
         // The GELU table is bound after the kernel's other buffers.
-        s.push_str(&GLU.replace("GT", if k == Kernel::QuantizeGlu { "4" } else { "3" }));
+        s.push_str(&GLU.replace("GT", "4"));
     }
     if src.contains("rope_pair(") {
         s.push_str(ROPE_CORE);

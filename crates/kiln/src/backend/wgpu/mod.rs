@@ -16,7 +16,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
 pub use context::AdapterPolicy;
 use context::{Context, Recorder};
-use kernels::{Kernel, Pipelines};
+use kernels::{Input, Kernel, Pipelines};
 
 /// Rows of a weight stored in one buffer (weights over the binding limit are split).
 struct Part {
@@ -40,8 +40,9 @@ pub struct GpuWeight {
 pub struct GpuBuf {
     buf: wgpu::Buffer,
     len: usize,
-    /// The other buffer of a residual: the fused add + norm writes `x + y` there (the
-    /// norm's workgroups all read `x`), then the two swap.
+    /// The other buffer of an op's output written out of place (the fused add + norm's
+    /// `x + y`, the GLU's output): the op's workgroups all read the old values, then the
+    /// two swap.
     alt: Option<wgpu::Buffer>,
 }
 
@@ -75,6 +76,13 @@ pub struct GpuBackend {
     /// An op not yet dispatched: the matmul reading its output runs it with the activation
     /// quantize in one kernel; any other op dispatches it first (`flush`).
     pending: Mutex<Option<Pending>>,
+    /// A norm a vec matmul's prologue took (its output not otherwise kept quantized):
+    /// another matmul of the same op reading that output takes it too.
+    taken: Mutex<Option<Pending>>,
+    /// Most bytes a decode matmul's workgroups may read between them for their prologue
+    /// (kernels.rs `Input`; each reads the whole input row): more, and a dispatch before
+    /// it is cheaper. `KILN_GPU_PROLOGUE_KB` overrides (0: never).
+    prologue_bytes: usize,
     /// The argmax ids of the last greedy step (grown on demand).
     ids: Mutex<Option<wgpu::Buffer>>,
     /// The split attention's partial sums, the long argmax's per-part bests (grown on demand).
@@ -87,7 +95,12 @@ pub struct GpuBackend {
     matmul: MatmulPath,
 }
 
+/// A decode matmul's prologue (`GpuBackend::prologue`): its kernel input, parameters, and
+/// buffers from binding 2 on.
+type Prologue = (Input, Vec<u32>, Vec<wgpu::Buffer>);
+
 /// A dispatch recorded but not yet run.
+#[derive(Clone)]
 struct Dispatch {
     kernel: Kernel,
     prm: Vec<u32>,
@@ -97,9 +110,11 @@ struct Dispatch {
 
 /// A deferred op, taken by the quantize of the matmul that reads its output (or, for q/k/v,
 /// by the RoPE store).
+#[derive(Clone)]
 enum Pending {
-    /// `gate = act(gate) * up` over `len` values (QuantizeGlu).
-    Glu { gate: wgpu::Buffer, up: wgpu::Buffer, act: u32, len: usize },
+    /// `out = act(gate) * up` over `len` values (QuantizeGlu; out of place, so a matmul's
+    /// prologue may read the gate while its first workgroup stores `out`).
+    Glu { gate: wgpu::Buffer, up: wgpu::Buffer, act: u32, len: usize, out: wgpu::Buffer },
     /// `out = rms_norm(x)` over `rows` rows of `dim`, after `x + y * scale` is stored to
     /// the new residual where `add` holds (y, scale, new residual).
     Norm {
@@ -134,7 +149,7 @@ impl Pending {
     /// the RoPE store takes them, or they run first).
     fn output(&self) -> Option<(&wgpu::Buffer, usize)> {
         match self {
-            Pending::Glu { gate, len, .. } => Some((gate, *len)),
+            Pending::Glu { out, len, .. } => Some((out, *len)),
             Pending::Norm { out, rows, dim, .. } => Some((out, rows * dim)),
             Pending::Attention { bufs, len, .. } => Some((&bufs[bufs.len() - 1], *len)),
             Pending::Qkv { .. } => None,
@@ -194,6 +209,11 @@ const SPLIT_KEYS: u32 = 256;
 /// exact kernel.
 const SPLIT_PARTIALS: usize = 256 << 20;
 
+/// The default of `GpuBackend::prologue_bytes`, measured on an H200: smollm2's prologues
+/// (at most 3.5 MiB) made its decode 5% faster; Qwen2.5-1.5B's and Llama-3-8B's larger
+/// ones (up to 16 MiB) slower than the dispatches they replace.
+const PROLOGUE_BYTES: usize = 4 << 20;
+
 /// Values per workgroup of a long argmax row: one round of sixteen loads per invocation.
 const ARGMAX_SPAN: usize = 16 * 256;
 
@@ -233,6 +253,11 @@ impl GpuBackend {
             act: Mutex::new(None),
             act_src: Mutex::new(None),
             pending: Mutex::new(None),
+            taken: Mutex::new(None),
+            prologue_bytes: std::env::var("KILN_GPU_PROLOGUE_KB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(PROLOGUE_BYTES, |kb| kb << 10),
             ids: Mutex::new(None),
             part: Mutex::new(None),
             counts: Arc::default(),
@@ -338,8 +363,8 @@ impl GpuBackend {
 
     fn run_pending(&self, p: Pending) {
         match p {
-            Pending::Glu { gate, up, act, len } => {
-                self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up, &self.gelu], grid(len, 64))
+            Pending::Glu { gate, up, act, len, out } => {
+                self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up, &out, &self.gelu], grid(len, 64))
             }
             Pending::Attention { kernel, prm, bufs, groups, .. } => {
                 self.run(kernel(false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
@@ -374,9 +399,25 @@ impl GpuBackend {
         self.run(k, &prm, &bufs, grid(rows * slices, 1));
     }
 
+    /// Makes `x.alt` (allocated on first use) the buffer `x` is written to, the old one its
+    /// `alt`; returns the new one.
+    fn swap(&self, x: &mut GpuBuf) -> wgpu::Buffer {
+        let new = x.alt.take().unwrap_or_else(|| {
+            self.ctx.storage(x.buf.size(), "kiln buf").expect("as large as x, which exists")
+        });
+        x.alt = Some(std::mem::replace(&mut x.buf, new.clone()));
+        new
+    }
+
     fn op(&self) {
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.taken.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Sets the bytes a decode matmul's prologue may read (0: never; tests, A/B runs).
+    pub fn set_prologue_bytes(&mut self, bytes: usize) {
+        self.prologue_bytes = bytes;
     }
 
     /// Uploads weights of one type and width into one buffer, each a run of its rows.
@@ -432,6 +473,16 @@ impl GpuBackend {
             if held.as_ref().is_some_and(|(b, _, _)| outs.contains(&b)) {
                 *held = None;
             }
+            // Likewise a norm a prologue took, where this writes any of its buffers.
+            let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+            let written = |p: &mut Pending| match p {
+                Pending::Norm { x, add, out, .. } => {
+                    let add = add.as_ref().map(|a| [&a.0, &a.2]);
+                    [&*x, &*out].into_iter().chain(add.into_iter().flatten()).any(|b| outs.contains(&b))
+                }
+                _ => false,
+            };
+            taken.take_if(written);
         }
         let k = w.cols;
         // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
@@ -444,6 +495,9 @@ impl GpuBackend {
         };
         let n = rows * k;
         let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
+        let n_groups = ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(kernels::vec_shape().0);
+        // The activations: quantized (bound at 2), or made in the prologue.
+        let mut input: Prologue = (Input::Quantized, Vec::new(), Vec::new());
         let act;
         let src = match mode {
             Some(mode) => {
@@ -452,31 +506,28 @@ impl GpuBackend {
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
                     let taken = {
                         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
+                        let fused = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+                        pending
+                            .take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
+                            .or_else(|| fused.clone().filter(|p| p.output() == Some((&x.buf, n))))
                     };
-                    match taken {
-                        Some(Pending::Glu { up, act: a, .. }) => {
-                            let prm = [mode, rows as u32, k as u32, a];
-                            let bufs = [&x.buf, &act, &up, &self.gelu];
-                            self.run(Kernel::QuantizeGlu, &prm, &bufs, grid(n / 4, 64));
-                        }
-                        Some(Pending::Attention { kernel, mut prm, bufs, groups, .. }) => {
-                            prm[8] = mode;
-                            let mut bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
-                            bufs.push(&act);
-                            self.run(kernel(true), &prm, &bufs, groups);
-                        }
-                        Some(norm) => self.run_norm(&norm, Some((mode, &act))),
+                    match self.prologue(&taken, &x.buf, mode, rows, k, n_groups) {
+                        Some(p) => input = p,
                         None => {
-                            let prm = [mode, rows as u32, k as u32];
-                            self.run(Kernel::Quantize, &prm, &[&x.buf, &act], grid(n / 4, 64));
+                            self.run_quantize(taken, x, mode, rows, k, &act);
+                            *held = Some((x.buf.clone(), mode, n));
                         }
                     }
-                    *held = Some((x.buf.clone(), mode, n));
+                }
+                if input.0 == Input::Quantized {
+                    input.2.push(act.clone());
                 }
                 &act
             }
-            None => &x.buf,
+            None => {
+                input.2.push(x.buf.clone());
+                &x.buf
+            }
         };
         // Weights uploaded together run as one part spanning all their rows.
         let joint;
@@ -525,19 +576,116 @@ impl GpuBackend {
                 MatmulPath::Exact => {
                     (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
                 }
-                MatmulPath::Vec => (Kernel::MatmulVec(w.ty, outs_n), grid(p.rows, kernels::vec_shape().0), 8),
+                MatmulPath::Vec => {
+                    (Kernel::MatmulVec(w.ty, outs_n, input.0), grid(p.rows, kernels::vec_shape().0), 8)
+                }
             };
             g[2] = rows.div_ceil(tt) as u32;
-            let mut bufs = vec![&p.buf, src];
+            // Bindings (kernels.rs): the weights, the activations (or the prologue's first
+            // input), the outputs and biases, (wide units) the activations and the weights
+            // again, the prologue's other inputs.
+            let mut bufs = vec![&p.buf, &input.2[0]];
             bufs.extend_from_slice(outs);
             bufs.extend_from_slice(biases);
             if matches!(kernel, Kernel::MatmulVec(..)) && kernels::vec_fast(w.ty) != 0 {
-                bufs.extend([src, &p.buf]);
+                if input.0 == Input::Quantized {
+                    bufs.push(src);
+                }
+                bufs.push(&p.buf);
             }
+            bufs.extend(&input.2[1..]);
             let bufs = bufs.into_iter().cloned().collect();
-            dispatches.push(Dispatch { kernel, prm: prm.to_vec(), bufs, groups: g });
+            let mut prm = prm.to_vec();
+            prm.extend_from_slice(&input.1);
+            dispatches.push(Dispatch { kernel, prm, bufs, groups: g });
         }
         dispatches
+    }
+
+    /// Quantizes `x` for a matmul into `act`, in one kernel with `taken` (the op that
+    /// writes x, held back) where there is one.
+    fn run_quantize(
+        &self,
+        taken: Option<Pending>,
+        x: &GpuBuf,
+        mode: u32,
+        rows: usize,
+        k: usize,
+        act: &wgpu::Buffer,
+    ) {
+        let n = rows * k;
+        match taken {
+            Some(Pending::Glu { gate, up, act: a, out, .. }) => {
+                let prm = [mode, rows as u32, k as u32, a];
+                let bufs = [&gate, act, &up, &self.gelu, &out];
+                self.run(Kernel::QuantizeGlu, &prm, &bufs, grid(n / 4, 64));
+            }
+            Some(Pending::Attention { kernel, mut prm, bufs, groups, .. }) => {
+                prm[8] = mode;
+                let mut bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
+                bufs.push(act);
+                self.run(kernel(true), &prm, &bufs, groups);
+            }
+            Some(norm) => self.run_norm(&norm, Some((mode, act))),
+            None => {
+                let prm = [mode, rows as u32, k as u32];
+                self.run(Kernel::Quantize, &prm, &[&x.buf, act], grid(n / 4, 64));
+            }
+        }
+    }
+
+    /// A decode matmul's activations made in its own prologue (kernels.rs `Input`) from
+    /// `taken` (the norm or GLU that writes `x`, held back) or from `x` itself, where the
+    /// vec path runs, the workgroup memory has room, and its `n_groups` workgroups' reads of
+    /// the whole row stay under `prologue_bytes`.
+    fn prologue(
+        &self,
+        taken: &Option<Pending>,
+        x: &wgpu::Buffer,
+        mode: u32,
+        rows: usize,
+        k: usize,
+        n_groups: usize,
+    ) -> Option<Prologue> {
+        let (rg, npr) = kernels::vec_shape();
+        let nt = rg * npr;
+        // quantize_core's three arrays of 256, the norm's two of nt, the row sums' nt.
+        let wg_bytes = 4 * (Input::words(k) + 3 * 256 + 3 * nt + 1);
+        let ok = self.matmul == MatmulPath::Vec
+            && rows == 1
+            // Q8_0 and Q8_1 (not F16's rounding; not Q8_K, whose 256-value blocks the
+            // quantize scans serially per invocation: a net loss on Qwen2.5-1.5B's shapes).
+            && (mode == 0 || mode == 3)
+            && nt.is_multiple_of(64)
+            && k.is_multiple_of(32)
+            && wg_bytes <= self.ctx.max_workgroup_storage as usize;
+        let reads = |per_value: usize| ok && n_groups * k * per_value <= self.prologue_bytes;
+        let kk = k as u32;
+        match taken {
+            None if reads(4) => Some((Input::Quantize(kk), vec![mode], vec![x.clone()])),
+            Some(Pending::Norm { w, wlen, x: xin, add, eps, rows: 1, dim, out })
+                if *dim == k && reads(if add.is_some() { 8 } else { 4 }) =>
+            {
+                let scale = add.as_ref().map_or(1.0, |a| a.1);
+                let prm = vec![mode, f(*eps), *wlen, f(scale)];
+                let mut bufs = vec![xin.clone(), w.clone(), out.clone()];
+                let input = match add {
+                    None => Input::Norm(kk),
+                    Some((y, _, x_new)) => {
+                        bufs.extend([y.clone(), x_new.clone()]);
+                        Input::AddNorm(kk)
+                    }
+                };
+                *self.taken.lock().unwrap_or_else(|e| e.into_inner()) = taken.clone();
+                Some((input, prm, bufs))
+            }
+            Some(Pending::Glu { gate, up, act, len, out }) if *len == k && reads(8) => Some((
+                Input::Glu(kk),
+                vec![mode, *act],
+                vec![gate.clone(), up.clone(), self.gelu.clone(), out.clone()],
+            )),
+            _ => None,
+        }
     }
 
     /// The (cos, sin) pairs of each position as parameter words, from the CPU's rope cache.
@@ -712,13 +860,9 @@ impl Backend for GpuBackend {
     ) {
         self.op();
         let (w, wlen) = (w.parts[0].buf.clone(), (w.rows * w.cols) as u32);
-        if x.alt.is_none() {
-            x.alt = Some(self.ctx.storage(x.buf.size(), "kiln buf").expect("as large as x, which exists"));
-        }
-        let x_new = x.alt.take().expect("set above");
-        let add = Some((y.buf.clone(), scale, x_new.clone()));
-        let x_old = std::mem::replace(&mut x.buf, x_new);
-        x.alt = Some(x_old.clone());
+        let x_new = self.swap(x);
+        let add = Some((y.buf.clone(), scale, x_new));
+        let x_old = x.alt.clone().expect("swap keeps it");
         let out = out.buf.clone();
         self.defer(Pending::Norm { w, wlen, x: x_old, add, eps, rows, dim, out });
     }
@@ -875,12 +1019,16 @@ impl Backend for GpuBackend {
                 // The matmuls store q rotated, k rotated and v to the KV slots themselves.
                 let rope = self.rope_caches(pos, r);
                 for (mut d, outs) in runs {
-                    let Kernel::MatmulVec(ty, o) = d.kernel else { unreachable!("held by matmul_many") };
-                    d.kernel = Kernel::MatmulVec(ty, kernels::Outs { rope: true, ..o });
+                    let Kernel::MatmulVec(ty, o, input) = d.kernel else {
+                        unreachable!("held by matmul_many")
+                    };
+                    d.kernel = Kernel::MatmulVec(ty, kernels::Outs { rope: true, ..o }, input);
+                    // The RoPE store's words go at 11 (rope_epilogue.wgsl), the prologue's after them.
+                    let prologue = d.prm.split_off(11);
                     let rows_of =
                         |b: &wgpu::Buffer, n: usize| if outs.contains(b) { (n * head_dim) as u32 } else { 0 };
                     let kv_words = (n_head_kv * head_dim / 2) as u32;
-                    let rope_at = (d.prm.len() + 7) as u32;
+                    let rope_at = (d.prm.len() + 7 + prologue.len()) as u32;
                     d.prm.extend([
                         rows_of(&q.buf, n_head),
                         rows_of(&k.buf, n_head_kv),
@@ -890,6 +1038,7 @@ impl Backend for GpuBackend {
                         rope_at,
                         rope_at + rope.len() as u32,
                     ]);
+                    d.prm.extend(prologue);
                     d.prm.extend_from_slice(&rope);
                     d.prm.extend_from_slice(slots);
                     d.bufs.extend([kc.buf.clone(), vc.buf.clone()]);
@@ -1002,7 +1151,14 @@ impl Backend for GpuBackend {
             Activation::Silu => 0,
             Activation::GeluTanh => 1,
         };
-        self.defer(Pending::Glu { gate: gate.buf.clone(), up: up.buf.clone(), act: a, len });
+        let out = self.swap(gate);
+        self.defer(Pending::Glu {
+            gate: gate.alt.clone().expect("swap keeps it"),
+            up: up.buf.clone(),
+            act: a,
+            len,
+            out,
+        });
     }
 
     fn add(&self, x: &mut GpuBuf, y: &GpuBuf, scale: f32, len: usize) {

@@ -1,11 +1,10 @@
 // matmul_vec's wide units for the formats that dominate decode (Q4_0, Q4_K, Q6_K): each
 // loads its weight bytes as whole words (16-byte loads where the format is aligned), its
-// activations 16 bytes at a time, and takes the offset and minimum terms from the sums the
+// activations 16 bytes at a time (`xv_at`, kernels.rs), and takes the offset and minimum terms from the sums the
 // quantize stored (quantize_core.wgsl) instead of summing activations per row. The integer
 // sums equal dot.wgsl's; only the float grouping differs (the vec path's contract).
 // FAST (kernels.rs): 1 Q4_0 (a unit is one 32-value block), 2 Q4_K and 3 Q6_K (a unit is
 // 64 values: sub-blocks 2c and 2c + 1, or ql's two nibbles of one 32-byte run).
-@group(0) @binding(XV) var<storage, read> xv: array<vec4<u32>>;
 @group(0) @binding(WV) var<storage, read> wv4: array<vec4<u32>>;
 
 const M4: u32 = 0x0f0f0f0fu;
@@ -41,7 +40,7 @@ fn fast_q4_0(base: u32, u: u32, t: u32, k: u32) -> f32 {
     // The quants start at o + 2: word-aligned when o is 2 mod 4.
     let q = vec4_run(w0 + select(0u, 1u, odd), 0u, !odd);
     let xw = (t * k / 4u + 8u * u) >> 2u;
-    let s = dot16(q & vec4<u32>(M4), xv[xw]) + dot16((q >> vec4<u32>(4u)) & vec4<u32>(M4), xv[xw + 1u]);
+    let s = dot16(q & vec4<u32>(M4), xv_at(xw)) + dot16((q >> vec4<u32>(4u)) & vec4<u32>(M4), xv_at(xw + 1u));
     let b = t * nb + u;
     return (d * xd(b)) * f32(s - 8 * xsum(b));
 }
@@ -67,8 +66,8 @@ fn fast_q4_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
     let xw = (t * k / 4u + 64u * b + 16u * c) >> 2u;
     let m = vec4<u32>(M4);
     let s4 = vec4<u32>(4u);
-    let d0 = dot16(qa & m, xv[xw]) + dot16(qb & m, xv[xw + 1u]);
-    let d1 = dot16((qa >> s4) & m, xv[xw + 2u]) + dot16((qb >> s4) & m, xv[xw + 3u]);
+    let d0 = dot16(qa & m, xv_at(xw)) + dot16(qb & m, xv_at(xw + 1u));
+    let d1 = dot16((qa >> s4) & m, xv_at(xw + 2u)) + dot16((qb >> s4) & m, xv_at(xw + 3u));
     let g = t * (k / 16u) + 16u * b + 4u * c;
     let x0 = xsum(g) + xsum(g + 1u);
     let x1 = xsum(g + 2u) + xsum(g + 3u);
@@ -87,7 +86,7 @@ fn q6_dots(ql: u32, qh: u32, h: u32, odd: bool, sa: vec4<u32>, sb: vec4<u32>, xw
     let hb = vec4_run(qh, 4u * h, odd);
     let qa = (l & m) | (((hb >> sa) & m2) << vec4<u32>(4u));
     let qb = ((l >> vec4<u32>(4u)) & m) | (((hb >> sb) & m2) << vec4<u32>(4u));
-    return vec2<i32>(dot16(qa, xv[xw + h]), dot16(qb, xv[xw + 4u + h]));
+    return vec2<i32>(dot16(qa, xv_at(xw + h)), dot16(qb, xv_at(xw + 4u + h)));
 }
 
 // Q6_K unit c of superblock b: half n = c / 2, groups p = c % 2 (ql's low nibbles) and

@@ -2,8 +2,9 @@
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read_write> xa: array<f32>;
 @group(0) @binding(2) var<storage, read> xb: array<f32>;
+@group(0) @binding(3) var<storage, read_write> xo: array<f32>;
 
-// glu: xa = act(xa) * xb; prm[1]: 0 SiLU, 1 GELU-tanh (glu.wgsl).
+// glu: xo = act(xa) * xb (out of place: kernels.rs Input); prm[1]: 0 SiLU, 1 GELU-tanh (glu.wgsl).
 @compute @workgroup_size(64)
 fn glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
@@ -11,7 +12,7 @@ fn glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if i >= prm[0] {
         return;
     }
-    xa[i] = glu_value(xa[i], xb[i], i, prm[0], prm[1]);
+    xo[i] = glu_value(xa[i], xb[i], i, prm[0], prm[1]);
 }
 
 // add: xa += xb * scale (prm[1]).

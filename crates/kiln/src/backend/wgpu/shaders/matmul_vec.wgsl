@@ -10,7 +10,6 @@
 // rope_epilogue.wgsl after them.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> xq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
 
 const TT: u32 = 8u;
@@ -64,6 +63,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) li: u32 /*SG*/) {
     /*SGI*/
     let by_subgroup = rows_by_subgroup(li);
+    // The activations `xq` (kernels.rs Input): bound, or made here first.
+    prologue(li, wid.x == 0u && wid.y == 0u && wid.z == 0u);
     // Parameters loaded together, then a branch-free body per step, so each invocation
     // has all its loads in flight at once (decode is latency-bound, not just bandwidth).
     let n_rows = prm[0];

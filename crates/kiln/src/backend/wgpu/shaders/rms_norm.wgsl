@@ -17,40 +17,6 @@
 
 const NT: u32 = 256u;
 
-var<workgroup> red_hi: array<f32, NT>;
-var<workgroup> red_lo: array<f32, NT>;
-
-// hi + lo + b as a float-float pair.
-fn ff_add(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
-    let s = two_sum(a.x, b.x);
-    return two_sum(s.x, s.y + a.y + b.y);
-}
-
-fn ff_squares(s: vec2<f32>, v: vec4<f32>) -> vec2<f32> {
-    var t = s;
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        t = ff_add(t, vec2<f32>(nc(v[i] * v[i]), 0.0));
-    }
-    return t;
-}
-
-// The workgroup's float-float total of every invocation's `s`, by a halving tree;
-// `ff_total` (kernels.rs) takes it or a subgroup butterfly.
-fn ff_total_tree(s: vec2<f32>, lid: u32) -> vec2<f32> {
-    red_hi[lid] = s.x;
-    red_lo[lid] = s.y;
-    workgroupBarrier();
-    for (var h = NT / 2u; h > 0u; h = h >> 1u) {
-        if lid < h {
-            let t = ff_add(vec2<f32>(red_hi[lid], red_lo[lid]), vec2<f32>(red_hi[lid + h], red_lo[lid + h]));
-            red_hi[lid] = t.x;
-            red_lo[lid] = t.y;
-        }
-        workgroupBarrier();
-    }
-    return vec2<f32>(red_hi[0], red_lo[0]);
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32 /*SG*/) {
@@ -84,20 +50,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    let tot = ff_total(s, lid);
-    let fd = f32(dim);
-    let hi = tot.x;
-    let m0 = hi / fd;
-    let mean = m0 + (fma_x(-m0, fd, hi) + tot.y) / fd;
-    let scale = 1.0 / sqrt(mean + eps);
+    let scale = rms_scale(ff_total(s, lid), dim, eps);
     let j = slice * NT + lid;
     let live = j < nw;
     var y = vec4<f32>(0.0);
     if live {
         x_keep(o + j, mine);
-        for (var i = 0u; i < 4u; i = i + 1u) {
-            y[i] = nc(mine[i] * scale) * wn[(4u * j + i) % wlen];
-        }
+        y = rms_apply(mine, scale, j, wlen);
         ys[o + j] = y;
     }
     norm_tail(o + min(j, nw - 1u), y, live, lid);
