@@ -210,8 +210,8 @@ const SPLIT_KEYS: u32 = 256;
 const SPLIT_PARTIALS: usize = 256 << 20;
 
 /// The default of `GpuBackend::prologue_bytes`, measured on an H200: smollm2's prologues
-/// (at most 3.5 MiB) made its decode 5% faster; Qwen2.5-1.5B's and Llama-3-8B's larger
-/// ones (up to 16 MiB) slower than the dispatches they replace.
+/// (at most 3.5 MiB) made its decode 8% faster; the larger ones of Qwen2.5-1.5B and the
+/// 7-8B shapes (up to 16 MiB and more) slower than the dispatches they replace.
 const PROLOGUE_BYTES: usize = 4 << 20;
 
 /// Values per workgroup of a long argmax row: one round of sixteen loads per invocation.
@@ -653,9 +653,8 @@ impl GpuBackend {
         let wg_bytes = 4 * (Input::words(k) + 3 * 256 + 3 * nt + 1);
         let ok = self.matmul == MatmulPath::Vec
             && rows == 1
-            // Q8_0 and Q8_1 (not F16's rounding; not Q8_K, whose 256-value blocks the
-            // quantize scans serially per invocation: a net loss on Qwen2.5-1.5B's shapes).
-            && (mode == 0 || mode == 3)
+            // Quantized (F16's rounded activations stay a dispatch of their own).
+            && mode != 2
             && nt.is_multiple_of(64)
             && k.is_multiple_of(32)
             && wg_bytes <= self.ctx.max_workgroup_storage as usize;

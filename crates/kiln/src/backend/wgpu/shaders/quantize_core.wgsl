@@ -41,11 +41,26 @@ fn quantize_word(w: u32, v: vec4<f32>, live: bool, lid: u32, mode: u32, n_tok: u
     var q: vec4<i32>;
     var d: f32;
     if mode == 1u {
-        // quantize_row_q8_K_ref: signed max, scale -127/max, clamp at 127.
+        // quantize_row_q8_K_ref: signed max, scale -127/max, clamp at 127. The first value
+        // reaching the superblock's largest |v|, as one scan of its 64 words finds it: each
+        // eight words' first, then the eight octets' first, in order (16 reads, not 64).
+        var a8 = 0.0;
+        var m8 = 0.0;
+        let o8 = lid & ~7u;
+        for (var i = o8; i < o8 + 8u; i = i + 1u) {
+            if q_amax[i] > a8 {
+                a8 = q_amax[i];
+                m8 = q_mx[i];
+            }
+        }
+        workgroupBarrier();
+        q_amax[lid] = a8;
+        q_mx[lid] = m8;
+        workgroupBarrier();
         amax = 0.0;
         mx = 0.0;
         let g = lid & ~63u;
-        for (var i = g; i < g + 64u; i = i + 1u) {
+        for (var i = g; i < g + 64u; i = i + 8u) {
             if q_amax[i] > amax {
                 amax = q_amax[i];
                 mx = q_mx[i];
