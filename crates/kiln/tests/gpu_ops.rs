@@ -27,6 +27,11 @@ const TYPES: [GgmlType; 11] = [
     GgmlType::Q5_1,
     GgmlType::Q3_K,
 ];
+/// Long-row weights (type, k) of LONG_ROWS rows: 64 invocations per row (Q6_K's wide
+/// units), 128 (Q4_0's 32-value blocks; Q8_0's, k not a power of two).
+const LONG: [(GgmlType, usize); 3] =
+    [(GgmlType::Q6_K, 8192), (GgmlType::Q4_0, 16384), (GgmlType::Q8_0, 8960)];
+const LONG_ROWS: usize = 5;
 const GROUPED: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16];
 
 struct Rng(u64);
@@ -91,6 +96,14 @@ fn model() -> Arc<GgufFile> {
     }
     for (i, rows) in [256usize, 128, 128].into_iter().enumerate() {
         w.add_f32(format!("qkvb.{i}"), &[rows as u64], &rng.vec(rows)).unwrap();
+    }
+    // Long rows: the vec matmul gives each 64 or 128 invocations (kernels::vec_shape_for).
+    for (ty, k) in LONG {
+        let v = rng.vec(LONG_ROWS * k);
+        let mut data = vec![0u8; ty.row_size(k).unwrap() * LONG_ROWS];
+        quant::quantize_row(ty, &v, &mut data).unwrap();
+        w.add_tensor(format!("long.{}", ty.name()), ty, &[k as u64, LONG_ROWS as u64], data).unwrap();
+        w.add_f32(format!("xlong.{}", ty.name()), &[k as u64, 3], &rng.vec(3 * k)).unwrap();
     }
     w.add_f32("x", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
     w.add_f32("y", &[K as u64, 16], &rng.vec(16 * K)).unwrap();
@@ -219,6 +232,34 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
                 let alone = matmul_out(&gpu, &g, ty, 1);
                 assert_eq!(alone[..ROWS], d[..ROWS], "matmul {ty}: batch of {n} changed row 0");
             }
+        }
+    }
+}
+
+#[test]
+fn long_rows_match_cpu_and_are_batch_invariant() {
+    // The vec matmul's rows of many units take more invocations each (more loads in
+    // flight): still within NMSE 1e-11 of the CPU, and a token's outputs the same bits
+    // alone or in a batch.
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for gpu in vec_gpus() {
+        for (ty, k) in LONG {
+            let run = |n: usize| {
+                let w = weight(&gpu, &g, &format!("long.{}", ty.name()));
+                let x = input(&gpu, &g, &format!("xlong.{}", ty.name()), n, n * k);
+                let mut y = gpu.alloc(n * LONG_ROWS).unwrap();
+                gpu.matmul(&w, &x, n, &mut y);
+                read(&gpu, &y, n * LONG_ROWS)
+            };
+            let w = weight(&cpu, &g, &format!("long.{}", ty.name()));
+            let x = input(&cpu, &g, &format!("xlong.{}", ty.name()), 3, 3 * k);
+            let mut y = cpu.alloc(3 * LONG_ROWS).unwrap();
+            cpu.matmul(&w, &x, 3, &mut y);
+            let what = format!("long rows {ty} k {k} on {}", gpu.name());
+            let batch = run(3);
+            against_cpu(&gpu, &what, &batch, &read(&cpu, &y, 3 * LONG_ROWS), 1e-11);
+            assert_same_bits(&what, &run(1), &batch[..LONG_ROWS]);
         }
     }
 }

@@ -318,7 +318,7 @@ pub enum Kernel {
     MatmulRows(GgmlType, Outs),
     /// Rows split over a workgroup, f32 partial sums (not bit-identical to the CPU, still
     /// batch invariant).
-    MatmulVec(GgmlType, Outs, Input),
+    MatmulVec(GgmlType, Outs, Input, VecShape),
     /// The embedding lookup; `true`: the ids are read from a device buffer (bound third:
     /// the last greedy step's), not from the parameters.
     Embed(GgmlType, bool),
@@ -408,6 +408,42 @@ pub fn vec_shape() -> (usize, usize) {
         let npr = env("KILN_GPU_NPR", &[32, 64, 128], 32);
         (env("KILN_GPU_VEC_RG", &[1, 2, 4, 8], 4).min(256 / npr), npr)
     })
+}
+
+/// A vec matmul's workgroup: weight rows, and invocations per row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VecShape {
+    pub rg: usize,
+    pub npr: usize,
+}
+
+/// The vec matmul's shape for a weight of `rows` rows of `k` values: `vec_shape()`'s, with
+/// 64 or 128 invocations per row where its rows alone would keep fewer than
+/// `KILN_GPU_VEC_THREADS` (65536) in flight and each still has two two-unit steps (the long
+/// rows of a small model's down projection: more loads in flight). By the weight alone,
+/// so a token's sums are the same in any batch. Measured on an H200: Qwen2.5-1.5B's down
+/// (1536 rows) at 64, decode 472 -> 481 tok/s (prompts 2174 -> 2148); Qwen2.5-7B's (3584
+/// rows) would lose at 64 (292 -> 284), so the bound sits between them.
+pub fn vec_shape_for(ty: GgmlType, rows: usize, k: usize) -> VecShape {
+    static THREADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let (rg, mut npr) = vec_shape();
+    // An explicit KILN_GPU_NPR fixes it.
+    let threads = *THREADS.get_or_init(|| {
+        if std::env::var("KILN_GPU_NPR").is_ok() {
+            return None;
+        }
+        Some(std::env::var("KILN_GPU_VEC_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 16))
+    });
+    // Units per row (matmul_vec.wgsl's nu).
+    let units = match (vec_fast(ty), ty) {
+        (2.., _) => k / 64,
+        (_, GgmlType::F32 | GgmlType::F16) => k / 8,
+        _ => k / 32,
+    };
+    while threads.is_some_and(|t| npr < 128 && rows * npr < t && units >= 4 * npr) {
+        npr *= 2;
+    }
+    VecShape { rg: rg.min(256 / npr), npr }
 }
 
 /// The vec matmul's wide units for `ty` (dot_vec.wgsl's FAST: 1 Q4_0, 2 Q4_K, 3 Q6_K), 0
@@ -533,7 +569,15 @@ fn matmul_store(outs: Outs) -> String {
 /// The vec matmul's activations (`Input`): bound at 2 (and at `xv` as 16-byte words for
 /// the wide units), or made in the prologue into workgroup memory from the op's buffers
 /// (bound at 2 and from `extras`); its parameters start after the RoPE store's.
-fn matmul_input(input: Input, xv: usize, extras: usize, rope: bool, fast: bool, subgroups: bool) -> String {
+fn matmul_input(
+    input: Input,
+    nt: usize,
+    xv: usize,
+    extras: usize,
+    rope: bool,
+    fast: bool,
+    subgroups: bool,
+) -> String {
     let k = match input {
         Input::Quantized => {
             let mut s = "@group(0) @binding(2) var<storage, read> xq: array<u32>;\n\
@@ -550,7 +594,7 @@ fn matmul_input(input: Input, xv: usize, extras: usize, rope: bool, fast: bool, 
         Input::Quantize(k) | Input::Norm(k) | Input::AddNorm(k) | Input::Glu(k) => k as usize,
     };
     let pp = if rope { 18 } else { 11 };
-    let nc = (k / 4).div_ceil(vec_shape().0 * vec_shape().1);
+    let nc = (k / 4).div_ceil(nt);
     let mut s =
         MATMUL_PROLOGUE.replace("XQW", &format!("{}u", Input::words(k))).replace("NCW", &format!("{nc}u"));
     s.push_str(
@@ -603,7 +647,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             chunk_fn(ty)
         ));
     }
-    if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs, _) = k {
+    if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs, ..) = k {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
         s.push_str(&matmul_store(outs));
@@ -631,8 +675,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
         }
-        Kernel::MatmulVec(ty, outs, input) => {
-            let (rg, npr) = vec_shape();
+        Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr }) => {
             s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
             let fast = vec_fast(ty);
             s.push_str(&format!("const FAST: u32 = {fast}u;\nconst ROPE: bool = {};\n", outs.rope));
@@ -659,7 +702,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             } else {
                 s.push_str(&DOT_VEC.replace("WV", &wv.to_string()));
             }
-            s.push_str(&matmul_input(input, xv, extras, outs.rope, fast != 0, subgroups));
+            s.push_str(&matmul_input(input, rg * npr, xv, extras, outs.rope, fast != 0, subgroups));
             s.push_str(if subgroups { ROW_SUM_SUBGROUP } else { ROW_SUM_TREE });
             if subgroups {
                 s.push_str(SUBGROUP_RUNS);

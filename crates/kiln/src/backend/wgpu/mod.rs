@@ -495,7 +495,8 @@ impl GpuBackend {
         };
         let n = rows * k;
         let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
-        let n_groups = ws.iter().map(|w| w.rows).sum::<usize>().div_ceil(kernels::vec_shape().0);
+        let all_rows = ws.iter().map(|w| w.rows).sum::<usize>();
+        let shape = kernels::vec_shape_for(w.ty, all_rows, k);
         // The activations: quantized (bound at 2), or made in the prologue.
         let mut input: Prologue = (Input::Quantized, Vec::new(), Vec::new());
         let act;
@@ -511,7 +512,13 @@ impl GpuBackend {
                             .take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
                             .or_else(|| fused.clone().filter(|p| p.output() == Some((&x.buf, n))))
                     };
-                    match self.prologue(&taken, &x.buf, mode, rows, k, n_groups) {
+                    // A decode step's (one token) only.
+                    let made = if rows == 1 {
+                        self.prologue(&taken, &x.buf, mode, k, all_rows, shape)
+                    } else {
+                        None
+                    };
+                    match made {
                         Some(p) => input = p,
                         None => {
                             self.run_quantize(taken, x, mode, rows, k, &act);
@@ -577,7 +584,7 @@ impl GpuBackend {
                     (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
                 }
                 MatmulPath::Vec => {
-                    (Kernel::MatmulVec(w.ty, outs_n, input.0), grid(p.rows, kernels::vec_shape().0), 8)
+                    (Kernel::MatmulVec(w.ty, outs_n, input.0, shape), grid(p.rows, shape.rg), 8)
                 }
             };
             g[2] = rows.div_ceil(tt) as u32;
@@ -634,25 +641,24 @@ impl GpuBackend {
         }
     }
 
-    /// A decode matmul's activations made in its own prologue (kernels.rs `Input`) from
+    /// A decode matmul's (one token's) activations made in its own prologue (kernels.rs `Input`) from
     /// `taken` (the norm or GLU that writes `x`, held back) or from `x` itself, where the
-    /// vec path runs, the workgroup memory has room, and its `n_groups` workgroups' reads of
-    /// the whole row stay under `prologue_bytes`.
+    /// vec path runs, the workgroup memory has room, and the reads of the whole row by the
+    /// workgroups of its `n_rows` weight rows stay under `prologue_bytes`.
     fn prologue(
         &self,
         taken: &Option<Pending>,
         x: &wgpu::Buffer,
         mode: u32,
-        rows: usize,
         k: usize,
-        n_groups: usize,
+        n_rows: usize,
+        shape: kernels::VecShape,
     ) -> Option<Prologue> {
-        let (rg, npr) = kernels::vec_shape();
-        let nt = rg * npr;
+        let nt = shape.rg * shape.npr;
+        let n_groups = n_rows.div_ceil(shape.rg);
         // quantize_core's three arrays of 256, the norm's two of nt, the row sums' nt.
         let wg_bytes = 4 * (Input::words(k) + 3 * 256 + 3 * nt + 1);
         let ok = self.matmul == MatmulPath::Vec
-            && rows == 1
             // Quantized (F16's rounded activations stay a dispatch of their own).
             && mode != 2
             && nt.is_multiple_of(64)
@@ -921,7 +927,7 @@ impl Backend for GpuBackend {
         // (three weights, a dispatch per run, biases added in the kernels).
         let hold = self.matmul == MatmulPath::Vec
             && ws.len() == 3
-            && kernels::vec_shape().0.is_multiple_of(4)
+            && ws.iter().all(|w| kernels::vec_shape_for(w.ty, w.rows, w.cols).rg.is_multiple_of(4))
             && ws.iter().all(|w| w.parts.len() == 1)
             && (biases.iter().all(|b| b.is_some()) || biases.iter().all(|b| b.is_none()));
         let mut i = 0;
@@ -1018,10 +1024,10 @@ impl Backend for GpuBackend {
                 // The matmuls store q rotated, k rotated and v to the KV slots themselves.
                 let rope = self.rope_caches(pos, r);
                 for (mut d, outs) in runs {
-                    let Kernel::MatmulVec(ty, o, input) = d.kernel else {
+                    let Kernel::MatmulVec(ty, o, input, shape) = d.kernel else {
                         unreachable!("held by matmul_many")
                     };
-                    d.kernel = Kernel::MatmulVec(ty, kernels::Outs { rope: true, ..o }, input);
+                    d.kernel = Kernel::MatmulVec(ty, kernels::Outs { rope: true, ..o }, input, shape);
                     // The RoPE store's words go at 11 (rope_epilogue.wgsl), the prologue's after them.
                     let prologue = d.prm.split_off(11);
                     let rows_of =
