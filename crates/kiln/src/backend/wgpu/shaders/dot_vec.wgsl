@@ -1,7 +1,8 @@
 // matmul_vec's wide units for the formats that dominate decode (Q4_0, Q4_K, Q6_K): each
 // loads its weight bytes as whole words (16-byte loads where the format is aligned), its
-// activations 16 bytes at a time (`xv_at`, kernels.rs), and takes the offset and minimum terms from the sums the
-// quantize stored (quantize_core.wgsl) instead of summing activations per row. The integer
+// activations 16 bytes at a time (`xv_at`, kernels.rs: bound, or a prologue's in workgroup
+// memory), and takes the offset and minimum terms from the sums the quantize stored
+// (quantize_core.wgsl) instead of summing activations per row. The integer
 // sums equal dot.wgsl's; only the float grouping differs (the vec path's contract).
 // FAST (kernels.rs): 1 Q4_0 (a unit is one 32-value block), 2 Q4_K and 3 Q6_K (a unit is
 // 64 values: sub-blocks 2c and 2c + 1, or ql's two nibbles of one 32-byte run).
