@@ -236,6 +236,45 @@ fn matmul_every_type_matches_cpu_and_is_batch_invariant() {
     }
 }
 
+/// A norm with the residual add, then three weights reading its output in two runs (q and
+/// k of one type together, v of another): the runs' outputs, the norm's and the residual.
+fn norm_then_mix<B: Backend>(b: &B, g: &Arc<GgufFile>) -> Vec<f32> {
+    let ts: Vec<_> = (0..3).map(|i| g.tensor(&format!("mix.{i}")).unwrap()).collect();
+    let ws = b.load_weights(g, &ts).unwrap();
+    let mut x = input(b, g, "x", 1, K);
+    let y = input(b, g, "y", 1, K);
+    let mut h = b.alloc(K).unwrap();
+    b.add_rms_norm(&mut x, &y, 0.5, &weight(b, g, "norm"), 1e-6, 1, K, &mut h);
+    let mut outs: Vec<B::Buf> = (0..3).map(|_| b.alloc(37).unwrap()).collect();
+    let wr: Vec<&B::Weight> = ws.iter().collect();
+    let mut or: Vec<&mut B::Buf> = outs.iter_mut().collect();
+    b.matmul_many(&wr, &[], &h, 1, &mut or);
+    let mut v: Vec<f32> = ws.iter().zip(&outs).flat_map(|(w, o)| read(b, o, b.weight_shape(w).0)).collect();
+    v.extend(read(b, &h, K));
+    v.extend(read(b, &x, K));
+    v
+}
+
+#[test]
+fn a_norm_made_in_a_prologue_serves_every_run_of_the_op() {
+    // The first run of a decode step makes the norm in its prologue, its workgroup 0
+    // storing the norm's output and the new residual; the second run reads that output:
+    // the norm's dispatch saved, the same bits as without prologues.
+    let g = model();
+    for mut gpu in vec_gpus() {
+        gpu.set_prologue_bytes(usize::MAX);
+        let d0 = gpu.counts().get().1;
+        let fused = norm_then_mix(&gpu, &g);
+        let d1 = gpu.counts().get().1;
+        gpu.set_prologue_bytes(0);
+        let split = norm_then_mix(&gpu, &g);
+        let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
+        let what = format!("norm then two runs on {}", gpu.name());
+        assert_eq!(saved, 1, "{what}: {saved} dispatches saved");
+        assert_same_bits(&what, &fused, &split);
+    }
+}
+
 #[test]
 fn long_rows_match_cpu_and_are_batch_invariant() {
     // The vec matmul's rows of many units take more invocations each (more loads in

@@ -76,9 +76,6 @@ pub struct GpuBackend {
     /// An op not yet dispatched: the matmul reading its output runs it with the activation
     /// quantize in one kernel; any other op dispatches it first (`flush`).
     pending: Mutex<Option<Pending>>,
-    /// A norm a vec matmul's prologue took (its output not otherwise kept quantized):
-    /// another matmul of the same op reading that output takes it too.
-    taken: Mutex<Option<Pending>>,
     /// Most bytes a decode matmul's workgroups may read between them for their prologue
     /// (kernels.rs `Input`; each reads the whole input row): more, and a dispatch before
     /// it is cheaper. `KILN_GPU_PROLOGUE_KB` overrides (0: never).
@@ -100,7 +97,6 @@ pub struct GpuBackend {
 type Prologue = (Input, Vec<u32>, Vec<wgpu::Buffer>);
 
 /// A dispatch recorded but not yet run.
-#[derive(Clone)]
 struct Dispatch {
     kernel: Kernel,
     prm: Vec<u32>,
@@ -110,7 +106,6 @@ struct Dispatch {
 
 /// A deferred op, taken by the quantize of the matmul that reads its output (or, for q/k/v,
 /// by the RoPE store).
-#[derive(Clone)]
 enum Pending {
     /// `out = act(gate) * up` over `len` values (QuantizeGlu; out of place, so a matmul's
     /// prologue may read the gate while its first workgroup stores `out`).
@@ -253,7 +248,6 @@ impl GpuBackend {
             act: Mutex::new(None),
             act_src: Mutex::new(None),
             pending: Mutex::new(None),
-            taken: Mutex::new(None),
             prologue_bytes: std::env::var("KILN_GPU_PROLOGUE_KB")
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
@@ -412,7 +406,6 @@ impl GpuBackend {
     fn op(&self) {
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
         *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        *self.taken.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Sets the bytes a decode matmul's prologue may read (0: never; tests, A/B runs).
@@ -473,16 +466,6 @@ impl GpuBackend {
             if held.as_ref().is_some_and(|(b, _, _)| outs.contains(&b)) {
                 *held = None;
             }
-            // Likewise a norm a prologue took, where this writes any of its buffers.
-            let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-            let written = |p: &mut Pending| match p {
-                Pending::Norm { x, add, out, .. } => {
-                    let add = add.as_ref().map(|a| [&a.0, &a.2]);
-                    [&*x, &*out].into_iter().chain(add.into_iter().flatten()).any(|b| outs.contains(&b))
-                }
-                _ => false,
-            };
-            taken.take_if(written);
         }
         let k = w.cols;
         // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
@@ -507,10 +490,7 @@ impl GpuBackend {
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
                     let taken = {
                         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        let fused = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-                        pending
-                            .take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
-                            .or_else(|| fused.clone().filter(|p| p.output() == Some((&x.buf, n))))
+                        pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
                     };
                     // A decode step's (one token) only.
                     let made = if rows == 1 {
@@ -681,7 +661,6 @@ impl GpuBackend {
                         Input::AddNorm(kk)
                     }
                 };
-                *self.taken.lock().unwrap_or_else(|e| e.into_inner()) = taken.clone();
                 Some((input, prm, bufs))
             }
             Some(Pending::Glu { gate, up, act, len, out }) if *len == k && reads(8) => Some((
