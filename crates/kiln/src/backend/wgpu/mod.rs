@@ -482,10 +482,9 @@ impl GpuBackend {
         let shape = kernels::vec_shape_for(w.ty, all_rows, k);
         // The activations: quantized (bound at 2), or made in the prologue.
         let mut input: Prologue = (Input::Quantized, Vec::new(), Vec::new());
-        let act;
-        let src = match mode {
+        match mode {
             Some(mode) => {
-                act = self.act_buf(n);
+                let act = self.act_buf(n);
                 let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
                     let taken = {
@@ -507,15 +506,11 @@ impl GpuBackend {
                     }
                 }
                 if input.0 == Input::Quantized {
-                    input.2.push(act.clone());
+                    input.2.push(act);
                 }
-                &act
             }
-            None => {
-                input.2.push(x.buf.clone());
-                &x.buf
-            }
-        };
+            None => input.2.push(x.buf.clone()),
+        }
         // Weights uploaded together run as one part spanning all their rows.
         let joint;
         let parts: &[Part] = if ws.len() > 1 {
@@ -576,7 +571,7 @@ impl GpuBackend {
             bufs.extend_from_slice(biases);
             if matches!(kernel, Kernel::MatmulVec(..)) && kernels::vec_fast(w.ty) != 0 {
                 if input.0 == Input::Quantized {
-                    bufs.push(src);
+                    bufs.push(&input.2[0]);
                 }
                 bufs.push(&p.buf);
             }
