@@ -1,20 +1,108 @@
 //! The hardware GPUs' default path (`KILN_GPU_MATMUL=vec`: f32 partial sums, split decode
 //! attention) run end to end on lavapipe: `kiln run --device gpu --temp 0` on smollm2 gives
-//! llama.cpp's greedy ids up to the oracle's first near-tie. Its own test binary: the path
-//! is chosen from the environment when the backend opens, and this sets it for the process.
+//! llama.cpp's greedy ids up to the oracle's first near-tie; and the vec matmul's rows of
+//! 8 invocations. Its own test binary: the path and the shapes are chosen from the
+//! environment once, and this sets it for the process.
 #![cfg(feature = "gpu")]
 
 mod support;
 
+use std::sync::Arc;
+
+use kiln::backend::cpu::CpuBackend;
+use kiln::backend::wgpu::{kernels, AdapterPolicy, GpuBackend, MatmulPath};
+use kiln::backend::Backend;
 use kiln::engine::{Device, Engine, EngineOptions};
+use kiln::gguf::{GgufFile, GgufWriter};
+use kiln::quant::{self, GgmlType};
 use support::*;
+
+fn set_env() {
+    std::env::set_var("KILN_GPU_MATMUL", "vec");
+    // Rows of 8 units take 8 invocations: within lavapipe's subgroups of 8.
+    std::env::set_var("KILN_GPU_NPR_MIN", "8");
+}
 
 #[test]
 fn smollm2_gpu_vec_greedy_matches_llama_cpp() {
-    std::env::set_var("KILN_GPU_MATMUL", "vec");
+    set_env();
     let opts =
         EngineOptions::default().with_n_ctx(256).with_batch(64).with_threads(2).with_device(Device::Gpu);
     let e = Engine::load(model(SMOLLM2.name).to_str().unwrap(), opts).unwrap();
     // lavapipe runs the vec kernels at ~1 token/s: 8 steps per case.
     session_greedy_matches_oracle(&e, &SMOLLM2, 8);
+}
+
+#[test]
+fn short_rows_summed_in_a_subgroup_are_the_trees_bits() {
+    // A row of 8 units on 8 invocations: on a GPU whose subgroups hold a whole row, its
+    // partials are summed by a subgroup butterfly, which must give the portable tree's
+    // bits; both within NMSE 1e-11 of the CPU, and batch invariant.
+    set_env();
+    const ROWS: usize = 37;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut vec = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    };
+    let cases = [(GgmlType::Q4_0, 256usize), (GgmlType::Q4_1, 256), (GgmlType::Q4_K, 512)];
+    let mut w = GgufWriter::new();
+    for (ty, k) in cases {
+        let mut data = vec![0u8; ty.row_size(k).unwrap() * ROWS];
+        quant::quantize_row(ty, &vec(ROWS * k), &mut data).unwrap();
+        w.add_tensor(format!("w.{}", ty.name()), ty, &[k as u64, ROWS as u64], data).unwrap();
+        w.add_f32(format!("x.{}", ty.name()), &[k as u64, 3], &vec(3 * k)).unwrap();
+        assert_eq!(kernels::vec_shape_for(ty, ROWS, k).npr, 8, "{ty}");
+    }
+    let g = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+    let run = |b: &dyn Fn(&str, &str, usize) -> Vec<f32>, ty: GgmlType, n: usize| {
+        b(&format!("w.{}", ty.name()), &format!("x.{}", ty.name()), n)
+    };
+    fn out<B: Backend>(b: &B, g: &Arc<GgufFile>, w: &str, x: &str, n: usize) -> Vec<f32> {
+        let w = b.load_weight(g, g.tensor(w).unwrap()).unwrap();
+        let t = b.load_weight(g, g.tensor(x).unwrap()).unwrap();
+        let k = b.weight_shape(&t).1;
+        let mut xb = b.alloc(3 * k).unwrap();
+        b.embed(&t, &(0..n as u32).collect::<Vec<_>>(), 1.0, &mut xb).unwrap();
+        let mut y = b.alloc(3 * b.weight_shape(&w).0).unwrap();
+        b.matmul(&w, &xb, n, &mut y);
+        let mut v = vec![0.0; n * b.weight_shape(&w).0];
+        b.read(&y, &mut v);
+        v
+    }
+    let cpu = CpuBackend::new(2);
+    let gpus: Vec<GpuBackend> = [false, true]
+        .into_iter()
+        .map(|fallback| {
+            let mut g = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, fallback).expect("a Vulkan adapter");
+            g.set_matmul_path(MatmulPath::Vec);
+            g
+        })
+        .collect();
+    for (ty, _) in cases {
+        let c = run(&|w, x, n| out(&cpu, &g, w, x, n), ty, 3);
+        let mut bits = Vec::new();
+        for gpu in &gpus {
+            let batch = run(&|w, x, n| out(gpu, &g, w, x, n), ty, 3);
+            let what = format!("{ty} on {}", gpu.name());
+            let e = nmse(&batch, &c);
+            assert!(e <= 1e-11, "{what}: NMSE {e:e} against the CPU");
+            let one = run(&|w, x, n| out(gpu, &g, w, x, n), ty, 1);
+            assert!(one.iter().zip(&batch).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: batch variant");
+            bits.push(batch);
+        }
+        let same = bits[0].iter().zip(&bits[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{ty}: the subgroup path's sums differ from the tree's");
+    }
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+    num / b.iter().map(|&y| (y as f64).powi(2)).sum::<f64>().max(1e-30)
 }

@@ -64,11 +64,11 @@ fn subgroups_are_runs(lid: u32, size: u32) -> bool {
     return workgroupUniformLoad(&sg_split) == 0u;
 }
 ";
-/// matmul_vec.wgsl's sum of a row's NPR partials, in a fixed order: per subgroup, then the
-/// subgroups' sums in order, where subgroups are runs inside one row's invocations
-/// (SUBGROUP_RUNS), else a tree.
+/// matmul_vec.wgsl's sum of a row's NPR partials, in a fixed order, where subgroups are
+/// runs (SUBGROUP_RUNS): a row within a subgroup by the tree's steps as a butterfly, a
+/// row of several subgroups per subgroup, then their sums in order; else a tree.
 const ROW_SUM_SUBGROUP: &str = "fn rows_by_subgroup(li: u32) -> bool {
-    return subgroups_are_runs(li, NPR);
+    return subgroups_are_runs(li, NPR * RG);
 }
 
 fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
@@ -76,6 +76,15 @@ fn row_sum(acc: f32, so: u32, lid: u32, by_subgroup: bool) -> f32 {
         return row_sum_tree(acc, so, lid);
     }
     let n = subgroupAdd(1u);
+    if n >= NPR {
+        // Rows within a subgroup: the tree's halving steps as a butterfly, the tree's sum
+        // in the row's first invocation (the one that stores).
+        var v = acc;
+        for (var s = NPR / 2u; s > 0u; s = s >> 1u) {
+            v = v + subgroupShuffleXor(v, s);
+        }
+        return v;
+    }
     let s = subgroupAdd(acc);
     if g_sgi == 0u {
         part[so + lid / n] = s;
@@ -394,7 +403,7 @@ pub fn rows_per_workgroup() -> usize {
     })
 }
 
-/// The vec matmul's shape: (weight rows per workgroup, invocations per row); tuning
+/// The vec matmul's base shape: (weight rows per workgroup, invocations per row); tuning
 /// overrides `KILN_GPU_VEC_RG` (1, 2, 4, 8) and `KILN_GPU_NPR` (32, 64, 128), at most 256
 /// invocations in all.
 pub fn vec_shape() -> (usize, usize) {
@@ -420,19 +429,25 @@ pub struct VecShape {
 /// The vec matmul's shape for a weight of `rows` rows of `k` values: `vec_shape()`'s, with
 /// 64 or 128 invocations per row where its rows alone would keep fewer than
 /// `KILN_GPU_VEC_THREADS` (65536) in flight and each still has two two-unit steps (the long
-/// rows of a small model's down projection: more loads in flight). By the weight alone,
-/// so a token's sums are the same in any batch. Measured on an H200: Qwen2.5-1.5B's down
-/// (1536 rows) at 64, decode 472 -> 481 tok/s (prompts 2174 -> 2148); Qwen2.5-7B's (3584
-/// rows) would lose at 64 (292 -> 284), so the bound sits between them.
+/// rows of a small model's down projection: more loads in flight), and 16 where a row's
+/// units fit one two-unit step of 16 (`KILN_GPU_NPR_MIN`, 8-32; short rows: fewer idle
+/// invocations, twice the workgroup's rows), as many invocations per workgroup. By the
+/// weight alone, so a token's sums are the same in any batch. Measured on an H200:
+/// Qwen2.5-1.5B's down (1536 rows) at 64, decode 472 -> 481 tok/s (prompts 2174 -> 2148);
+/// Qwen2.5-7B's (3584 rows) would lose at 64 (292 -> 284), so the bound sits between them.
+/// At 16 for rows of at most 32 units (k 576 and 1536; 8 measured the same): smollm2
+/// 895 -> 945, Qwen2.5-1.5B 509 -> 547 tok/s (with the 2 MiB prologue bound), its prompts
+/// 2419 -> 3122 (its 151,936-row output: 148 -> 94 us).
 pub fn vec_shape_for(ty: GgmlType, rows: usize, k: usize) -> VecShape {
-    static THREADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    static THREADS: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
     let (rg, mut npr) = vec_shape();
+    let env = |v: &str, d: usize| std::env::var(v).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     // An explicit KILN_GPU_NPR fixes it.
     let threads = *THREADS.get_or_init(|| {
         if std::env::var("KILN_GPU_NPR").is_ok() {
             return None;
         }
-        Some(std::env::var("KILN_GPU_VEC_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 16))
+        Some((env("KILN_GPU_VEC_THREADS", 1 << 16), env("KILN_GPU_NPR_MIN", 16).clamp(8, 32)))
     });
     // Units per row (matmul_vec.wgsl's nu).
     let units = match (vec_fast(ty), ty) {
@@ -440,10 +455,15 @@ pub fn vec_shape_for(ty: GgmlType, rows: usize, k: usize) -> VecShape {
         (_, GgmlType::F32 | GgmlType::F16) => k / 8,
         _ => k / 32,
     };
-    while threads.is_some_and(|t| npr < 128 && rows * npr < t && units >= 4 * npr) {
+    let wide = npr;
+    while threads.is_some_and(|(t, _)| npr < 128 && rows * npr < t && units >= 4 * npr) {
         npr *= 2;
     }
-    VecShape { rg: rg.min(256 / npr), npr }
+    while threads.is_some_and(|(_, min)| npr > min && units <= npr) {
+        npr /= 2;
+    }
+    let rg = if npr < wide { rg * wide / npr } else { rg.min(256 / npr) };
+    VecShape { rg, npr }
 }
 
 /// The vec matmul's wide units for `ty` (dot_vec.wgsl's FAST: 1 Q4_0, 2 Q4_K, 3 Q6_K), 0

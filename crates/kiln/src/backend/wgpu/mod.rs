@@ -205,9 +205,10 @@ const SPLIT_KEYS: u32 = 256;
 const SPLIT_PARTIALS: usize = 256 << 20;
 
 /// The default of `GpuBackend::prologue_bytes`, measured on an H200: smollm2's prologues
-/// (at most 3.5 MiB) made its decode 8% faster; the larger ones of Qwen2.5-1.5B and the
-/// 7-8B shapes (up to 16 MiB and more) slower than the dispatches they replace.
-const PROLOGUE_BYTES: usize = 4 << 20;
+/// (at most 1.8 MiB with its short rows' 16 invocations) made its decode 8% faster;
+/// Qwen2.5-1.5B's q/k/v norm at 3 MiB lost 1%, at 6 MiB 12%, and the 7-8B shapes' larger
+/// ones lose more than the dispatches they replace.
+const PROLOGUE_BYTES: usize = 2 << 20;
 
 /// Values per workgroup of a long argmax row: one round of sixteen loads per invocation.
 const ARGMAX_SPAN: usize = 16 * 256;
