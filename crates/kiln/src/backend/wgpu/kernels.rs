@@ -277,12 +277,15 @@ const DOT4_PLAIN: &str = "    var s = 0;
 
 /// A matmul's outputs: how many (1, or 2-3 for weights uploaded together: q/k/v,
 /// gate/up), whether each adds its bias vector as values are stored (q/k/v biases), and
-/// (vec path) whether q/k/v rows are stored with RoPE and the KV store (rope_epilogue.wgsl).
+/// (vec path) whether q/k/v rows are stored with RoPE and the KV store (rope_epilogue.wgsl),
+/// and the wide-unit format (`vec_fast`) of the last output's rows where it is not the
+/// others' (Q4_K_M's Q6_K v under Q4_K q and k: `tail`, 0 where all share one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Outs {
     pub n: u8,
     pub bias: bool,
     pub rope: bool,
+    pub tail: u8,
 }
 
 /// Where the vec matmul's activations come from: quantized rows bound at 2 (`Quantized`),
@@ -699,6 +702,12 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
             let fast = vec_fast(ty);
             s.push_str(&format!("const FAST: u32 = {fast}u;\nconst ROPE: bool = {};\n", outs.rope));
+            // The tail's first row: the last output's (matmul_store's bounds).
+            s.push_str(&format!(
+                "const TAIL: u32 = {}u;\nconst TAIL_AT: u32 = {}u;\n",
+                outs.tail,
+                7 + outs.n
+            ));
             // Bound after the outputs and biases: (wide units) the activations as 16-byte
             // words where they are bound, and the weights again as 16-byte words; then the
             // prologue's buffers, then the KV caches of the RoPE store.
@@ -718,7 +727,10 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
                 );
             }
             if fast == 0 {
-                s.push_str("fn fast_unit(base: u32, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n");
+                s.push_str(
+                    "fn fast_unit(f: u32, base: u32, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n\
+                     fn row_bytes(f: u32, k: u32) -> u32 {\n    return 0u;\n}\n",
+                );
             } else {
                 s.push_str(&DOT_VEC.replace("WV", &wv.to_string()));
             }

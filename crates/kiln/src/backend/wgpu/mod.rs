@@ -417,26 +417,29 @@ impl GpuBackend {
     /// Uploads weights of one type and width into one buffer, each a run of its rows.
     fn upload_together(&self, gguf: &GgufFile, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
         let mut data = Vec::with_capacity(ts.iter().map(|t| t.size as usize).sum());
+        let mut ws = Vec::with_capacity(ts.len());
         for t in ts {
             let start = (gguf.data_offset + t.offset) as usize;
             let raw = gguf.bytes().get(start..start + t.size as usize).ok_or_else(|| KilnError::Tensor {
                 name: t.name.clone(),
                 msg: "data out of bounds".into(),
             })?;
+            let (rows, cols) = t.rows_cols();
+            let row_size = t.ty.row_size(cols)?;
+            // A weight starts at a whole row of its own format (padding where the format
+            // changes: Q4_K_M's v), so `first` counts its rows for every kernel.
+            data.resize(data.len().next_multiple_of(row_size), 0);
+            let first = data.len() / row_size;
             data.extend_from_slice(raw);
+            ws.push((t.ty, rows, cols, row_size, first));
         }
         let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
         let buf = self.ctx.upload(&data, &names.join("+"))?;
         self.ctx.queue.submit([]);
-        let (ty, cols) = (ts[0].ty, ts[0].rows_cols().1);
-        let row_size = ty.row_size(cols)?;
-        let mut first = 0;
-        Ok(ts
-            .iter()
-            .map(|t| {
-                let rows = t.rows_cols().0;
+        Ok(ws
+            .into_iter()
+            .map(|(ty, rows, cols, row_size, first)| {
                 let part = Part { buf: buf.clone(), row0: 0, rows, first };
-                first += rows;
                 GpuWeight { parts: vec![part], ty, rows, cols, row_size }
             })
             .collect())
@@ -544,7 +547,9 @@ impl GpuBackend {
                 bounds[0],
                 bounds[1],
             ];
-            let outs_n = kernels::Outs { n: outs.len() as u8, bias: !biases.is_empty(), rope: false };
+            let last = ws[ws.len() - 1];
+            let tail = if last.ty != w.ty { kernels::vec_fast(last.ty) as u8 } else { 0 };
+            let outs_n = kernels::Outs { n: outs.len() as u8, bias: !biases.is_empty(), rope: false, tail };
             // Both exact kernels give the same bits; for prompts of 32-value block formats
             // an invocation per row is faster on the H200 (pp512: smollm2 2.2x, 7B Q4_0
             // 1.3x; K formats 0.6x, so they keep the workgroup per row).
@@ -853,13 +858,18 @@ impl Backend for GpuBackend {
     }
 
     fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
-        // Runs of consecutive weights of one type and width share a buffer (q and k often
-        // do where v has more bits); matmul_many takes each run in one kernel.
+        // Runs of consecutive weights of one type and width share a buffer, the last of a
+        // run possibly of another wide-unit K format (Q4_K_M's v of more bits under q and
+        // k); matmul_many takes each run in one kernel (the vec path's mixed runs too).
         let fits = |run: &[&TensorInfo], t: &TensorInfo| {
             let (r0, t0) = (run[0], run[0].rows_cols());
-            let size: u64 = run.iter().map(|t| t.size).sum::<u64>() + t.size;
+            // (With the padding before a row of another format.)
+            let pad = t.ty.row_size(t.rows_cols().1).unwrap_or(0) as u64;
+            let size: u64 = run.iter().map(|t| t.size).sum::<u64>() + t.size + pad;
+            let tail = kernels::vec_fast(r0.ty) >= 2 && kernels::vec_fast(t.ty) >= 2;
             kernels::gpu_weight_type(t.ty)
-                && t.ty == r0.ty
+                && run.iter().all(|u| u.ty == r0.ty)
+                && (t.ty == r0.ty || tail)
                 && t.rows_cols().1 == t0.1
                 && t0.1.is_multiple_of(32)
                 && t0.0 > 1
@@ -894,9 +904,19 @@ impl Backend for GpuBackend {
         // Weights uploaded together are consecutive runs of one buffer: one kernel (and
         // one op, for the dispatch counter) per run, adding the run's biases as it stores
         // where every weight of the run has one.
+        // The vec kernel also takes a last weight of another wide-unit K format (kernels.rs
+        // Outs::tail), stored from its first whole row past the others (upload_together).
         let next = |a: &GpuWeight, b: &GpuWeight| {
-            let (a, b) = (&a.parts, &b.parts);
-            a.len() == 1 && b.len() == 1 && a[0].buf == b[0].buf && b[0].first == a[0].first + a[0].rows
+            let (pa, pb) = (&a.parts, &b.parts);
+            let tail = self.matmul == MatmulPath::Vec
+                && kernels::vec_fast(a.ty) >= 2
+                && kernels::vec_fast(b.ty) >= 2;
+            let end = (pa[0].first + pa[0].rows) * a.row_size;
+            pa.len() == 1
+                && pb.len() == 1
+                && pa[0].buf == pb[0].buf
+                && (a.ty == b.ty || tail)
+                && pb[0].first * b.row_size == end.next_multiple_of(b.row_size)
         };
         // The vec path holds q/k/v's kernels for rope_kv_store to run with its RoPE store
         // (three weights, a dispatch per run, biases added in the kernels).
@@ -908,7 +928,11 @@ impl Backend for GpuBackend {
         let mut i = 0;
         while i < ws.len() {
             let mut j = i + 1;
-            while j < ws.len() && j - i < 3 && next(ws[j - 1], ws[j]) {
+            while j < ws.len()
+                && j - i < 3
+                && ws[i..j].iter().all(|w| w.ty == ws[i].ty)
+                && next(ws[j - 1], ws[j])
+            {
                 j += 1;
             }
             self.counts.ops.fetch_add(1, Ordering::Relaxed);

@@ -121,12 +121,21 @@ fn fast_q6_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
     return (xd(t * nb + b) * d) * f32(s);
 }
 
-fn fast_unit(base: u32, u: u32, t: u32, k: u32) -> f32 {
-    if FAST == 1u {
+// Unit u of format f (FAST, or the tail's: kernels.rs Outs).
+fn fast_unit(f: u32, base: u32, u: u32, t: u32, k: u32) -> f32 {
+    if f == 1u {
         return fast_q4_0(base, u, t, k);
     }
-    if FAST == 2u {
+    if f == 2u {
         return fast_q4_k(base, u, t, k);
     }
     return fast_q6_k(base, u, t, k);
+}
+
+// Bytes of a row of k values in format f.
+fn row_bytes(f: u32, k: u32) -> u32 {
+    if f == 1u {
+        return k / 32u * 18u;
+    }
+    return k / 256u * select(210u, 144u, f == 2u);
 }

@@ -77,7 +77,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Every invocation reaches every barrier: rows past the end compute the last row again.
     let l = (wid.y * nwg.x + wid.x) * RG + slot;
     let r = rope_row(l);
-    let base = (prm[8] + min(r, n_rows - 1u)) * row_size;
+    let rr = min(r, n_rows - 1u);
+    var base = (prm[8] + rr) * row_size;
+    // The last output's rows in a format of their own (kernels.rs Outs::tail) start at the
+    // first row of theirs at or past the others' end in the buffer (mod.rs upload_together).
+    var f = FAST;
+    if TAIL != 0u && rr >= prm[TAIL_AT] {
+        let rs = row_bytes(TAIL, k);
+        base = (((prm[8] + prm[TAIL_AT]) * row_size + rs - 1u) / rs + rr - prm[TAIL_AT]) * rs;
+        f = TAIL;
+    }
     var nu = k / 32u;
     if CLASS == 2u {
         nu = k / 8u;
@@ -94,7 +103,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let u1 = min(u0 + NPR, nu - 1u);
             let m1 = select(0.0, 1.0, u0 + NPR < nu);
             if FAST != 0u {
-                acc = acc + fast_unit(base, u0, t, k) + m1 * fast_unit(base, u1, t, k);
+                acc = acc + fast_unit(f, base, u0, t, k) + m1 * fast_unit(f, base, u1, t, k);
             } else {
                 acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
             }
