@@ -93,8 +93,8 @@ fn q4_k_x8(rows: usize, next: &mut impl FnMut() -> f32) {
     let reps = (1280 / rows).max(1);
     let group = wr * Q4K_X8_ROWS;
     let mut sink = 0f32;
-    for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni] {
-        let Some(k) = q4_k_x8_kernels_for(tier) else { continue };
+    for (tier, pairs) in [(CpuTier::Avx2, false), (CpuTier::Avx512Vnni, false), (CpuTier::Avx512Vnni, true)] {
+        let Some(k) = q4_k_x8_kernels_for(tier, pairs) else { continue };
         let (mut gemm, mut gemv) = (f64::MAX, f64::MAX);
         for _ in 0..200 {
             let mut out = [0f32; 64];
@@ -116,8 +116,9 @@ fn q4_k_x8(rows: usize, next: &mut impl FnMut() -> f32) {
             gemv = gemv.min(t0.elapsed().as_secs_f64() * 1e9 / (reps * rows * blocks) as f64);
         }
         println!(
-            "Q4_K×8 {}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
+            "Q4_K×8 {}{}: prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
             tier.name(),
+            if pairs { " (token pairs)" } else { "" },
             if sink.is_nan() { " NaN!" } else { "" }
         );
     }

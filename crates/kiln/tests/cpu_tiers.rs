@@ -144,8 +144,12 @@ fn interleaved_q4_k_matches_the_row_major_tiles() {
         "12 rows are not whole groups"
     );
     let mut tested = 0;
-    for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
-        let Some(k) = q4_k_x8_kernels_for(tier) else {
+    // Both prompt step shapes (tokens in pairs on 512-bit steps or one per 256-bit step;
+    // which one runs depends on the CPU) on every tier.
+    let variants =
+        ALL.into_iter().filter(|&t| t <= detected_cpu_tier()).flat_map(|t| [(t, false), (t, true)]);
+    for (tier, pairs) in variants {
+        let Some(k) = q4_k_x8_kernels_for(tier, pairs) else {
             assert_eq!(tier, CpuTier::Scalar);
             continue;
         };
@@ -166,7 +170,7 @@ fn interleaved_q4_k_matches_the_row_major_tiles() {
                             assert_eq!(
                                 got.to_bits(),
                                 want.to_bits(),
-                                "{tier:?} row {row} token {} of {n_tok}: {got} vs {want}",
+                                "{tier:?} (pairs {pairs}) row {row} token {} of {n_tok}: {got} vs {want}",
                                 t0 + t
                             );
                         }

@@ -294,13 +294,34 @@ fn group_dots(
 /// Matmul kernels on Q4_K×8 (`quant::interleave`) on this CPU, where kiln has them.
 #[cfg(target_arch = "x86_64")]
 pub fn q4_k_x8_kernels() -> Option<Q4kX8Kernels> {
-    q4k_x8::kernels(cpu_tier())
+    q4k_x8::kernels(cpu_tier(), full_width_512())
 }
 
-/// [`q4_k_x8_kernels`] for a given tier, capped at what the CPU supports (for tests).
+/// [`q4_k_x8_kernels`] for a given tier, capped at what the CPU supports, with the VNNI
+/// tier's prompt steps on token pairs or not (for tests and benchmarks).
 #[cfg(target_arch = "x86_64")]
-pub fn q4_k_x8_kernels_for(tier: CpuTier) -> Option<Q4kX8Kernels> {
-    q4k_x8::kernels(tier.min(detected_cpu_tier()))
+pub fn q4_k_x8_kernels_for(tier: CpuTier, pairs: bool) -> Option<Q4kX8Kernels> {
+    q4k_x8::kernels(tier.min(detected_cpu_tier()), pairs)
+}
+
+/// Whether 512-bit integer steps run at full width here, so that a kernel doing two
+/// tokens' work per 512-bit step beats one token per 256-bit step: not on AMD's Zen 4
+/// (family 0x19), which issues them as two 256-bit halves (tile_bench: Q4_K×8 prompts
+/// 2.35 ns in pairs, 1.77 one token a step), as on Zen 5 (family 0x1a, 1.33 -> 1.08 ns in
+/// pairs) and Intel's AVX-512 cores. `KILN_CPU_PAIRS=0|1` overrides.
+#[cfg(target_arch = "x86_64")]
+pub fn full_width_512() -> bool {
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    *WIDE.get_or_init(|| {
+        if let Ok(v) = std::env::var("KILN_CPU_PAIRS") {
+            return v != "0";
+        }
+        let (vendor, sig) = (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1).eax);
+        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+        let base = (sig >> 8) & 0xf;
+        let family = if base == 0xf { base + ((sig >> 20) & 0xff) } else { base };
+        !(amd && family == 0x19)
+    })
 }
 
 /// The AMX Q4_K×8 prompt kernel, where this CPU (and `KILN_CPU`) allows it.

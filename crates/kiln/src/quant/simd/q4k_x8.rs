@@ -183,7 +183,7 @@ unsafe fn pair_sums_vnni(
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn core<const T: usize, const VNNI: bool>(
+unsafe fn core<const T: usize, const VNNI: bool, const PAIRS: bool>(
     x: *const u8,
     y: *const u8,
     ys: usize,
@@ -209,7 +209,7 @@ unsafe fn core<const T: usize, const VNNI: bool>(
         for k in 0..4 {
             let w = column(xb.add(QS + 256 * k));
             let s = |g: usize, p: __m256i| _mm256_shuffle_epi8(bcast8(buf.as_ptr().add(8 * g)), p);
-            if VNNI && T >= 2 {
+            if VNNI && PAIRS && T >= 2 {
                 // Tokens in pairs on 512-bit steps.
                 let sc = [s(2 * k, pairs), s(2 * k + 1, pairs)];
                 widen_column(&w, &mut wide, &sc, &mut sc_wide);
@@ -266,7 +266,7 @@ unsafe fn core<const T: usize, const VNNI: bool>(
     }
 }
 
-super::group_cores!();
+super::group_cores!(PAIRS: bool);
 
 /// The Q4_K×8 matmul kernels of one tier.
 #[derive(Clone, Copy)]
@@ -288,7 +288,8 @@ impl Q4kX8Kernels {
     }
 }
 
-/// The Q4_K×8 kernels at `tier` (AVX2 and up).
-pub(super) fn kernels(tier: super::CpuTier) -> Option<Q4kX8Kernels> {
-    cores(tier).map(|cores| Q4kX8Kernels { cores })
+/// The Q4_K×8 kernels at `tier` (AVX2 and up); `pairs`: the VNNI tier's prompt steps take
+/// tokens in pairs on 512-bit steps (`super::full_width_512`), else one per 256-bit step.
+pub(super) fn kernels(tier: super::CpuTier, pairs: bool) -> Option<Q4kX8Kernels> {
+    if pairs { cores::<true>(tier) } else { cores::<false>(tier) }.map(|cores| Q4kX8Kernels { cores })
 }
