@@ -37,7 +37,7 @@ fn smollm2_gpu_vec_greedy_matches_llama_cpp() {
 fn short_rows_summed_in_a_subgroup_are_the_trees_bits() {
     // A row of 8 units on 8 invocations: on a GPU whose subgroups hold a whole row, its
     // partials are summed by a subgroup butterfly, which must give the portable tree's
-    // bits; both within NMSE 1e-11 of the CPU, and batch invariant.
+    // bits; both within NMSE 1e-11 of the CPU (1e-5 on hardware), and batch invariant.
     set_env();
     const ROWS: usize = 37;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -91,8 +91,10 @@ fn short_rows_summed_in_a_subgroup_are_the_trees_bits() {
         for gpu in &gpus {
             let batch = run(&|w, x, n| out(gpu, &g, w, x, n), ty, 3);
             let what = format!("{ty} on {}", gpu.name());
-            let e = nmse(&batch, &c);
-            assert!(e <= 1e-11, "{what}: NMSE {e:e} against the CPU");
+            // Hardware adapters' f32 division and rounding are not IEEE's (NVIDIA's: the
+            // activations' scales), as in gpu_ops.rs.
+            let (e, tol) = (nmse(&batch, &c), if gpu.is_software() { 1e-11 } else { 1e-5 });
+            assert!(e <= tol, "{what}: NMSE {e:e} against the CPU");
             let one = run(&|w, x, n| out(gpu, &g, w, x, n), ty, 1);
             assert!(one.iter().zip(&batch).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: batch variant");
             bits.push(batch);
