@@ -483,7 +483,7 @@ impl GpuBackend {
         let n = rows * k;
         let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
         let all_rows = ws.iter().map(|w| w.rows).sum::<usize>();
-        let shape = kernels::vec_shape_for(w.ty, all_rows, k);
+        let mut shape = kernels::vec_shape_for(w.ty, all_rows, k);
         // The activations: quantized (bound at 2), or made in the prologue.
         let mut input: Prologue = (Input::Quantized, Vec::new(), Vec::new());
         match mode {
@@ -502,7 +502,10 @@ impl GpuBackend {
                         None
                     };
                     match made {
-                        Some(p) => input = p,
+                        Some(p) => {
+                            input = p;
+                            shape = self.prologue_shape(shape, k);
+                        }
                         None => {
                             self.run_quantize(taken, x, mode, rows, k, &act);
                             *held = Some((x.buf.clone(), mode, n));
@@ -670,6 +673,24 @@ impl GpuBackend {
                 vec![gate.clone(), up.clone(), self.gelu.clone(), out.clone()],
             )),
             _ => None,
+        }
+    }
+
+    /// The workgroup of a matmul that makes its activations in a prologue: twice the rows
+    /// (up to 256 invocations; `KILN_GPU_PROLOGUE_RG=1` keeps them), so half the workgroups
+    /// repeat the op. Rows per workgroup leave each row's sums as they are.
+    fn prologue_shape(&self, shape: kernels::VecShape, k: usize) -> kernels::VecShape {
+        static RG: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let f = *RG.get_or_init(|| {
+            std::env::var("KILN_GPU_PROLOGUE_RG").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+        });
+        let wide = kernels::VecShape { rg: shape.rg * f, ..shape };
+        let nt = wide.rg * wide.npr;
+        let wg_bytes = 4 * (Input::words(k) + 3 * 256 + 3 * nt + 1);
+        if f == 2 && nt <= 256 && wg_bytes <= self.ctx.max_workgroup_storage as usize {
+            wide
+        } else {
+            shape
         }
     }
 
