@@ -640,14 +640,12 @@ impl GpuBackend {
     ) -> Option<Prologue> {
         let nt = shape.rg * shape.npr;
         let n_groups = n_rows.div_ceil(shape.rg);
-        // quantize_core's three arrays of 256, the norm's two of nt, the row sums' nt.
-        let wg_bytes = 4 * (Input::words(k) + 3 * 256 + 3 * nt + 1);
         let ok = self.matmul == MatmulPath::Vec
             // Quantized (F16's rounded activations stay a dispatch of their own).
             && mode != 2
             && nt.is_multiple_of(64)
             && k.is_multiple_of(32)
-            && wg_bytes <= self.ctx.max_workgroup_storage as usize;
+            && self.prologue_fits(k, nt);
         let reads = |per_value: usize| ok && n_groups * k * per_value <= self.prologue_bytes;
         let kk = k as u32;
         match taken {
@@ -680,18 +678,21 @@ impl GpuBackend {
     /// (up to 256 invocations; `KILN_GPU_PROLOGUE_RG=1` keeps them), so half the workgroups
     /// repeat the op. Rows per workgroup leave each row's sums as they are.
     fn prologue_shape(&self, shape: kernels::VecShape, k: usize) -> kernels::VecShape {
-        static RG: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let f = *RG.get_or_init(|| {
-            std::env::var("KILN_GPU_PROLOGUE_RG").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
-        });
-        let wide = kernels::VecShape { rg: shape.rg * f, ..shape };
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("KILN_GPU_PROLOGUE_RG").map_or(true, |v| v != "1"));
+        let wide = kernels::VecShape { rg: 2 * shape.rg, ..shape };
         let nt = wide.rg * wide.npr;
-        let wg_bytes = 4 * (Input::words(k) + 3 * 256 + 3 * nt + 1);
-        if f == 2 && nt <= 256 && wg_bytes <= self.ctx.max_workgroup_storage as usize {
+        if on && nt <= 256 && self.prologue_fits(k, nt) {
             wide
         } else {
             shape
         }
+    }
+
+    /// Whether a prologue of k values fits a workgroup of `nt` invocations' memory:
+    /// quantize_core's three arrays of 256, the norm's two of nt, the row sums' nt.
+    fn prologue_fits(&self, k: usize, nt: usize) -> bool {
+        4 * (Input::words(k) + 3 * 256 + 3 * nt + 1) <= self.ctx.max_workgroup_storage as usize
     }
 
     /// The (cos, sin) pairs of each position as parameter words, from the CPU's rope cache.
