@@ -126,21 +126,25 @@ pub fn attention(
             while b < t1 && plan.seq[b] == plan.seq[a] {
                 b += 1;
             }
-            let task =
-                Task { inp, kvh, heads: heads.clone(), ts: a..b, keys: 0..u32::MAX, out: Sink::Out(op) };
+            let task = Task { inp, heads: heads.clone(), ts: a..b, keys: 0..u32::MAX, out: Sink::Out(op) };
             SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
             a = b;
         }
     });
 }
 
-/// One query over `chunks` (more than one): a task per (chunk, KV head) with all the KV
-/// head's query heads, each writing its chunk's state; then the chunks folded in order.
+/// One query over `chunks` (more than one): a task per chunk and some KV heads with all
+/// their query heads, each writing its chunk's state; then the chunks folded in order.
+/// Given enough chunks to keep the threads busy, a task takes every KV head: it reads each
+/// cached position's keys (and values) as one contiguous row, which the hardware
+/// prefetchers stream; one KV head's slice of every row (a stride) came from DRAM at a
+/// third of the rate (smollm2's 3 KV heads at depth 2048: 7 vs 20 GB/s on two threads).
 fn split_decode(pool: &ThreadPool, inp: Inputs, chunks: std::ops::Range<u32>, out: &mut [f32]) {
     let plan = inp.plan;
     let (n_head, n_kv, hd) = (plan.n_head, plan.n_head_kv, plan.head_dim);
     let group = n_head / n_kv;
     let n_chunks = chunks.len();
+    let per = if n_chunks >= 2 * pool.n_threads() && n_head <= MAX_ROWS { n_kv } else { 1 };
     let stride = n_head * (hd + 2);
     PARTIALS.with(|p| {
         let mut p = p.borrow_mut();
@@ -148,14 +152,15 @@ fn split_decode(pool: &ThreadPool, inp: Inputs, chunks: std::ops::Range<u32>, ou
             p.resize(n_chunks * stride, 0.0);
         }
         let pp = SyncPtr(p.as_mut_ptr());
-        pool.run(n_chunks * n_kv, &|task| {
-            let (c, kvh) = (task / n_kv, task % n_kv);
+        let kv_tasks = n_kv / per;
+        pool.run(n_chunks * kv_tasks, &|task| {
+            let (c, kvh) = (task / kv_tasks, task % kv_tasks * per);
             let k0 = (chunks.start + c as u32) * KV_CHUNK;
             // SAFETY: each task writes its own chunk's rows of the partials (its heads).
             let part = SyncPtr(unsafe { pp.get().add(c * stride) });
-            let heads = kvh * group..(kvh + 1) * group;
+            let heads = kvh * group..(kvh + per) * group;
             let keys = k0..k0 + KV_CHUNK;
-            let task = Task { inp, kvh, heads, ts: 0..1, keys, out: Sink::Partial(part) };
+            let task = Task { inp, heads, ts: 0..1, keys, out: Sink::Partial(part) };
             SCRATCH.with(|s| run_task(&task, &mut s.borrow_mut()));
         });
         #[cfg(target_arch = "x86_64")]
@@ -259,11 +264,10 @@ struct Inputs<'a> {
     arith: AttnArith,
 }
 
-/// One task: query heads `heads` (all reading KV head `kvh`) for queries `ts` (all of
-/// one sequence).
+/// One task: query heads `heads` (whole groups of one KV head or more, or part of one
+/// group) for queries `ts` (all of one sequence).
 struct Task<'a> {
     inp: Inputs<'a>,
-    kvh: usize,
     heads: std::ops::Range<usize>,
     ts: std::ops::Range<usize>,
     /// The key positions this task may take (a split decode's chunk; else all).
@@ -281,15 +285,24 @@ enum Sink {
     Partial(SyncPtr<f32>),
 }
 
+impl Task<'_> {
+    /// The KV heads the task's query heads read.
+    fn kv_heads(&self) -> std::ops::Range<usize> {
+        let group = self.inp.plan.n_head / self.inp.plan.n_head_kv;
+        self.heads.start / group..(self.heads.end - 1) / group + 1
+    }
+}
+
 fn run_task(t: &Task, s: &mut Scratch) {
     let hd = t.inp.plan.head_dim;
     let rows = t.ts.len() * t.heads.len();
+    let kv_rows = K_BLOCK * t.kv_heads().len();
     for (v, n) in [
         (&mut s.q, rows),
         (&mut s.acc, rows),
         (&mut s.folded, rows),
-        (&mut s.k, K_BLOCK),
-        (&mut s.v, K_BLOCK),
+        (&mut s.k, kv_rows),
+        (&mut s.v, kv_rows),
     ] {
         if v.len() < n * hd {
             v.resize(n * hd, 0.0);
@@ -431,15 +444,20 @@ impl Kernel for AnyHead {
 
 #[inline(always)]
 fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
-    let Task { inp: Inputs { q, kc, vc, plan, .. }, kvh, ref heads, ref ts, ref keys, out: sink } = *task;
+    let Task { inp: Inputs { q, kc, vc, plan, .. }, ref heads, ref ts, ref keys, out: sink } = *task;
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
+    let group = n_head / plan.n_head_kv;
+    let kvs = task.kv_heads();
     let nh = heads.len();
     let rows = ts.len() * nh;
     // Row `r` is query `ts.start + r / nh` on head `heads.start + r % nh`.
     let row = |r: usize| (ts.start + r / nh, heads.start + r % nh);
+    // Where row `r`'s KV head's keys (values) start in the block: `[KV head][key][head_dim]`.
+    let kv_at = |r: usize| (row(r).1 / group - kvs.start) * K_BLOCK * hd;
     let (qs, acc, folded) = (&mut s.q[..rows * hd], &mut s.acc[..rows * hd], &mut s.folded[..rows * hd]);
-    let (kb, vb) = (&mut s.k[..K_BLOCK * hd], &mut s.v[..K_BLOCK * hd]);
+    let kv_len = K_BLOCK * hd * kvs.len();
+    let (kb, vb) = (&mut s.k[..kv_len], &mut s.v[..kv_len]);
     for r in 0..rows {
         let (t, h) = row(r);
         let dst = &mut qs[r * hd..(r + 1) * hd];
@@ -480,9 +498,13 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
         let n = K_BLOCK.min((hi - p0) as usize + 1);
         let slot = slots(p0);
         let i0 = (lo.saturating_sub(p0) as usize).min(n);
-        let bases = (i0..n).map(|i| slot(i) * kv_dim + kvh * hd);
-        widen_rows(kc, bases.clone(), hd, &mut kb[i0 * hd..n * hd]);
-        widen_rows(vc, bases, hd, &mut vb[i0 * hd..n * hd]);
+        // The task's KV heads: one contiguous span of each position's row.
+        for (j, kvh) in kvs.clone().enumerate() {
+            let bases = (i0..n).map(|i| slot(i) * kv_dim + kvh * hd);
+            let at = j * K_BLOCK * hd;
+            widen_rows(kc, bases.clone(), hd, &mut kb[at + i0 * hd..at + n * hd]);
+            widen_rows(vc, bases, hd, &mut vb[at + i0 * hd..at + n * hd]);
+        }
         // At depth the cache comes from memory: ask for a block a few ahead while this one
         // computes (at the start, for the blocks before that one too: a split decode's
         // task starts cold in every chunk).
@@ -491,9 +513,9 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
         for next in (from..=(p0 + ahead).min(hi)).step_by(K_BLOCK) {
             let slot = slots(next);
             for i in 0..K_BLOCK.min((hi - next) as usize + 1) {
-                let base = slot(i) * kv_dim + kvh * hd;
-                prefetch(&kc[base..base + hd]);
-                prefetch(&vc[base..base + hd]);
+                let span = slot(i) * kv_dim + kvs.start * hd..slot(i) * kv_dim + kvs.end * hd;
+                prefetch(&kc[span.clone()]);
+                prefetch(&vc[span]);
             }
         }
         // Scores, the running maximum, and each key's `expf` argument: `m - score` where
@@ -507,6 +529,7 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
             wt.a = first(t).saturating_sub(p0) as usize;
             wt.b = ((last(t) + 1).saturating_sub(p0) as usize).min(n);
             if wt.a < wt.b {
+                let kb = &kb[kv_at(r)..kv_at(r) + K_BLOCK * hd];
                 mbs[r] = K::scores(&qs[r * hd..(r + 1) * hd], kb, wt.a, wt.b, plan.scale, &mut wt.w);
             }
         }
@@ -546,9 +569,10 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
                 continue;
             }
             let mut e = r + 1;
-            while e < rows && e - r < K::WALK_ROWS && (wts[e].a, wts[e].b) == (wt.a, wt.b) {
+            while e < rows && e - r < K::WALK_ROWS && (wts[e].a, wts[e].b, kv_at(e)) == (wt.a, wt.b, kv_at(r)) {
                 e += 1;
             }
+            let vb = &vb[kv_at(r)..kv_at(r) + K_BLOCK * hd];
             K::walk_rows::<F16>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
             r = e;
         }
