@@ -18,7 +18,7 @@
 //! Keys go in chunks of [`KV_CHUNK`] positions (aligned to absolute positions): a row's
 //! accumulator, maximum and sum start afresh in every chunk, and the chunks are folded
 //! together in ascending order in f32 ([`fold`]). A decode step's chunks can then go to
-//! different threads, each taking all the query heads of its KV head, so every cached key
+//! different threads, each taking all the query heads of its KV heads, so every cached key
 //! is read once whatever the head counts, and the result is the same bits as a prompt's
 //! walk through the chunks in order (the GPU's exact kernel folds the same way). Contexts
 //! within one chunk give exactly ggml's one-chunk arithmetic (llama.cpp's CPU splits a long
@@ -28,13 +28,15 @@
 //! the CPU has AVX-512 F, each lane with the arithmetic of the 8-lane AVX2 forms, so every
 //! tier gives the same bits (~1.3x on gemma3-270m's pp512 attention).
 //!
-//! Two arithmetics ([`AttnArith`]): that one (`Ggml`, the default), and an opt-in `F32`
-//! that keeps the accumulators in f32 and rescales them once per block of 16 keys (where
-//! the block raises the row's maximum) instead of per key, as llama.cpp's tiled prompt path
-//! and its non-flash path accumulate in f32: ~1.5x faster on prompts, less at depth where
-//! the KV reads from memory bound both, at the price of bit-identity with llama.cpp's CPU (its logits
-//! move within llama.cpp's own flash-attention on/off spread). Blocks are aligned to
-//! absolute positions, so the f32 result too depends on nothing but the row's own keys.
+//! Two arithmetics, chosen per chunk ([`AttnArith`]): that one, and one that keeps the
+//! accumulators in f32 and rescales them once per block of 16 keys (where the block raises
+//! the row's maximum) instead of per key, as llama.cpp's tiled prompt path and its non-flash
+//! path accumulate in f32: ~1.5x faster on prompts, ~1.2x on a decode step's attention at
+//! depth 2048. By default (`Hybrid`) the first chunk takes ggml's and the others f32, so
+//! kiln stays bit-identical to llama.cpp's CPU where that is possible at all; `Ggml` and
+//! `F32` take one in every chunk (f32 logits move within llama.cpp's own flash-attention
+//! on/off spread). Blocks are aligned to absolute positions, so the f32 result too depends
+//! on nothing but the row's own keys.
 
 use half::f16;
 
@@ -66,27 +68,42 @@ const PREFETCH_BLOCKS: usize = 6;
 /// How a row's softmax-weighted sum of values is accumulated (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttnArith {
-    /// ggml's one-chunk flash attention: an f16 accumulator rounded after every key
-    /// (bit-identical to llama.cpp's CPU on short prompts, and to the GPU's exact path).
+    /// ggml's arithmetic in the first chunk of keys (positions below [`KV_CHUNK`]), where it
+    /// makes kiln bit-identical to llama.cpp's CPU, and f32 past it, where llama.cpp's own
+    /// split of a long decode over its threads already ends that identity: at depth the
+    /// f16 rounding after every key costs more than the cache's reads (qwen2.5-0.5b's decode
+    /// attention at depth 2048: see README).
     #[default]
+    Hybrid,
+    /// ggml's one-chunk flash attention in every chunk: an f16 accumulator rounded after
+    /// every key (the GPU's exact path, bit for bit, at any depth).
     Ggml,
     /// f32 accumulators, one rescale per block of keys: faster, not bit-identical.
     F32,
 }
 
 impl AttnArith {
-    /// `KILN_ATTN=f32|ggml`, else the default (read once; an unknown value warns).
+    /// `KILN_ATTN=hybrid|ggml|f32`, else the default (read once; an unknown value warns).
     pub fn from_env() -> Self {
         static ARITH: std::sync::OnceLock<AttnArith> = std::sync::OnceLock::new();
-        *ARITH.get_or_init(|| match std::env::var("KILN_ATTN") {
-            Ok(v) if v.trim() == "f32" => AttnArith::F32,
-            Ok(v) if v.trim() == "ggml" => AttnArith::Ggml,
+        *ARITH.get_or_init(|| match std::env::var("KILN_ATTN").as_deref().map(str::trim) {
+            Ok("f32") => AttnArith::F32,
+            Ok("ggml") => AttnArith::Ggml,
+            Ok("hybrid") | Err(_) => AttnArith::Hybrid,
             Ok(v) => {
-                eprintln!("warning: KILN_ATTN={v:?} is not ggml or f32; using ggml");
-                AttnArith::Ggml
+                eprintln!("warning: KILN_ATTN={v:?} is not hybrid, ggml or f32; using hybrid");
+                AttnArith::Hybrid
             }
-            Err(_) => AttnArith::Ggml,
         })
+    }
+
+    /// Whether the keys of chunk `c` (positions `c · KV_CHUNK..`) take ggml's f16 arithmetic.
+    pub fn f16_in_chunk(self, c: u32) -> bool {
+        match self {
+            AttnArith::Hybrid => c == 0,
+            AttnArith::Ggml => true,
+            AttnArith::F32 => false,
+        }
     }
 }
 
@@ -327,29 +344,21 @@ fn run_task(t: &Task, s: &mut Scratch) {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         return unsafe { run_task_fma(t, s) };
     }
-    run_task_arith::<AnyHead>(t, s)
+    run_task_body::<AnyHead>(t, s)
 }
 
 /// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_task_fma(t: &Task, s: &mut Scratch) {
-    run_task_arith::<AnyHead>(t, s)
+    run_task_body::<AnyHead>(t, s)
 }
 
 /// And with AVX-512 F, so the 16-lane kernels inline.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn run_task_avx512<K: Kernel>(t: &Task, s: &mut Scratch) {
-    run_task_arith::<K>(t, s)
-}
-
-#[inline(always)]
-fn run_task_arith<K: Kernel>(t: &Task, s: &mut Scratch) {
-    match t.inp.arith {
-        AttnArith::F32 => run_task_body::<K, false>(t, s),
-        AttnArith::Ggml => run_task_body::<K, true>(t, s),
-    }
+    run_task_body::<K>(t, s)
 }
 
 /// One row's softmax weights for a block: `w[i]` for its keys `a..b`, after `expf`;
@@ -445,8 +454,8 @@ impl Kernel for AnyHead {
 }
 
 #[inline(always)]
-fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
-    let Task { inp: Inputs { q, kc, vc, plan, .. }, ref heads, ref ts, ref keys, out: sink } = *task;
+fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
+    let Task { inp: Inputs { q, kc, vc, plan, arith }, ref heads, ref ts, ref keys, out: sink } = *task;
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
     let group = n_head / plan.n_head_kv;
@@ -498,6 +507,7 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
             (m, sum) = ([f32::NEG_INFINITY; MAX_ROWS], [0.0; MAX_ROWS]);
         }
         let n = K_BLOCK.min((hi - p0) as usize + 1);
+        let f16 = arith.f16_in_chunk(p0 / KV_CHUNK);
         let slot = slots(p0);
         let i0 = (lo.saturating_sub(p0) as usize).min(n);
         // The task's KV heads: one contiguous span of each position's row.
@@ -540,7 +550,7 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
                 continue;
             }
             let mb = mbs[r];
-            wt.raised = if F16 {
+            wt.raised = if f16 {
                 K::raises(&mut wt.w, wt.a, wt.b, &mut m[r], mb)
             } else {
                 // The block's maximum first: one rescale of the row, then every weight
@@ -571,11 +581,16 @@ fn run_task_body<K: Kernel, const F16: bool>(task: &Task, s: &mut Scratch) {
                 continue;
             }
             let mut e = r + 1;
-            while e < rows && e - r < K::WALK_ROWS && (wts[e].a, wts[e].b, kv_at(e)) == (wt.a, wt.b, kv_at(r)) {
+            while e < rows && e - r < K::WALK_ROWS && (wts[e].a, wts[e].b, kv_at(e)) == (wt.a, wt.b, kv_at(r))
+            {
                 e += 1;
             }
             let vb = &vb[kv_at(r)..kv_at(r) + K_BLOCK * hd];
-            K::walk_rows::<F16>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
+            if f16 {
+                K::walk_rows::<true>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
+            } else {
+                K::walk_rows::<false>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
+            }
             r = e;
         }
     }
@@ -930,45 +945,34 @@ mod reference_tests {
     use super::*;
 
     /// The arithmetic before tasks grouped heads and blocked keys: one (query, head) at a
-    /// time, keys one at a time, libm's `expf` per key; the chunks of KV_CHUNK keys folded
-    /// one after another. The kernels must give its bits.
-    fn reference(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan) -> Vec<f32> {
+    /// time, each chunk of KV_CHUNK keys on its own, then the chunks folded one after
+    /// another; a chunk in ggml's arithmetic (`chunk_ggml`) or kiln's f32 one (`chunk_f32`)
+    /// as `arith` says. The kernels must give its bits.
+    fn reference(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan, arith: AttnArith) -> Vec<f32> {
         let (n_head, hd) = (plan.n_head, plan.head_dim);
         let kv_dim = plan.n_head_kv * hd;
         let mut out = vec![0f32; q.len()];
-        let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
         for t in 0..plan.pos.len() {
             for h in 0..n_head {
                 let kvh = h / (n_head / plan.n_head_kv);
                 let mut qr = q[(t * n_head + h) * hd..][..hd].to_vec();
                 round_f16(&mut qr);
-                let mut acc = vec![0f32; hd];
-                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                let row = |p: u32| plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
+                let widened = |c: &[f16], p: u32| {
+                    let mut x = vec![0f32; hd];
+                    widen(&c[row(p)..row(p) + hd], &mut x);
+                    x
+                };
+                let key = |p: u32| (dot_f16(&qr, &widened(kc, p)) * plan.scale, widened(vc, p));
                 let mut folded = vec![0f32; hd];
                 let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
-                for p in plan.first_pos(t)..=plan.pos[t] {
-                    if p.is_multiple_of(KV_CHUNK) && p > plan.first_pos(t) {
-                        fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
-                        (acc, m, sum) = (vec![0f32; hd], f32::NEG_INFINITY, 0.0);
-                    }
-                    let base = plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
-                    widen(&kc[base..base + hd], &mut k);
-                    widen(&vc[base..base + hd], &mut v);
-                    let score = dot_f16(&qr, &k) * plan.scale;
-                    let (ms, vs);
-                    if score > m {
-                        ms = (m - score).exp();
-                        vs = 1.0;
-                        m = score;
-                        scale_f16(&mut acc, ms);
-                    } else {
-                        ms = 1.0;
-                        vs = (score - m).exp();
-                    }
-                    mad_f16(&mut acc, &v, vs);
-                    sum = sum.mul_add(ms, vs);
+                let (first, last) = (plan.first_pos(t), plan.pos[t]);
+                for c in first / KV_CHUNK..=last / KV_CHUNK {
+                    let keys = first.max(c * KV_CHUNK)..=last.min((c + 1) * KV_CHUNK - 1);
+                    let chunk = if arith.f16_in_chunk(c) { chunk_ggml } else { chunk_f32 };
+                    let (m, sum, acc) = chunk(keys, hd, &key);
+                    fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
                 }
-                fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
                 let inv = if ss == 0.0 { 0.0 } else { 1.0 / ss };
                 let o = &mut out[(t * n_head + h) * hd..][..hd];
                 o.iter_mut().zip(&folded).for_each(|(o, &a)| *o = a * inv);
@@ -977,64 +981,65 @@ mod reference_tests {
         out
     }
 
-    /// kiln's f32 arithmetic, written plainly: per row, keys in blocks aligned to
+    /// A chunk's (maximum, sum of weights, accumulator) in ggml's arithmetic: keys one at a
+    /// time, libm's `expf` per key, the accumulator rounded to f16 after every step.
+    fn chunk_ggml(
+        keys: std::ops::RangeInclusive<u32>,
+        hd: usize,
+        key: &dyn Fn(u32) -> (f32, Vec<f32>),
+    ) -> (f32, f32, Vec<f32>) {
+        let mut acc = vec![0f32; hd];
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        for p in keys {
+            let (score, v) = key(p);
+            let (ms, vs);
+            if score > m {
+                ms = (m - score).exp();
+                vs = 1.0;
+                m = score;
+                scale_f16(&mut acc, ms);
+            } else {
+                ms = 1.0;
+                vs = (score - m).exp();
+            }
+            mad_f16(&mut acc, &v, vs);
+            sum = sum.mul_add(ms, vs);
+        }
+        (m, sum, acc)
+    }
+
+    /// The same in kiln's f32 arithmetic, written plainly: keys in blocks aligned to
     /// multiples of K_BLOCK; the block's maximum rescales the row once; then each key's
     /// weight `expf(score - m)` added to the sum and multiplied into the f32 accumulator.
-    fn reference_f32(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan) -> Vec<f32> {
-        let (n_head, hd) = (plan.n_head, plan.head_dim);
-        let kv_dim = plan.n_head_kv * hd;
-        let mut out = vec![0f32; q.len()];
-        let mut v = vec![0f32; hd];
-        for t in 0..plan.pos.len() {
-            for h in 0..n_head {
-                let kvh = h / (n_head / plan.n_head_kv);
-                let mut qr = q[(t * n_head + h) * hd..][..hd].to_vec();
-                round_f16(&mut qr);
-                let row = |p: u32| plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
-                let mut acc = vec![0f32; hd];
-                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-                let mut folded = vec![0f32; hd];
-                let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
-                let (first, last) = (plan.first_pos(t), plan.pos[t]);
-                let mut p0 = first - first % K_BLOCK as u32;
-                while p0 <= last {
-                    if p0.is_multiple_of(KV_CHUNK) && p0 > first {
-                        fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
-                        (acc, m, sum) = (vec![0f32; hd], f32::NEG_INFINITY, 0.0);
-                    }
-                    let keys = p0.max(first)..=(p0 + K_BLOCK as u32 - 1).min(last);
-                    let scores: Vec<f32> = keys
-                        .clone()
-                        .map(|p| {
-                            let mut k = vec![0f32; hd];
-                            widen(&kc[row(p)..row(p) + hd], &mut k);
-                            dot_f16(&qr, &k) * plan.scale
-                        })
-                        .collect();
-                    let mb = scores.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
-                    if mb > m {
-                        if m > f32::NEG_INFINITY {
-                            let f = (m - mb).exp();
-                            acc.iter_mut().for_each(|a| *a *= f);
-                            sum *= f;
-                        }
-                        m = mb;
-                    }
-                    for (p, s) in keys.zip(scores) {
-                        let w = (s - m).exp();
-                        widen(&vc[row(p)..row(p) + hd], &mut v);
-                        acc.iter_mut().zip(&v).for_each(|(a, &x)| *a = x.mul_add(w, *a));
-                        sum += w;
-                    }
-                    p0 += K_BLOCK as u32;
+    fn chunk_f32(
+        keys: std::ops::RangeInclusive<u32>,
+        hd: usize,
+        key: &dyn Fn(u32) -> (f32, Vec<f32>),
+    ) -> (f32, f32, Vec<f32>) {
+        let mut acc = vec![0f32; hd];
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        let (first, last) = (*keys.start(), *keys.end());
+        let mut p0 = first - first % K_BLOCK as u32;
+        while p0 <= last {
+            let block: Vec<(f32, Vec<f32>)> =
+                (p0.max(first)..=(p0 + K_BLOCK as u32 - 1).min(last)).map(key).collect();
+            let mb = block.iter().fold(f32::NEG_INFINITY, |a, b| if b.0 > a { b.0 } else { a });
+            if mb > m {
+                if m > f32::NEG_INFINITY {
+                    let f = (m - mb).exp();
+                    acc.iter_mut().for_each(|a| *a *= f);
+                    sum *= f;
                 }
-                fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
-                let inv = if ss == 0.0 { 0.0 } else { 1.0 / ss };
-                let o = &mut out[(t * n_head + h) * hd..][..hd];
-                o.iter_mut().zip(&folded).for_each(|(o, &a)| *o = a * inv);
+                m = mb;
             }
+            for (s, v) in block {
+                let w = (s - m).exp();
+                acc.iter_mut().zip(&v).for_each(|(a, &x)| *a = x.mul_add(w, *a));
+                sum += w;
+            }
+            p0 += K_BLOCK as u32;
         }
-        out
+        (m, sum, acc)
     }
 
     struct Rng(u64);
@@ -1099,10 +1104,8 @@ mod reference_tests {
                     window,
                 };
                 let q: Vec<f32> = (0..pos.len() * n_head * hd).map(|_| rng.f() * 8.0).collect();
-                for (arith, want) in [
-                    (AttnArith::Ggml, reference(&q, &kc, &vc, &plan)),
-                    (AttnArith::F32, reference_f32(&q, &kc, &vc, &plan)),
-                ] {
+                for arith in [AttnArith::Hybrid, AttnArith::Ggml, AttnArith::F32] {
+                    let want = reference(&q, &kc, &vc, &plan, arith);
                     for pool in &pools {
                         let mut out = vec![f32::NAN; q.len()];
                         attention(pool, &q, &kc, &vc, &plan, arith, &mut out);
@@ -1119,6 +1122,14 @@ mod reference_tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn hybrid_takes_ggml_arithmetic_in_the_first_chunk_alone() {
+        let chunks = |a: AttnArith| (0..4).map(|c| a.f16_in_chunk(c)).collect::<Vec<_>>();
+        assert_eq!(chunks(AttnArith::default()), [true, false, false, false]);
+        assert_eq!(chunks(AttnArith::Ggml), [true; 4]);
+        assert_eq!(chunks(AttnArith::F32), [false; 4]);
     }
 
     #[test]
