@@ -56,10 +56,11 @@ pub struct EngineOptions {
     /// sequence needs room, so the cache never costs memory of its own. `Some(0)` turns
     /// it off.
     pub prefix_cache_tokens: Option<usize>,
-    /// The CPU attention's arithmetic: ggml's f16 accumulators (default: bit-identical
-    /// with llama.cpp's CPU on short prompts), or f32 ones (`KILN_ATTN=f32`: ~1.5x faster
-    /// prompt attention, logits within llama.cpp's own flash-attention on/off spread). The
-    /// GPU's exact path always follows ggml's.
+    /// The CPU attention's arithmetic: by default ggml's f16 accumulators over the first
+    /// 256 positions (bit-identical with llama.cpp's CPU there) and f32 ones past them;
+    /// ggml's everywhere (`KILN_ATTN=ggml`), or f32 everywhere (`KILN_ATTN=f32`: ~1.5x
+    /// faster prompt attention, logits within llama.cpp's own flash-attention on/off
+    /// spread). The GPU's exact path follows ggml's everywhere.
     pub attn_arith: AttnArith,
 }
 

@@ -510,13 +510,10 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         let f16 = arith.f16_in_chunk(p0 / KV_CHUNK);
         let slot = slots(p0);
         let i0 = (lo.saturating_sub(p0) as usize).min(n);
-        // The task's KV heads: one contiguous span of each position's row.
-        for (j, kvh) in kvs.clone().enumerate() {
-            let bases = (i0..n).map(|i| slot(i) * kv_dim + kvh * hd);
-            let at = j * K_BLOCK * hd;
-            widen_rows(kc, bases.clone(), hd, &mut kb[at + i0 * hd..at + n * hd]);
-            widen_rows(vc, bases, hd, &mut vb[at + i0 * hd..at + n * hd]);
-        }
+        // The task's KV heads: one contiguous span of each position's row, read in order.
+        let spans = (i0..n).map(|i| (i, slot(i) * kv_dim + kvs.start * hd));
+        widen_rows(kc, spans.clone(), hd, kb);
+        widen_rows(vc, spans, hd, vb);
         // At depth the cache comes from memory: ask for a block a few ahead while this one
         // computes (at the start, for the blocks before that one too: a split decode's
         // task starts cold in every chunk).
@@ -637,16 +634,20 @@ fn widen(src: &[f16], dst: &mut [f32]) {
     quant::dequantize_row(GgmlType::F16, bytemuck::cast_slice(src), dst).expect("sizes match");
 }
 
-/// Widens the rows of `hd` values at `bases` in `src` into consecutive rows of `dst` (one
-/// call and tier check for a block's keys, not one per key).
-fn widen_rows(src: &[f16], bases: impl Iterator<Item = usize>, hd: usize, dst: &mut [f32]) {
+/// Widens a block's cached rows: for each `(i, at)` in `spans`, the span at `at` of `src`
+/// holds the task's KV heads one after another (`hd` values each); head `j`'s values go to
+/// row `i` of its block in `dst`, `[KV head][K_BLOCK][hd]`. Spans in address order, each
+/// read front to back, so the cache streams in (one call and tier check per block).
+fn widen_rows(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usize, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if quant::cpu_tier() >= quant::CpuTier::Avx512 {
         // SAFETY: the CPU has AVX-512 F.
-        return unsafe { simd::wide::widen_rows(src, bases, hd, dst) };
+        return unsafe { simd::wide::widen_rows(src, spans, hd, dst) };
     }
-    for (b, d) in bases.zip(dst.chunks_exact_mut(hd)) {
-        widen(&src[b..b + hd], d);
+    for (i, at) in spans {
+        for (j, d) in dst.chunks_exact_mut(K_BLOCK * hd).enumerate() {
+            widen(&src[at + j * hd..at + (j + 1) * hd], &mut d[i * hd..(i + 1) * hd]);
+        }
     }
 }
 
@@ -815,12 +816,14 @@ mod simd {
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         pub unsafe fn widen_rows(
             src: &[f16],
-            bases: impl Iterator<Item = usize>,
+            spans: impl Iterator<Item = (usize, usize)>,
             hd: usize,
             dst: &mut [f32],
         ) {
-            for (b, d) in bases.zip(dst.chunks_exact_mut(hd)) {
-                widen(&src[b..b + hd], d);
+            for (i, at) in spans {
+                for (j, d) in dst.chunks_exact_mut(super::super::K_BLOCK * hd).enumerate() {
+                    widen(&src[at + j * hd..at + (j + 1) * hd], &mut d[i * hd..(i + 1) * hd]);
+                }
             }
         }
 
