@@ -136,6 +136,20 @@ fn bench_json_shape() {
     assert_eq!(rows[1]["samples_ns"].as_array().unwrap().len(), 2);
 }
 
+/// At depth a decode step reads the cached keys and values too: more bytes per token.
+#[test]
+fn bench_gbps_counts_the_kv_cache_at_depth() {
+    let j = json_out(&kiln(&["bench", "-p", "0", "-n", "2", "-d", "0,64", "-r", "1", "--json"]));
+    let per_token: Vec<f64> = j
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["gbps"].as_f64().unwrap() / r["avg_ts"].as_f64().unwrap())
+        .collect();
+    assert_eq!(per_token.len(), 2);
+    assert!(per_token[1] > per_token[0] * 1.0001, "{per_token:?}");
+}
+
 #[test]
 fn impossible_settings_are_errors() {
     fails(&kiln(&["run", "-c", "100000", "-p", "hi"]), "trained context");

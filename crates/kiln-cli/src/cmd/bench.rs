@@ -85,7 +85,8 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
             0.0
         };
         let name = if t.n_prompt > 0 { format!("pp{}", t.n_prompt) } else { format!("tg{}", t.n_gen) };
-        let gbps = (t.n_gen > 0).then(|| bytes_per_token as f64 * avg_ts / 1e9);
+        let kv = kv_bytes_per_token(engine.config(), t.n_depth + t.n_prompt, t.n_gen);
+        let gbps = (t.n_gen > 0).then(|| (bytes_per_token as f64 + kv) * avg_ts / 1e9);
         if !a.json {
             let d = if t.n_depth > 0 { format!(" @ d{}", t.n_depth) } else { String::new() };
             let gb = gbps.map(|g| format!("  {g:.1} GB/s")).unwrap_or_default();
@@ -136,6 +137,27 @@ fn run_once(engine: &Engine, t: &Test, rng: &mut Lcg) -> kiln::Result<u64> {
     })();
     runner.free_seq(seq);
     result
+}
+
+/// The f16 K and V bytes the attention reads in a decode step, averaged over `n_gen`
+/// steps after `n_past` positions: every cached key of a layer, or its window's.
+fn kv_bytes_per_token(cfg: &kiln::model::ModelConfig, n_past: usize, n_gen: usize) -> f64 {
+    let row = 2 * 2 * cfg.kv_dim() as u64; // K and V, f16
+    let total: u64 = (n_past..n_past + n_gen)
+        .map(|pos| {
+            (0..cfg.n_layer)
+                .map(|l| {
+                    let keys = pos as u64 + 1;
+                    match cfg.sliding_window {
+                        Some(w) if cfg.swa_layers.get(l).copied().unwrap_or(false) => keys.min(w as u64),
+                        _ => keys,
+                    }
+                })
+                .sum::<u64>()
+                * row
+        })
+        .sum();
+    total as f64 / n_gen.max(1) as f64
 }
 
 /// Weight bytes one decode step reads: every tensor, except that an untied `token_embd`
