@@ -37,11 +37,15 @@ fn main() {
         let slots = depth + 512;
         // A cache per layer, as a model has: at depth they outgrow the caches.
         let row = slots * n_kv * hd;
-        let mut alloc = |s: f32| (0..row).map(|_| f16::from_f32(next() * s)).collect::<Vec<f16>>();
-        // HOT=1: one layer's cache for all, so it stays in L2 (the compute alone).
+        // HOT=1: one layer's cache for all, so it stays in L2 (the compute alone). Allocated
+        // as the model's KV pool is.
         let n_caches = if std::env::var("HOT").is_ok() { 1 } else { layers };
-        let kv: Vec<Vec<f16>> = (0..n_caches).map(|_| alloc(4.0)).collect();
-        let vv: Vec<Vec<f16>> = (0..n_caches).map(|_| alloc(1.0)).collect();
+        let alloc = || be.alloc_kv(row).expect("KV cache");
+        let mut caches: Vec<_> = (0..n_caches).map(|_| (alloc(), alloc())).collect();
+        for (kc, vc) in caches.iter_mut() {
+            kc.iter_mut().for_each(|x| *x = f16::from_f32(next() * 4.0));
+            vc.iter_mut().for_each(|x| *x = f16::from_f32(next()));
+        }
         let table: Vec<u32> = (0..slots as u32).collect();
         let tables = [&table[..]];
         let mut time = |n_tok: usize, p0: usize| {
@@ -64,7 +68,8 @@ fn main() {
                 .map(|_| {
                     let c = cpu_ms();
                     for l in 0..layers {
-                        be.attention(&q, &kv[l % n_caches], &vv[l % n_caches], &plan, &mut out);
+                        let (kc, vc) = &caches[l % n_caches];
+                        be.attention(&q, kc, vc, &plan, &mut out);
                     }
                     (cpu_ms() - c) / threads as f64
                 })

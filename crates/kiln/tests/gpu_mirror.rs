@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use half::f16;
-use kiln::backend::cpu::{AttnArith, CpuBackend};
+use kiln::backend::cpu::{AttnArith, CpuBackend, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuKv, GpuWeight};
 use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
 use kiln::gguf::{GgufFile, TensorInfo};
@@ -56,7 +56,7 @@ impl Mirror {
         v
     }
 
-    fn host_kv(&self, b: &(Vec<f16>, GpuKv)) -> Vec<f16> {
+    fn host_kv(&self, b: &(KvBuf, GpuKv)) -> Vec<f16> {
         self.gpu.read_kv(&b.1, b.0.len())
     }
 
@@ -83,7 +83,7 @@ fn ty_name(w: &GpuWeight) -> &'static str {
 impl Backend for Mirror {
     type Weight = (<CpuBackend as Backend>::Weight, GpuWeight);
     type Buf = (Vec<f32>, GpuBuf);
-    type Kv = (Vec<f16>, GpuKv);
+    type Kv = (KvBuf, GpuKv);
 
     fn name(&self) -> String {
         format!("mirror of {}", self.gpu.name())

@@ -6,6 +6,7 @@ mod attention;
 mod expf;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;
+mod kv_buf;
 mod ops;
 pub use attention::AttnArith;
 pub(crate) use ops::gelu_table;
@@ -13,6 +14,7 @@ pub use ops::rope_cache;
 pub mod pool;
 mod vexp;
 mod weight;
+pub use kv_buf::KvBuf;
 pub use weight::CpuWeight;
 
 use std::sync::Arc;
@@ -89,7 +91,7 @@ pub fn default_threads() -> usize {
 impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type Buf = Vec<f32>;
-    type Kv = Vec<f16>;
+    type Kv = KvBuf;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", self.n_threads())
@@ -113,12 +115,8 @@ impl Backend for CpuBackend {
         Ok(vec![0.0; len])
     }
 
-    fn alloc_kv(&self, len: usize) -> Result<Vec<f16>> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(len)
-            .map_err(|_| KilnError::Backend(format!("cannot allocate a KV cache of {len} values")))?;
-        v.resize(len, f16::ZERO);
-        Ok(v)
+    fn alloc_kv(&self, len: usize) -> Result<KvBuf> {
+        KvBuf::zeroed(len)
     }
 
     fn read(&self, buf: &Vec<f32>, out: &mut [f32]) {
@@ -175,8 +173,8 @@ impl Backend for CpuBackend {
 
     fn kv_store(
         &self,
-        kc: &mut Vec<f16>,
-        vc: &mut Vec<f16>,
+        kc: &mut KvBuf,
+        vc: &mut KvBuf,
         k: &Vec<f32>,
         v: &Vec<f32>,
         slots: &[u32],
@@ -191,7 +189,7 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn attention(&self, q: &Vec<f32>, kc: &Vec<f16>, vc: &Vec<f16>, plan: &AttnPlan, out: &mut Vec<f32>) {
+    fn attention(&self, q: &Vec<f32>, kc: &KvBuf, vc: &KvBuf, plan: &AttnPlan, out: &mut Vec<f32>) {
         attention::attention(&self.pool, q, kc, vc, plan, self.attn, out);
     }
 
@@ -224,8 +222,8 @@ impl Backend for CpuBackend {
 
     fn kv_shift(
         &self,
-        kc: &mut Vec<f16>,
-        vc: &mut Vec<f16>,
+        kc: &mut KvBuf,
+        vc: &mut KvBuf,
         src: &[u32],
         dst: &[u32],
         delta: i32,
