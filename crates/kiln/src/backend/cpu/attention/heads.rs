@@ -7,19 +7,47 @@
 use std::arch::x86_64::*;
 
 use super::simd::wide::round16;
-use super::{Kernel, Weights, K_BLOCK};
+use half::f16;
+
+use super::{Elem, Kernel, Rows, Weights, K_BLOCK};
 use crate::backend::cpu::expf::simd::expf16;
 
 /// The kernels for heads of `16 * N` values, `N` a multiple of 4 (whole blocks of
-/// 64 in ggml's dot, so no f64 tail): the query and the accumulators in registers.
-pub struct Heads<const N: usize>;
+/// 64 in ggml's dot, so no f64 tail): the query and the accumulators in registers. Rows
+/// are read as `E`: f32 widened into scratch once per block, or the cache's f16 in place,
+/// widened as loaded (the same bits: widening is exact). In place saves the block's copy
+/// but widens each key once per query head that reads it, so it pays for small groups.
+pub struct Heads<const N: usize, E>(std::marker::PhantomData<E>);
 
-impl<const N: usize> Kernel for Heads<N> {
+/// Loads 16 values of a row, widened.
+pub trait Load16: Elem {
+    /// # Safety
+    /// AVX-512 F; 16 values readable at `p`.
+    unsafe fn load16(p: *const Self) -> __m512;
+}
+
+impl Load16 for f32 {
     #[inline(always)]
-    fn scores(q: &[f32], kb: &[f32], a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32 {
-        // SAFETY: only instantiated behind the AVX-512 F check; `q` holds 16·N values
-        // and `kb` K_BLOCK rows of them.
-        unsafe { scores::<N>(q, kb, a, b, scale, out) }
+    unsafe fn load16(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+}
+
+impl Load16 for f16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+}
+
+impl<const N: usize, E: Load16> Kernel for Heads<N, E> {
+    type E = E;
+
+    #[inline(always)]
+    fn scores(q: &[f32], kb: Rows<E>, a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32 {
+        assert!(q.len() == 16 * N && kb.data.len() >= (K_BLOCK - 1) * kb.stride + 16 * N);
+        // SAFETY: only instantiated behind the AVX-512 F check; sizes checked.
+        unsafe { scores::<N, E>(q, kb, a, b, scale, out) }
     }
 
     #[inline(always)]
@@ -37,7 +65,7 @@ impl<const N: usize> Kernel for Heads<N> {
     }
 
     #[inline(always)]
-    fn walk<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &Weights, sum: &mut f32) {
+    fn walk<const F16: bool>(acc: &mut [f32], vb: Rows<E>, wt: &Weights, sum: &mut f32) {
         Self::walk_rows::<F16>(acc, vb, std::slice::from_ref(wt), std::slice::from_mut(sum))
     }
 
@@ -51,16 +79,18 @@ impl<const N: usize> Kernel for Heads<N> {
     };
 
     #[inline(always)]
-    fn walk_rows<const F16: bool>(acc: &mut [f32], vb: &[f32], wt: &[Weights], sum: &mut [f32]) {
+    fn walk_rows<const F16: bool>(acc: &mut [f32], vb: Rows<E>, wt: &[Weights], sum: &mut [f32]) {
         let r = wt.len();
-        assert!(acc.len() == r * 16 * N && sum.len() == r && vb.len() >= K_BLOCK * 16 * N);
+        assert!(
+            acc.len() == r * 16 * N && sum.len() == r && vb.data.len() >= (K_BLOCK - 1) * vb.stride + 16 * N
+        );
         // SAFETY: only instantiated behind the AVX-512 F check, with the sizes checked.
         unsafe {
             match r {
-                1 => walk::<N, 1, F16>(acc, vb, wt, sum),
-                2 if N <= 8 => walk::<N, 2, F16>(acc, vb, wt, sum),
-                3 if N <= 4 => walk::<N, 3, F16>(acc, vb, wt, sum),
-                4 if N <= 4 => walk::<N, 4, F16>(acc, vb, wt, sum),
+                1 => walk::<N, 1, F16, E>(acc, vb, wt, sum),
+                2 if N <= 8 => walk::<N, 2, F16, E>(acc, vb, wt, sum),
+                3 if N <= 4 => walk::<N, 3, F16, E>(acc, vb, wt, sum),
+                4 if N <= 4 => walk::<N, 4, F16, E>(acc, vb, wt, sum),
                 _ => unreachable!("at most WALK_ROWS rows"),
             }
         }
@@ -70,15 +100,15 @@ impl<const N: usize> Kernel for Heads<N> {
 /// The scaled scores of the block's rows and the maximum of those in `a..b`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn scores<const N: usize>(
+unsafe fn scores<const N: usize, E: Load16>(
     q: &[f32],
-    kb: &[f32],
+    kb: Rows<E>,
     a: usize,
     b: usize,
     scale: f32,
     out: &mut [f32; K_BLOCK],
 ) -> f32 {
-    let s = _mm512_mul_ps(dots::<N>(q, kb), _mm512_set1_ps(scale));
+    let s = _mm512_mul_ps(dots::<N, E>(q, kb), _mm512_set1_ps(scale));
     _mm512_storeu_ps(out.as_mut_ptr(), s);
     let live = ((1u32 << b) - (1u32 << a)) as u16;
     _mm512_reduce_max_ps(_mm512_mask_blend_ps(live, _mm512_set1_ps(f32::NEG_INFINITY), s))
@@ -119,8 +149,7 @@ unsafe fn raises(w: &mut [f32; K_BLOCK], a: usize, b: usize, m: f32) -> u32 {
 /// by transposing adds; each lane's additions are those of `reduce16`, in its order.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32]) -> __m512 {
-    let hd = 16 * N;
+unsafe fn dots<const N: usize, E: Load16>(q: &[f32], kb: Rows<E>) -> __m512 {
     // Plain loops, not `array::from_fn`: a closure there is compiled without this
     // function's target features, so it is called, not inlined (measured: 1.5x slower).
     let mut qv = [_mm512_setzero_ps(); N];
@@ -129,11 +158,11 @@ unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32]) -> __m512 {
     }
     let mut x = [_mm512_setzero_ps(); 16];
     for (i, x) in x.iter_mut().enumerate() {
-        let k = kb.as_ptr().add(i * hd);
+        let k = kb.data.as_ptr().add(i * kb.stride);
         let mut acc = [_mm512_setzero_ps(); 4];
         for c in 0..N / 4 {
             for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(qv[4 * c + j], _mm512_loadu_ps(k.add(64 * c + 16 * j)), *a);
+                *a = _mm512_fmadd_ps(qv[4 * c + j], E::load16(k.add(64 * c + 16 * j)), *a);
             }
         }
         *x = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
@@ -162,9 +191,9 @@ unsafe fn dots<const N: usize>(q: &[f32], kb: &[f32]) -> __m512 {
 /// `scale_f16` and `mad_f16` lane for lane where `F16`, else the f32 multiply-adds alone.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn walk<const N: usize, const R: usize, const F16: bool>(
+unsafe fn walk<const N: usize, const R: usize, const F16: bool, E: Load16>(
     acc: &mut [f32],
-    vb: &[f32],
+    vb: Rows<E>,
     wt: &[Weights],
     sum: &mut [f32],
 ) {
@@ -178,7 +207,7 @@ unsafe fn walk<const N: usize, const R: usize, const F16: bool>(
     }
     s.copy_from_slice(&sum[..R]);
     for i in wt[0].a..wt[0].b {
-        let v = vb.as_ptr().add(i * hd);
+        let v = vb.data.as_ptr().add(i * vb.stride);
         for r in 0..R {
             let e = wt[r].w[i];
             let (ms, vs) = if wt[r].raised >> i & 1 == 1 {
@@ -192,7 +221,7 @@ unsafe fn walk<const N: usize, const R: usize, const F16: bool>(
             };
             let w = _mm512_set1_ps(vs);
             for (j, a) in a[r].iter_mut().enumerate() {
-                let x = _mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * j)), w, *a);
+                let x = _mm512_fmadd_ps(E::load16(v.add(16 * j)), w, *a);
                 *a = if F16 { round16(x) } else { x };
             }
             s[r] = s[r].mul_add(ms, vs);
