@@ -422,11 +422,22 @@ pub fn vec_shape() -> (usize, usize) {
     })
 }
 
-/// A vec matmul's workgroup: weight rows, and invocations per row.
+/// A vec matmul's workgroup: weight rows, invocations per row, and tokens (matmul_vec.wgsl's
+/// TT: 1 for a decode step, [`vec_tt`] for prompts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct VecShape {
     pub rg: usize,
     pub npr: usize,
+    pub tt: usize,
+}
+
+/// Tokens per workgroup of a vec matmul over several (`KILN_GPU_TT`, 1-64, default 8):
+/// each weight unit loaded and unpacked once for all of them.
+pub fn vec_tt() -> usize {
+    static TT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *TT.get_or_init(|| {
+        std::env::var("KILN_GPU_TT").ok().and_then(|v| v.parse().ok()).unwrap_or(8).clamp(1, 64)
+    })
 }
 
 /// The vec matmul's shape for a weight of `rows` rows of `k` values: `vec_shape()`'s, with
@@ -466,7 +477,7 @@ pub fn vec_shape_for(ty: GgmlType, rows: usize, k: usize) -> VecShape {
         npr /= 2;
     }
     let rg = if npr < wide { rg * wide / npr } else { rg.min(256 / npr) };
-    VecShape { rg, npr }
+    VecShape { rg, npr, tt: 1 }
 }
 
 /// The vec matmul's wide units for `ty` (dot_vec.wgsl's FAST: 1 Q4_0, 2 Q4_K, 3 Q6_K), 0
@@ -698,8 +709,10 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
         }
-        Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr }) => {
-            s.push_str(&format!("const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\n"));
+        Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr, tt }) => {
+            s.push_str(&format!(
+                "const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\nconst TT: u32 = {tt}u;\n"
+            ));
             let fast = vec_fast(ty);
             s.push_str(&format!("const FAST: u32 = {fast}u;\nconst ROPE: bool = {};\n", outs.rope));
             // The tail's first row: the last output's (matmul_store's bounds).
@@ -728,7 +741,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             }
             if fast == 0 {
                 s.push_str(
-                    "fn fast_unit(f: u32, base: u32, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n\
+                    "struct WUnit {\n    a: vec4<u32>,\n}\n\
+                     fn fast_w(f: u32, base: u32, u: u32) -> WUnit {\n    return WUnit(vec4<u32>());\n}\n\
+                     fn fast_x(f: u32, w: WUnit, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n\
                      fn row_bytes(f: u32, k: u32) -> u32 {\n    return 0u;\n}\n",
                 );
             } else {

@@ -484,6 +484,9 @@ impl GpuBackend {
         let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
         let all_rows = ws.iter().map(|w| w.rows).sum::<usize>();
         let mut shape = kernels::vec_shape_for(w.ty, all_rows, k);
+        if rows > 1 {
+            shape.tt = kernels::vec_tt();
+        }
         // The activations: quantized (bound at 2), or made in the prologue.
         let mut input: Prologue = (Input::Quantized, Vec::new(), Vec::new());
         match mode {
@@ -568,7 +571,7 @@ impl GpuBackend {
                     (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
                 }
                 MatmulPath::Vec => {
-                    (Kernel::MatmulVec(w.ty, outs_n, input.0, shape), grid(p.rows, shape.rg), 8)
+                    (Kernel::MatmulVec(w.ty, outs_n, input.0, shape), grid(p.rows, shape.rg), shape.tt)
                 }
             };
             g[2] = rows.div_ceil(tt) as u32;

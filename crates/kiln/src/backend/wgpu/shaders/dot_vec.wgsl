@@ -30,26 +30,42 @@ fn xsum(i: u32) -> i32 {
     return bitcast<i32>(xq[prm[7] + i]);
 }
 
-// Q4_0 block u of the row at byte `base`, token t: 18 bytes from five aligned words.
-fn fast_q4_0(base: u32, u: u32, t: u32, k: u32) -> f32 {
-    let nb = k / 32u;
+// A unit's weights, loaded and unpacked once for every token of the workgroup (fast_w),
+// then dotted with each token's activations (fast_x): nibbles and 6-bit values as bytes in
+// a..d, scales and the f16 factors in s.
+struct WUnit {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    c: vec4<u32>,
+    d: vec4<u32>,
+    s: vec4<u32>,
+}
+
+// Q4_0 block u of the row at byte `base`: 18 bytes from five aligned words.
+fn w_q4_0(base: u32, u: u32) -> WUnit {
     let o = base + 18u * u;
     let w0 = o >> 2u;
     let odd = (o & 2u) != 0u;
     let h = wq[w0];
-    let d = unpack2x16float(select(h, h >> 16u, odd)).x;
     // The quants start at o + 2: word-aligned when o is 2 mod 4.
     let q = vec4_run(w0 + select(0u, 1u, odd), 0u, !odd);
+    let m = vec4<u32>(M4);
+    let z = vec4<u32>();
+    return WUnit(q & m, (q >> vec4<u32>(4u)) & m, z, z, vec4<u32>(select(h, h >> 16u, odd), 0u, 0u, 0u));
+}
+
+fn x_q4_0(w: WUnit, u: u32, t: u32, k: u32) -> f32 {
+    let nb = k / 32u;
+    let d = unpack2x16float(w.s.x).x;
     let xw = (t * k / 4u + 8u * u) >> 2u;
-    let s = dot16(q & vec4<u32>(M4), xv_at(xw)) + dot16((q >> vec4<u32>(4u)) & vec4<u32>(M4), xv_at(xw + 1u));
+    let s = dot16(w.a, xv_at(xw)) + dot16(w.b, xv_at(xw + 1u));
     let b = t * nb + u;
     return (d * xd(b)) * f32(s - 8 * xsum(b));
 }
 
-// Q4_K sub-blocks 2c, 2c + 1 of superblock b: the header (d, dmin, 12 scale bytes) and the
-// 32 quant bytes as three 16-byte loads.
-fn fast_q4_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
-    let nb = k / 256u;
+// Q4_K sub-blocks 2c, 2c + 1 of superblock b = u / 4: the header (d, dmin, 12 scale bytes)
+// and the 32 quant bytes as three 16-byte loads.
+fn w_q4_k(base: u32, u: u32) -> WUnit {
     let b = u / 4u;
     let c = u % 4u;
     let v = (base + 144u * b) >> 4u;
@@ -64,36 +80,42 @@ fn fast_q4_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
     let hi = c >= 2u;
     let sc = select(y & 0x3f3fu, (w & 0x0f0fu) | ((y >> 2u) & 0x3030u), hi);
     let mn = select(z & 0x3f3fu, ((w >> 4u) & 0x0f0fu) | ((z >> 2u) & 0x3030u), hi);
-    let xw = (t * k / 4u + 64u * b + 16u * c) >> 2u;
     let m = vec4<u32>(M4);
     let s4 = vec4<u32>(4u);
-    let d0 = dot16(qa & m, xv_at(xw)) + dot16(qb & m, xv_at(xw + 1u));
-    let d1 = dot16((qa >> s4) & m, xv_at(xw + 2u)) + dot16((qb >> s4) & m, xv_at(xw + 3u));
+    return WUnit(qa & m, qb & m, (qa >> s4) & m, (qb >> s4) & m, vec4<u32>(sc, mn, h.x, 0u));
+}
+
+fn x_q4_k(w: WUnit, u: u32, t: u32, k: u32) -> f32 {
+    let nb = k / 256u;
+    let b = u / 4u;
+    let c = u % 4u;
+    let xw = (t * k / 4u + 64u * b + 16u * c) >> 2u;
+    let d0 = dot16(w.a, xv_at(xw)) + dot16(w.b, xv_at(xw + 1u));
+    let d1 = dot16(w.c, xv_at(xw + 2u)) + dot16(w.d, xv_at(xw + 3u));
     let g = t * (k / 16u) + 16u * b + 4u * c;
     let x0 = xsum(g) + xsum(g + 1u);
     let x1 = xsum(g + 2u) + xsum(g + 3u);
-    let dm = unpack2x16float(h.x);
-    let isum = i32(sc & 0xffu) * d0 + i32(sc >> 8u) * d1;
-    let imin = i32(mn & 0xffu) * x0 + i32(mn >> 8u) * x1;
+    let dm = unpack2x16float(w.s.z);
+    let isum = i32(w.s.x & 0xffu) * d0 + i32(w.s.x >> 8u) * d1;
+    let imin = i32(w.s.y & 0xffu) * x0 + i32(w.s.y >> 8u) * x1;
     return xd(t * nb + b) * (dm.x * f32(isum) - dm.y * f32(imin));
 }
 
 // Q6_K: half `h` (16 quants) of the groups in ql's low nibbles (qh bits at `sa`) and
-// high nibbles (at `sb`), dotted with their activations.
-fn q6_dots(ql: u32, qh: u32, h: u32, odd: bool, sa: vec4<u32>, sb: vec4<u32>, xw: u32) -> vec2<i32> {
+// high nibbles (at `sb`), as 6-bit bytes.
+fn q6_half(ql: u32, qh: u32, h: u32, odd: bool, sa: vec4<u32>, sb: vec4<u32>) -> array<vec4<u32>, 2> {
     let m = vec4<u32>(M4);
     let m2 = vec4<u32>(0x03030303u);
     let l = vec4_run(ql, 4u * h, odd);
     let hb = vec4_run(qh, 4u * h, odd);
     let qa = (l & m) | (((hb >> sa) & m2) << vec4<u32>(4u));
     let qb = ((l >> vec4<u32>(4u)) & m) | (((hb >> sb) & m2) << vec4<u32>(4u));
-    return vec2<i32>(dot16(qa, xv_at(xw + h)), dot16(qb, xv_at(xw + 4u + h)));
+    return array<vec4<u32>, 2>(qa, qb);
 }
 
 // Q6_K unit c of superblock b: half n = c / 2, groups p = c % 2 (ql's low nibbles) and
 // p + 2 (its high nibbles) of 32 quants, each two 16-value scales.
-fn fast_q6_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
-    let nb = k / 256u;
+fn w_q6_k(base: u32, u: u32) -> WUnit {
     let b = u / 4u;
     let n = (u % 4u) / 2u;
     let p = u % 2u;
@@ -102,34 +124,55 @@ fn fast_q6_k(base: u32, u: u32, t: u32, k: u32) -> f32 {
     let w0 = o >> 2u;
     let ql = w0 + 16u * n + 8u * p;
     let qh = w0 + 32u + 8u * n;
-    let sc_lo = wrun(w0 + 48u + 2u * n, 0u, odd);
-    let sc_hi = wrun(w0 + 48u + 2u * n, 1u, odd);
+    let sh = 16u * p;
+    let sc_lo = wrun(w0 + 48u + 2u * n, 0u, odd) >> sh;
+    let sc_hi = wrun(w0 + 48u + 2u * n, 1u, odd) >> sh;
     let dh = wrun(w0 + 52u, 0u, odd);
-    let d = unpack2x16float(dh).x;
-    let xw = (t * k / 4u + 64u * b + 32u * n + 8u * p) >> 2u;
     let sa = vec4<u32>(2u * p);
     let sb = vec4<u32>(2u * p + 4u);
-    let lo = q6_dots(ql, qh, 0u, odd, sa, sb, xw);
-    let hi = q6_dots(ql, qh, 1u, odd, sa, sb, xw);
+    let lo = q6_half(ql, qh, 0u, odd, sa, sb);
+    let hi = q6_half(ql, qh, 1u, odd, sa, sb);
+    return WUnit(lo[0], lo[1], hi[0], hi[1], vec4<u32>(sc_lo, sc_hi, dh, 0u));
+}
+
+fn x_q6_k(w: WUnit, u: u32, t: u32, k: u32) -> f32 {
+    let nb = k / 256u;
+    let b = u / 4u;
+    let n = (u % 4u) / 2u;
+    let p = u % 2u;
+    let d = unpack2x16float(w.s.z).x;
+    let xw = (t * k / 4u + 64u * b + 32u * n + 8u * p) >> 2u;
+    let lo = vec2<i32>(dot16(w.a, xv_at(xw)), dot16(w.b, xv_at(xw + 4u)));
+    let hi = vec2<i32>(dot16(w.c, xv_at(xw + 1u)), dot16(w.d, xv_at(xw + 5u)));
     // 16-value sums of groups p and p + 2, and their int8 scales.
     let g = t * (k / 16u) + 16u * b + 8u * n + 2u * p;
-    let sh = 16u * p;
-    let s = i32(extractBits(bitcast<i32>(sc_lo >> sh), 0u, 8u)) * (lo.x - 32 * xsum(g))
-        + i32(extractBits(bitcast<i32>(sc_lo >> sh), 8u, 8u)) * (hi.x - 32 * xsum(g + 1u))
-        + i32(extractBits(bitcast<i32>(sc_hi >> sh), 0u, 8u)) * (lo.y - 32 * xsum(g + 4u))
-        + i32(extractBits(bitcast<i32>(sc_hi >> sh), 8u, 8u)) * (hi.y - 32 * xsum(g + 5u));
+    let s = i32(extractBits(bitcast<i32>(w.s.x), 0u, 8u)) * (lo.x - 32 * xsum(g))
+        + i32(extractBits(bitcast<i32>(w.s.x), 8u, 8u)) * (hi.x - 32 * xsum(g + 1u))
+        + i32(extractBits(bitcast<i32>(w.s.y), 0u, 8u)) * (lo.y - 32 * xsum(g + 4u))
+        + i32(extractBits(bitcast<i32>(w.s.y), 8u, 8u)) * (hi.y - 32 * xsum(g + 5u));
     return (xd(t * nb + b) * d) * f32(s);
 }
 
-// Unit u of format f (FAST, or the tail's: kernels.rs Outs).
-fn fast_unit(f: u32, base: u32, u: u32, t: u32, k: u32) -> f32 {
+// Unit u's weights in format f (FAST, or the tail's: kernels.rs Outs).
+fn fast_w(f: u32, base: u32, u: u32) -> WUnit {
     if f == 1u {
-        return fast_q4_0(base, u, t, k);
+        return w_q4_0(base, u);
     }
     if f == 2u {
-        return fast_q4_k(base, u, t, k);
+        return w_q4_k(base, u);
     }
-    return fast_q6_k(base, u, t, k);
+    return w_q6_k(base, u);
+}
+
+// Unit u (its weights `w`) with token t.
+fn fast_x(f: u32, w: WUnit, u: u32, t: u32, k: u32) -> f32 {
+    if f == 1u {
+        return x_q4_0(w, u, t, k);
+    }
+    if f == 2u {
+        return x_q4_k(w, u, t, k);
+    }
+    return x_q6_k(w, u, t, k);
 }
 
 // Bytes of a row of k values in format f.

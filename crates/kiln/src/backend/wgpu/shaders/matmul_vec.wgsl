@@ -1,5 +1,5 @@
 // out[t, col0 + r] = dot(w[r], x[t]), mul_mat_vec style, for hardware GPUs: a workgroup
-// takes RG weight rows, NPR invocations each (kernels.rs); invocation i sums units i,
+// takes RG weight rows, NPR invocations each, and TT tokens (kernels.rs); invocation i sums units i,
 // i + NPR, ... of its row (a unit is a 32-value block, a 32-value K sub-block, 8 floats,
 // or dot_vec.wgsl's wide units) in f32, and `row_sum` (kernels.rs: subgroup sums, else a fixed tree) adds the
 // NPR partials in a fixed order. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
@@ -11,8 +11,6 @@
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
-
-const TT: u32 = 8u;
 
 var<workgroup> part: array<f32, NPR * RG>;
 
@@ -94,21 +92,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if FAST >= 2u {
         nu = k / 64u;
     }
+    // The workgroup's TT tokens (kernels.rs VecShape: 1 for a decode step), each unit's
+    // weights loaded once for all; past the last token the last is computed again (no
+    // branch in the loop), its sums not stored. Each token's sum takes its units in the
+    // same order whatever TT is.
     let t0 = wid.z * TT;
     let tt = min(TT, n_tok - t0);
-    for (var t = t0; t < t0 + tt; t = t + 1u) {
-        var acc = 0.0;
-        for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
-            // Two units per step; the second is clamped and masked past the row's end.
-            let u1 = min(u0 + NPR, nu - 1u);
-            let m1 = select(0.0, 1.0, u0 + NPR < nu);
-            if FAST != 0u {
-                acc = acc + fast_unit(f, base, u0, t, k) + m1 * fast_unit(f, base, u1, t, k);
-            } else {
-                acc = acc + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
+    var acc: array<f32, TT>;
+    for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
+        // Two units per step; the second is clamped and masked past the row's end.
+        let u1 = min(u0 + NPR, nu - 1u);
+        let m1 = select(0.0, 1.0, u0 + NPR < nu);
+        if FAST != 0u {
+            let w0 = fast_w(f, base, u0);
+            let w1 = fast_w(f, base, u1);
+            for (var j = 0u; j < TT; j = j + 1u) {
+                let t = t0 + min(j, tt - 1u);
+                acc[j] = acc[j] + fast_x(f, w0, u0, t, k) + m1 * fast_x(f, w1, u1, t, k);
+            }
+        } else {
+            for (var j = 0u; j < TT; j = j + 1u) {
+                let t = t0 + min(j, tt - 1u);
+                acc[j] = acc[j] + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
             }
         }
-        let v = row_sum(acc, so, lid, by_subgroup);
+    }
+    for (var j = 0u; j < tt; j = j + 1u) {
+        let t = t0 + j;
+        let v = row_sum(acc[j], so, lid, by_subgroup);
         if ROPE {
             rope_store(t, l - slot, slot, lid, biased(r, v), n_rows);
         } else if lid == 0u && r < n_rows {
