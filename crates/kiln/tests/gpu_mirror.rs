@@ -9,7 +9,6 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use half::f16;
 use kiln::backend::cpu::{AttnArith, CpuBackend, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuKv, GpuWeight};
 use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
@@ -56,8 +55,10 @@ impl Mirror {
         v
     }
 
-    fn host_kv(&self, b: &(KvBuf, GpuKv)) -> Vec<f16> {
-        self.gpu.read_kv(&b.1, b.0.len())
+    fn host_kv(&self, b: &(KvBuf, GpuKv)) -> KvBuf {
+        let mut host = self.cpu.alloc_kv(b.0.len()).expect("a host KV buffer");
+        host.copy_from_slice(&self.gpu.read_kv(&b.1, b.0.len()));
+        host
     }
 
     fn check(&self, op: &str, b: &(Vec<f32>, GpuBuf), len: usize) {
@@ -211,7 +212,7 @@ impl Backend for Mirror {
         self.gpu.kv_shift(&mut kc.1, &mut vc.1, src, dst, delta, n_head_kv, head_dim, rope);
         if self.free.is_none() {
             let g = self.gpu.read_kv(&kc.1, kc.0.len());
-            let differs = g.iter().zip(&kc.0).any(|(a, b)| a.to_bits() != b.to_bits());
+            let differs = g.iter().zip(kc.0.iter()).any(|(a, b)| a.to_bits() != b.to_bits());
             let mut st = self.stats.lock().unwrap();
             let e = st.entry("kv_shift k".to_string()).or_default();
             e.0 += 1;

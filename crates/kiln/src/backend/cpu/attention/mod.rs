@@ -488,9 +488,9 @@ impl Kernel for AnyHead {
     fn scores(q: &[f32], kb: Rows<f32>, a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32 {
         let hd = q.len();
         let mut max = f32::NEG_INFINITY;
-        for i in a..b {
-            out[i] = dot_f16(q, kb.row(i, hd)) * scale;
-            max = if out[i] > max { out[i] } else { max };
+        for (i, o) in out.iter_mut().enumerate().take(b).skip(a) {
+            *o = dot_f16(q, kb.row(i, hd)) * scale;
+            max = if *o > max { *o } else { max };
         }
         max
     }
