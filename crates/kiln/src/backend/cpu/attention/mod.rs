@@ -608,15 +608,28 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         // computes (at the start, for the blocks before that one too: a split decode's
         // task starts cold in every chunk).
         let ahead = (K_BLOCK * PREFETCH_BLOCKS) as u32;
-        let from = if p0 == start { p0 + K_BLOCK as u32 } else { p0 + ahead };
-        for next in (from..=(p0 + ahead).min(hi)).step_by(K_BLOCK) {
+        // Positions `i` in `range` of block `next`, of K (`c` = 0) or V (1).
+        let fetch = |c: usize, next: u32, range: std::ops::Range<usize>| {
+            if next > hi {
+                return;
+            }
             let slot = slots(next);
-            for i in 0..K_BLOCK.min((hi - next) as usize + 1) {
+            for i in range.start..range.end.min((hi - next) as usize + 1) {
                 let span = slot(i) * kv_dim + kvs.start * hd..slot(i) * kv_dim + kvs.end * hd;
-                prefetch(&kc[span.clone()]);
-                prefetch(&vc[span]);
+                prefetch(&[kc, vc][c][span]);
+            }
+        };
+        if p0 == start {
+            for next in (p0 + K_BLOCK as u32..p0 + ahead).step_by(K_BLOCK) {
+                fetch(0, next, 0..K_BLOCK);
+                fetch(1, next, 0..K_BLOCK);
             }
         }
+        // The block `ahead` keys on is asked for a part at a time between the rows' steps
+        // below (K during the scores, V during the walks): in one burst the prefetches
+        // waited for miss buffers while no arithmetic ran, then the arithmetic ran while
+        // no memory moved.
+        let part = |r: usize| r * K_BLOCK / rows.max(1);
         // Scores, the running maximum, and each key's `expf` argument: `m - score` where
         // the key raises the maximum (the rescale factor), `score - m` otherwise. Each step
         // for every row before the next: the rows' chains are independent, and short loops
@@ -631,6 +644,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
                 mbs[r] =
                     K::scores(&qs[r * hd..(r + 1) * hd], rows_of(0, r), wt.a, wt.b, plan.scale, &mut wt.w);
             }
+            fetch(0, p0 + ahead, part(r)..part(r + 1));
         }
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
             if wt.a >= wt.b {
@@ -664,6 +678,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         while r < rows {
             let wt = &wts[r];
             if wt.a >= wt.b {
+                fetch(1, p0 + ahead, part(r)..part(r + 1));
                 r += 1;
                 continue;
             }
@@ -678,6 +693,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             } else {
                 K::walk_rows::<false>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
             }
+            fetch(1, p0 + ahead, part(r)..part(e));
             r = e;
         }
     }
