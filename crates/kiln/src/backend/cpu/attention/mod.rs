@@ -287,7 +287,7 @@ impl<'a, E> Rows<'a, E> {
 }
 
 /// What a kernel reads cached rows as.
-trait Elem: Copy + Sized {
+trait Elem: Copy + Default {
     /// The cache itself, where it can be read as this type (f16: in place).
     fn in_place(cache: &[f16]) -> Option<&[Self]>;
     /// Else this type's scratch, into which [`Self::gather`] copies a block's rows.
@@ -319,11 +319,7 @@ impl Elem for f16 {
     }
     #[inline(always)]
     fn gather(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usize, dst: &mut [f16]) {
-        for (i, at) in spans {
-            for (j, d) in dst.chunks_exact_mut(K_BLOCK * hd).enumerate() {
-                d[i * hd..(i + 1) * hd].copy_from_slice(&src[at + j * hd..at + (j + 1) * hd]);
-            }
-        }
+        each_row(src, spans, hd, dst, |s, d| d.copy_from_slice(s))
     }
 }
 
@@ -370,18 +366,9 @@ impl Task<'_> {
 fn run_task(t: &Task, s: &mut Scratch) {
     let hd = t.inp.plan.head_dim;
     let rows = t.ts.len() * t.heads.len();
-    let kv_rows = K_BLOCK * t.kv_heads().len();
-    let [k32, v32] = &mut s.kv32;
-    for (v, n) in
-        [(&mut s.q, rows), (&mut s.acc, rows), (&mut s.folded, rows), (k32, kv_rows), (v32, kv_rows)]
-    {
-        if v.len() < n * hd {
-            v.resize(n * hd, 0.0);
-        }
-    }
-    for v in &mut s.kv16 {
-        if v.len() < kv_rows * hd {
-            v.resize(kv_rows * hd, f16::ZERO);
+    for v in [&mut s.q, &mut s.acc, &mut s.folded] {
+        if v.len() < rows * hd {
+            v.resize(rows * hd, 0.0);
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -538,6 +525,11 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     let (qs, acc, folded) = (&mut qs[..rows * hd], &mut acc[..rows * hd], &mut folded[..rows * hd]);
     let kv_len = K_BLOCK * hd * kvs.len();
     let [kb, vb] = <K::E as Elem>::scratch(kv32, kv16);
+    for v in [&mut *kb, &mut *vb] {
+        if v.len() < kv_len {
+            v.resize(kv_len, Default::default());
+        }
+    }
     let (kb, vb) = (&mut kb[..kv_len], &mut vb[..kv_len]);
     // The caches, where the kernel reads them in place.
     let cache = <K::E as Elem>::in_place(kc).zip(<K::E as Elem>::in_place(vc));
@@ -750,9 +742,22 @@ fn widen_rows(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usiz
         // SAFETY: the CPU has AVX-512 F.
         return unsafe { simd::wide::widen_rows(src, spans, hd, dst) };
     }
+    each_row(src, spans, hd, dst, widen)
+}
+
+/// `row(source row, destination row)` for each KV head's row of `spans` (see
+/// [`widen_rows`]): the layout walk that the widen and the f16 copy share.
+#[inline(always)]
+fn each_row<E>(
+    src: &[f16],
+    spans: impl Iterator<Item = (usize, usize)>,
+    hd: usize,
+    dst: &mut [E],
+    mut row: impl FnMut(&[f16], &mut [E]),
+) {
     for (i, at) in spans {
         for (j, d) in dst.chunks_exact_mut(K_BLOCK * hd).enumerate() {
-            widen(&src[at + j * hd..at + (j + 1) * hd], &mut d[i * hd..(i + 1) * hd]);
+            row(&src[at + j * hd..at + (j + 1) * hd], &mut d[i * hd..(i + 1) * hd]);
         }
     }
 }
