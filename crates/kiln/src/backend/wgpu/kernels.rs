@@ -422,13 +422,25 @@ pub fn vec_shape() -> (usize, usize) {
     })
 }
 
-/// A vec matmul's workgroup: weight rows, invocations per row, and tokens (matmul_vec.wgsl's
-/// TT: 1 for a decode step, [`vec_tt`] for prompts).
+/// A vec matmul's workgroup: weight rows (`rg` slots of `npr` invocations, `rr` rows each)
+/// and tokens (matmul_vec.wgsl's RG, NPR, RR, TT: one row a slot and one token for a decode
+/// step; for prompts [`vec_tt`] tokens, and [`vec_rr`] rows a slot where they can share
+/// activations).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct VecShape {
     pub rg: usize,
     pub npr: usize,
+    pub rr: usize,
     pub tt: usize,
+}
+
+/// Rows a slot of a prompt's vec matmul takes (`KILN_GPU_RR`, 1-4, default 2): a token's
+/// activations of a unit are loaded once for them all.
+pub fn vec_rr() -> usize {
+    static RR: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *RR.get_or_init(|| {
+        std::env::var("KILN_GPU_RR").ok().and_then(|v| v.parse().ok()).unwrap_or(2).clamp(1, 4)
+    })
 }
 
 /// Tokens per workgroup of a vec matmul over several (`KILN_GPU_TT`, 1-64, default 8):
@@ -477,7 +489,7 @@ pub fn vec_shape_for(ty: GgmlType, rows: usize, k: usize) -> VecShape {
         npr /= 2;
     }
     let rg = if npr < wide { rg * wide / npr } else { rg.min(256 / npr) };
-    VecShape { rg, npr, tt: 1 }
+    VecShape { rg, npr, rr: 1, tt: 1 }
 }
 
 /// The vec matmul's wide units for `ty` (dot_vec.wgsl's FAST: 1 Q4_0, 2 Q4_K, 3 Q6_K), 0
@@ -709,9 +721,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
         }
-        Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr, tt }) => {
+        Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr, rr, tt }) => {
             s.push_str(&format!(
-                "const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\nconst TT: u32 = {tt}u;\n"
+                "const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\nconst RR: u32 = {rr}u;\nconst TT: u32 = {tt}u;\n"
             ));
             let fast = vec_fast(ty);
             s.push_str(&format!("const FAST: u32 = {fast}u;\nconst ROPE: bool = {};\n", outs.rope));
@@ -742,8 +754,10 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             if fast == 0 {
                 s.push_str(
                     "struct WUnit {\n    a: vec4<u32>,\n}\n\
+                     struct XUnit {\n    a: vec4<u32>,\n}\n\
                      fn fast_w(f: u32, base: u32, u: u32) -> WUnit {\n    return WUnit(vec4<u32>());\n}\n\
-                     fn fast_x(f: u32, w: WUnit, u: u32, t: u32, k: u32) -> f32 {\n    return 0.0;\n}\n\
+                     fn fast_xl(f: u32, u: u32, t: u32, k: u32) -> XUnit {\n    return XUnit(vec4<u32>());\n}\n\
+                     fn fast_dot(f: u32, w: WUnit, x: XUnit) -> f32 {\n    return 0.0;\n}\n\
                      fn row_bytes(f: u32, k: u32) -> u32 {\n    return 0u;\n}\n",
                 );
             } else {

@@ -571,7 +571,14 @@ impl GpuBackend {
                     (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
                 }
                 MatmulPath::Vec => {
-                    (Kernel::MatmulVec(w.ty, outs_n, input.0, shape), grid(p.rows, shape.rg), shape.tt)
+                    // A prompt's slots take several rows where their units read the same
+                    // activations (one format: no tail).
+                    let mut shape = shape;
+                    if rows > 1 && kernels::vec_fast(w.ty) != 0 && tail == 0 && input.0 == Input::Quantized {
+                        shape.rr = kernels::vec_rr();
+                    }
+                    let g = grid(p.rows, shape.rg * shape.rr);
+                    (Kernel::MatmulVec(w.ty, outs_n, input.0, shape), g, shape.tt)
                 }
             };
             g[2] = rows.div_ceil(tt) as u32;
@@ -1051,6 +1058,11 @@ impl Backend for GpuBackend {
                     let Kernel::MatmulVec(ty, o, input, shape) = d.kernel else {
                         unreachable!("held by matmul_many")
                     };
+                    // The RoPE store takes a row a slot (rope_epilogue.wgsl): the workgroups again.
+                    let shape = kernels::VecShape { rr: 1, ..shape };
+                    let z = d.groups[2];
+                    d.groups = grid(d.prm[0] as usize, shape.rg);
+                    d.groups[2] = z;
                     d.kernel = Kernel::MatmulVec(ty, kernels::Outs { rope: true, ..o }, input, shape);
                     // The RoPE store's words go at 11 (rope_epilogue.wgsl), the prologue's after them.
                     let prologue = d.prm.split_off(11);

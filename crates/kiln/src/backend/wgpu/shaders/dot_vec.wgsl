@@ -30,15 +30,22 @@ fn xsum(i: u32) -> i32 {
     return bitcast<i32>(xq[prm[7] + i]);
 }
 
-// A unit's weights, loaded and unpacked once for every token of the workgroup (fast_w),
-// then dotted with each token's activations (fast_x): nibbles and 6-bit values as bytes in
-// a..d, scales and the f16 factors in s.
+// A unit's weights, loaded and unpacked once for every token of the workgroup (fast_w):
+// nibbles and 6-bit values as bytes in a..d, scales and the f16 factors in s; a token's
+// activations of a unit, loaded once for the slot's rows (fast_xl): 16-byte words, the
+// block scale, the sums the offsets and minimums take; and their dot (fast_dot).
 struct WUnit {
     a: vec4<u32>,
     b: vec4<u32>,
     c: vec4<u32>,
     d: vec4<u32>,
     s: vec4<u32>,
+}
+
+struct XUnit {
+    v: array<vec4<u32>, 4>,
+    d: f32,
+    s: vec4<i32>,
 }
 
 // Q4_0 block u of the row at byte `base`: 18 bytes from five aligned words.
@@ -54,13 +61,17 @@ fn w_q4_0(base: u32, u: u32) -> WUnit {
     return WUnit(q & m, (q >> vec4<u32>(4u)) & m, z, z, vec4<u32>(select(h, h >> 16u, odd), 0u, 0u, 0u));
 }
 
-fn x_q4_0(w: WUnit, u: u32, t: u32, k: u32) -> f32 {
-    let nb = k / 32u;
-    let d = unpack2x16float(w.s.x).x;
+fn xl_q4_0(u: u32, t: u32, k: u32) -> XUnit {
     let xw = (t * k / 4u + 8u * u) >> 2u;
-    let s = dot16(w.a, xv_at(xw)) + dot16(w.b, xv_at(xw + 1u));
-    let b = t * nb + u;
-    return (d * xd(b)) * f32(s - 8 * xsum(b));
+    let b = t * (k / 32u) + u;
+    let z = vec4<u32>();
+    return XUnit(array<vec4<u32>, 4>(xv_at(xw), xv_at(xw + 1u), z, z), xd(b), vec4<i32>(xsum(b), 0, 0, 0));
+}
+
+fn dot_q4_0(w: WUnit, x: XUnit) -> f32 {
+    let d = unpack2x16float(w.s.x).x;
+    let s = dot16(w.a, x.v[0]) + dot16(w.b, x.v[1]);
+    return (d * x.d) * f32(s - 8 * x.s.x);
 }
 
 // Q4_K sub-blocks 2c, 2c + 1 of superblock b = u / 4: the header (d, dmin, 12 scale bytes)
@@ -85,20 +96,23 @@ fn w_q4_k(base: u32, u: u32) -> WUnit {
     return WUnit(qa & m, qb & m, (qa >> s4) & m, (qb >> s4) & m, vec4<u32>(sc, mn, h.x, 0u));
 }
 
-fn x_q4_k(w: WUnit, u: u32, t: u32, k: u32) -> f32 {
-    let nb = k / 256u;
+fn xl_q4_k(u: u32, t: u32, k: u32) -> XUnit {
     let b = u / 4u;
     let c = u % 4u;
     let xw = (t * k / 4u + 64u * b + 16u * c) >> 2u;
-    let d0 = dot16(w.a, xv_at(xw)) + dot16(w.b, xv_at(xw + 1u));
-    let d1 = dot16(w.c, xv_at(xw + 2u)) + dot16(w.d, xv_at(xw + 3u));
     let g = t * (k / 16u) + 16u * b + 4u * c;
-    let x0 = xsum(g) + xsum(g + 1u);
-    let x1 = xsum(g + 2u) + xsum(g + 3u);
+    let v = array<vec4<u32>, 4>(xv_at(xw), xv_at(xw + 1u), xv_at(xw + 2u), xv_at(xw + 3u));
+    let sums = vec4<i32>(xsum(g) + xsum(g + 1u), xsum(g + 2u) + xsum(g + 3u), 0, 0);
+    return XUnit(v, xd(t * (k / 256u) + b), sums);
+}
+
+fn dot_q4_k(w: WUnit, x: XUnit) -> f32 {
+    let d0 = dot16(w.a, x.v[0]) + dot16(w.b, x.v[1]);
+    let d1 = dot16(w.c, x.v[2]) + dot16(w.d, x.v[3]);
     let dm = unpack2x16float(w.s.z);
     let isum = i32(w.s.x & 0xffu) * d0 + i32(w.s.x >> 8u) * d1;
-    let imin = i32(w.s.y & 0xffu) * x0 + i32(w.s.y >> 8u) * x1;
-    return xd(t * nb + b) * (dm.x * f32(isum) - dm.y * f32(imin));
+    let imin = i32(w.s.y & 0xffu) * x.s.x + i32(w.s.y >> 8u) * x.s.y;
+    return x.d * (dm.x * f32(isum) - dm.y * f32(imin));
 }
 
 // Q6_K: half `h` (16 quants) of the groups in ql's low nibbles (qh bits at `sa`) and
@@ -135,22 +149,27 @@ fn w_q6_k(base: u32, u: u32) -> WUnit {
     return WUnit(lo[0], lo[1], hi[0], hi[1], vec4<u32>(sc_lo, sc_hi, dh, 0u));
 }
 
-fn x_q6_k(w: WUnit, u: u32, t: u32, k: u32) -> f32 {
-    let nb = k / 256u;
+fn xl_q6_k(u: u32, t: u32, k: u32) -> XUnit {
     let b = u / 4u;
     let n = (u % 4u) / 2u;
     let p = u % 2u;
-    let d = unpack2x16float(w.s.z).x;
     let xw = (t * k / 4u + 64u * b + 32u * n + 8u * p) >> 2u;
-    let lo = vec2<i32>(dot16(w.a, xv_at(xw)), dot16(w.b, xv_at(xw + 4u)));
-    let hi = vec2<i32>(dot16(w.c, xv_at(xw + 1u)), dot16(w.d, xv_at(xw + 5u)));
-    // 16-value sums of groups p and p + 2, and their int8 scales.
+    // 16-value sums of groups p and p + 2.
     let g = t * (k / 16u) + 16u * b + 8u * n + 2u * p;
-    let s = i32(extractBits(bitcast<i32>(w.s.x), 0u, 8u)) * (lo.x - 32 * xsum(g))
-        + i32(extractBits(bitcast<i32>(w.s.x), 8u, 8u)) * (hi.x - 32 * xsum(g + 1u))
-        + i32(extractBits(bitcast<i32>(w.s.y), 0u, 8u)) * (lo.y - 32 * xsum(g + 4u))
-        + i32(extractBits(bitcast<i32>(w.s.y), 8u, 8u)) * (hi.y - 32 * xsum(g + 5u));
-    return (xd(t * nb + b) * d) * f32(s);
+    let v = array<vec4<u32>, 4>(xv_at(xw), xv_at(xw + 4u), xv_at(xw + 1u), xv_at(xw + 5u));
+    return XUnit(v, xd(t * (k / 256u) + b), vec4<i32>(xsum(g), xsum(g + 1u), xsum(g + 4u), xsum(g + 5u)));
+}
+
+fn dot_q6_k(w: WUnit, x: XUnit) -> f32 {
+    let d = unpack2x16float(w.s.z).x;
+    let lo = vec2<i32>(dot16(w.a, x.v[0]), dot16(w.b, x.v[1]));
+    let hi = vec2<i32>(dot16(w.c, x.v[2]), dot16(w.d, x.v[3]));
+    // The groups' int8 scales.
+    let s = i32(extractBits(bitcast<i32>(w.s.x), 0u, 8u)) * (lo.x - 32 * x.s.x)
+        + i32(extractBits(bitcast<i32>(w.s.x), 8u, 8u)) * (hi.x - 32 * x.s.y)
+        + i32(extractBits(bitcast<i32>(w.s.y), 0u, 8u)) * (lo.y - 32 * x.s.z)
+        + i32(extractBits(bitcast<i32>(w.s.y), 8u, 8u)) * (hi.y - 32 * x.s.w);
+    return (x.d * d) * f32(s);
 }
 
 // Unit u's weights in format f (FAST, or the tail's: kernels.rs Outs).
@@ -164,15 +183,25 @@ fn fast_w(f: u32, base: u32, u: u32) -> WUnit {
     return w_q6_k(base, u);
 }
 
-// Unit u (its weights `w`) with token t.
-fn fast_x(f: u32, w: WUnit, u: u32, t: u32, k: u32) -> f32 {
+// Token t's activations of unit u, read as format f's units take them.
+fn fast_xl(f: u32, u: u32, t: u32, k: u32) -> XUnit {
     if f == 1u {
-        return x_q4_0(w, u, t, k);
+        return xl_q4_0(u, t, k);
     }
     if f == 2u {
-        return x_q4_k(w, u, t, k);
+        return xl_q4_k(u, t, k);
     }
-    return x_q6_k(w, u, t, k);
+    return xl_q6_k(u, t, k);
+}
+
+fn fast_dot(f: u32, w: WUnit, x: XUnit) -> f32 {
+    if f == 1u {
+        return dot_q4_0(w, x);
+    }
+    if f == 2u {
+        return dot_q4_k(w, x);
+    }
+    return dot_q6_k(w, x);
 }
 
 // Bytes of a row of k values in format f.

@@ -73,17 +73,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lid = li % NPR;
     let so = slot * NPR;
     // Every invocation reaches every barrier: rows past the end compute the last row again.
-    let l = (wid.y * nwg.x + wid.x) * RG + slot;
-    let r = rope_row(l);
-    let rr = min(r, n_rows - 1u);
-    var base = (prm[8] + rr) * row_size;
-    // The last output's rows in a format of their own (kernels.rs Outs::tail) start at the
-    // first row of theirs at or past the others' end in the buffer (mod.rs upload_together).
-    var f = FAST;
-    if TAIL != 0u && rr >= prm[TAIL_AT] {
-        let rs = row_bytes(TAIL, k);
-        base = (((prm[8] + prm[TAIL_AT]) * row_size + rs - 1u) / rs + rr - prm[TAIL_AT]) * rs;
-        f = TAIL;
+    // Slot s takes the workgroup's rows s, s + RG, ... (RR of them: kernels.rs VecShape).
+    let l0 = (wid.y * nwg.x + wid.x) * RG * RR + slot;
+    var rs: array<u32, RR>;
+    var bases: array<u32, RR>;
+    var fs: array<u32, RR>;
+    for (var q = 0u; q < RR; q = q + 1u) {
+        let r = rope_row(l0 + q * RG);
+        let rr = min(r, n_rows - 1u);
+        rs[q] = r;
+        bases[q] = (prm[8] + rr) * row_size;
+        fs[q] = FAST;
+        // The last output's rows in a format of their own (kernels.rs Outs::tail) start at
+        // the first row of theirs at or past the others' end in the buffer (mod.rs
+        // upload_together). (No tail where RR > 1: its rows' units read other activations.)
+        if TAIL != 0u && rr >= prm[TAIL_AT] {
+            let rsz = row_bytes(TAIL, k);
+            bases[q] = (((prm[8] + prm[TAIL_AT]) * row_size + rsz - 1u) / rsz + rr - prm[TAIL_AT]) * rsz;
+            fs[q] = TAIL;
+        }
     }
     var nu = k / 32u;
     if CLASS == 2u {
@@ -92,38 +100,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if FAST >= 2u {
         nu = k / 64u;
     }
-    // The workgroup's TT tokens (kernels.rs VecShape: 1 for a decode step), each unit's
-    // weights loaded once for all; past the last token the last is computed again (no
-    // branch in the loop), its sums not stored. Each token's sum takes its units in the
-    // same order whatever TT is.
+    // The workgroup's TT tokens (1 for a decode step), each unit's weights loaded once for
+    // all, each token's activations once for the slot's RR rows; past the last token the
+    // last is computed again (no branch in the loop), its sums not stored. Each (row, token)
+    // sum takes its units in the same order whatever TT and RR are.
     let t0 = wid.z * TT;
     let tt = min(TT, n_tok - t0);
-    var acc: array<f32, TT>;
+    var acc: array<f32, RR * TT>;
     for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
         // Two units per step; the second is clamped and masked past the row's end.
         let u1 = min(u0 + NPR, nu - 1u);
         let m1 = select(0.0, 1.0, u0 + NPR < nu);
         if FAST != 0u {
-            let w0 = fast_w(f, base, u0);
-            let w1 = fast_w(f, base, u1);
+            var w0: array<WUnit, RR>;
+            var w1: array<WUnit, RR>;
+            for (var q = 0u; q < RR; q = q + 1u) {
+                w0[q] = fast_w(fs[q], bases[q], u0);
+                w1[q] = fast_w(fs[q], bases[q], u1);
+            }
             for (var j = 0u; j < TT; j = j + 1u) {
                 let t = t0 + min(j, tt - 1u);
-                acc[j] = acc[j] + fast_x(f, w0, u0, t, k) + m1 * fast_x(f, w1, u1, t, k);
+                let x0 = fast_xl(fs[0], u0, t, k);
+                let x1 = fast_xl(fs[0], u1, t, k);
+                for (var q = 0u; q < RR; q = q + 1u) {
+                    let i = q * TT + j;
+                    acc[i] = acc[i] + fast_dot(fs[q], w0[q], x0) + m1 * fast_dot(fs[q], w1[q], x1);
+                }
             }
         } else {
             for (var j = 0u; j < TT; j = j + 1u) {
                 let t = t0 + min(j, tt - 1u);
-                acc[j] = acc[j] + unit_dot(base, u0, t, k) + m1 * unit_dot(base, u1, t, k);
+                acc[j] = acc[j] + unit_dot(bases[0], u0, t, k) + m1 * unit_dot(bases[0], u1, t, k);
             }
         }
     }
-    for (var j = 0u; j < tt; j = j + 1u) {
-        let t = t0 + j;
-        let v = row_sum(acc[j], so, lid, by_subgroup);
-        if ROPE {
-            rope_store(t, l - slot, slot, lid, biased(r, v), n_rows);
-        } else if lid == 0u && r < n_rows {
-            store(t, r, v);
+    for (var q = 0u; q < RR; q = q + 1u) {
+        for (var j = 0u; j < tt; j = j + 1u) {
+            let t = t0 + j;
+            let v = row_sum(acc[q * TT + j], so, lid, by_subgroup);
+            if ROPE {
+                rope_store(t, l0 - slot, slot, lid, biased(rs[q], v), n_rows);
+            } else if lid == 0u && rs[q] < n_rows {
+                store(t, rs[q], v);
+            }
         }
     }
 }
