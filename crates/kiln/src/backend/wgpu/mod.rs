@@ -1058,11 +1058,7 @@ impl Backend for GpuBackend {
                     let Kernel::MatmulVec(ty, o, input, shape) = d.kernel else {
                         unreachable!("held by matmul_many")
                     };
-                    // The RoPE store takes a row a slot (rope_epilogue.wgsl): the workgroups again.
-                    let shape = kernels::VecShape { rr: 1, ..shape };
-                    let z = d.groups[2];
-                    d.groups = grid(d.prm[0] as usize, shape.rg);
-                    d.groups[2] = z;
+                    // The RoPE store takes each of a slot's rows in turn (rope_epilogue.wgsl).
                     d.kernel = Kernel::MatmulVec(ty, kernels::Outs { rope: true, ..o }, input, shape);
                     // The RoPE store's words go at 11 (rope_epilogue.wgsl), the prologue's after them.
                     let prologue = d.prm.split_off(11);

@@ -139,7 +139,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let t = t0 + j;
             let v = row_sum(acc[q * TT + j], so, lid, by_subgroup);
             if ROPE {
-                rope_store(t, l0 - slot, slot, lid, biased(rs[q], v), n_rows);
+                rope_store(t, l0 - slot + q * RG, slot, lid, biased(rs[q], v), n_rows);
             } else if lid == 0u && rs[q] < n_rows {
                 store(t, rs[q], v);
             }
