@@ -107,30 +107,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t0 = wid.z * TT;
     let tt = min(TT, n_tok - t0);
     var acc: array<f32, RR * TT>;
-    for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
-        // Two units per step; the second is clamped and masked past the row's end.
-        let u1 = min(u0 + NPR, nu - 1u);
-        let m1 = select(0.0, 1.0, u0 + NPR < nu);
-        if FAST != 0u {
-            var w0: array<WUnit, RR>;
-            var w1: array<WUnit, RR>;
+    // A unit per step for prompts (half the live weight registers: Q4_K pp512 +24% on the
+    // H200), two for a decode step (twice the loads in flight), in the same order. Each
+    // unit's product is kept from being fused into the sum (`nc`): fused, the H200's
+    // compiler rounded the two loops differently, and a token's sums must be the same bits
+    // alone or in a batch (tests/gpu_ops.rs).
+    if FAST != 0u && TT > 1u {
+        for (var u = lid; u < nu; u = u + NPR) {
+            var w: array<WUnit, RR>;
             for (var q = 0u; q < RR; q = q + 1u) {
-                w0[q] = fast_w(fs[q], bases[q], u0);
-                w1[q] = fast_w(fs[q], bases[q], u1);
+                w[q] = fast_w(fs[q], bases[q], u);
             }
             for (var j = 0u; j < TT; j = j + 1u) {
                 let t = t0 + min(j, tt - 1u);
-                let x0 = fast_xl(fs[0], u0, t, k);
-                let x1 = fast_xl(fs[0], u1, t, k);
+                let x = fast_xl(fs[0], u, t, k);
                 for (var q = 0u; q < RR; q = q + 1u) {
                     let i = q * TT + j;
-                    acc[i] = acc[i] + fast_dot(fs[q], w0[q], x0) + m1 * fast_dot(fs[q], w1[q], x1);
+                    acc[i] = acc[i] + nc(fast_dot(fs[q], w[q], x));
                 }
             }
-        } else {
-            for (var j = 0u; j < TT; j = j + 1u) {
-                let t = t0 + min(j, tt - 1u);
-                acc[j] = acc[j] + unit_dot(bases[0], u0, t, k) + m1 * unit_dot(bases[0], u1, t, k);
+        }
+    } else {
+        for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
+            // Two units per step; the second is clamped and masked past the row's end.
+            let u1 = min(u0 + NPR, nu - 1u);
+            let m1 = select(0.0, 1.0, u0 + NPR < nu);
+            if FAST != 0u {
+                var w0: array<WUnit, RR>;
+                var w1: array<WUnit, RR>;
+                for (var q = 0u; q < RR; q = q + 1u) {
+                    w0[q] = fast_w(fs[q], bases[q], u0);
+                    w1[q] = fast_w(fs[q], bases[q], u1);
+                }
+                for (var j = 0u; j < TT; j = j + 1u) {
+                    let t = t0 + min(j, tt - 1u);
+                    let x0 = fast_xl(fs[0], u0, t, k);
+                    let x1 = fast_xl(fs[0], u1, t, k);
+                    for (var q = 0u; q < RR; q = q + 1u) {
+                        let i = q * TT + j;
+                        acc[i] = acc[i] + nc(fast_dot(fs[q], w0[q], x0)) + m1 * nc(fast_dot(fs[q], w1[q], x1));
+                    }
+                }
+            } else {
+                for (var j = 0u; j < TT; j = j + 1u) {
+                    let t = t0 + min(j, tt - 1u);
+                    acc[j] = acc[j] + unit_dot(bases[0], u0, t, k) + m1 * unit_dot(bases[0], u1, t, k);
+                }
             }
         }
     }
