@@ -375,16 +375,10 @@ fn run_task(t: &Task, s: &mut Scratch) {
     if quant::cpu_tier() >= quant::CpuTier::Avx512 {
         // SAFETY (all four): the CPU has AVX-512 F (and AVX2, FMA, F16C).
         return unsafe {
-            use heads::Heads;
-            // Rows in place for groups of up to 3 query heads a KV head (see `Heads`; decode
-            // at depth 2048, alternated runs: smollm2's 3 +6.5%, gemma3's 4 -3.5%).
-            match (hd, t.inp.plan.n_head / t.inp.plan.n_head_kv <= 3) {
-                (64, true) => run_task_avx512::<Heads<4, f16>>(t, s),
-                (64, false) => run_task_avx512::<Heads<4, f32>>(t, s),
-                (128, true) => run_task_avx512::<Heads<8, f16>>(t, s),
-                (128, false) => run_task_avx512::<Heads<8, f32>>(t, s),
-                (256, true) => run_task_avx512::<Heads<16, f16>>(t, s),
-                (256, false) => run_task_avx512::<Heads<16, f32>>(t, s),
+            match hd {
+                64 => run_heads::<4>(t, s),
+                128 => run_heads::<8>(t, s),
+                256 => run_heads::<16>(t, s),
                 _ => run_task_avx512::<AnyHead>(t, s),
             }
         };
@@ -395,6 +389,30 @@ fn run_task(t: &Task, s: &mut Scratch) {
         return unsafe { run_task_fma(t, s) };
     }
     run_task_body::<AnyHead>(t, s)
+}
+
+/// Most times a key row may be widened (once per [`Kernel::SCORE_ROWS`] query rows that
+/// read it) for the kernels to read the cache in place rather than widen each block once
+/// into scratch. `attn_bench`, medians of five alternated runs against widening where a
+/// group has over 3 query heads: decode at depth 2048 (rows: a group's heads) qwen2.5-1.5b
+/// 7.75 -> 6.83 ms, gemma3 3.68 -> 3.43; a 512-token prompt (8 queries a task) smollm2
+/// 208 -> 165 ms (in place), gemma3 140 -> 143 (widened; in place 171).
+const MAX_WIDENINGS: usize = 4;
+
+/// The 16-lane kernels for heads of `16 · N` values, rows in place or widened.
+///
+/// # Safety
+/// The CPU has AVX-512 F, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+unsafe fn run_heads<const N: usize>(t: &Task, s: &mut Scratch) {
+    use heads::Heads;
+    let group = t.inp.plan.n_head / t.inp.plan.n_head_kv;
+    let rows_per_kv = t.ts.len() * t.heads.len().min(group);
+    if rows_per_kv.div_ceil(<Heads<N, f16> as Kernel>::SCORE_ROWS) <= MAX_WIDENINGS {
+        run_task_avx512::<Heads<N, f16>>(t, s)
+    } else {
+        run_task_avx512::<Heads<N, f32>>(t, s)
+    }
 }
 
 /// The same body compiled with FMA, so `mul_add` is one instruction rather than a call.
@@ -427,10 +445,21 @@ struct Weights {
 trait Kernel {
     /// How it reads cached rows.
     type E: Elem;
-    /// `out[i] = dot_f16(q, K row i) * scale` for `i` in `a..b` (other lanes: anything);
-    /// returns their maximum (any order: the same value). All K_BLOCK rows of `kb` are
-    /// memory (those outside `a..b` may hold anything).
-    fn scores(q: &[f32], kb: Rows<Self::E>, a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32;
+    /// `wt.w[i] = dot_f16(q, K row i) * scale` for `i` in `wt.a..wt.b` (other lanes:
+    /// anything); returns their maximum (any order: the same value). All K_BLOCK rows of
+    /// `kb` are memory (those outside `a..b` may hold anything).
+    fn scores(q: &[f32], kb: Rows<Self::E>, scale: f32, wt: &mut Weights) -> f32;
+    /// Most rows [`Self::scores_rows`] takes at once.
+    const SCORE_ROWS: usize = 1;
+    /// [`Self::scores`] of rows that read the same keys (`wt.len()` of them, at most
+    /// [`Self::SCORE_ROWS`], their queries one after another in `q`), the maxima into
+    /// `max`: each key row loaded once for all of them.
+    fn scores_rows(q: &[f32], kb: Rows<Self::E>, scale: f32, wt: &mut [Weights], max: &mut [f32]) {
+        let hd = q.len() / wt.len().max(1);
+        for (r, (wt, m)) in wt.iter_mut().zip(max).enumerate() {
+            *m = Self::scores(&q[r * hd..(r + 1) * hd], kb, scale, wt);
+        }
+    }
     /// ggml's running maximum, key by key: turns the scores `w[a..b]` into each key's
     /// `expf` argument (`m - score` where the key raises the maximum, `score - m` else),
     /// returns those keys as bits, and leaves `m` the new maximum (`mb` is the block's).
@@ -472,10 +501,10 @@ impl Kernel for AnyHead {
     type E = f32;
 
     #[inline(always)]
-    fn scores(q: &[f32], kb: Rows<f32>, a: usize, b: usize, scale: f32, out: &mut [f32; K_BLOCK]) -> f32 {
+    fn scores(q: &[f32], kb: Rows<f32>, scale: f32, wt: &mut Weights) -> f32 {
         let hd = q.len();
         let mut max = f32::NEG_INFINITY;
-        for (i, o) in out.iter_mut().enumerate().take(b).skip(a) {
+        for (i, o) in wt.w.iter_mut().enumerate().take(wt.b).skip(wt.a) {
             *o = dot_f16(q, kb.row(i, hd)) * scale;
             max = if *o > max { *o } else { max };
         }
@@ -632,11 +661,23 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             // The keys of the block this query sees.
             wt.a = first(t).saturating_sub(p0) as usize;
             wt.b = ((last(t) + 1).saturating_sub(p0) as usize).min(n);
-            if wt.a < wt.b {
-                mbs[r] =
-                    K::scores(&qs[r * hd..(r + 1) * hd], rows_of(0, r), wt.a, wt.b, plan.scale, &mut wt.w);
+        }
+        // The end of the run of at most `max` rows from `r` that see the same keys of one
+        // KV head (a group's query heads in a decode step do).
+        let run_end = |wts: &[Weights], r: usize, max: usize| {
+            let same = |e: usize| (wts[e].a, wts[e].b, kv_of(e)) == (wts[r].a, wts[r].b, kv_of(r));
+            (r + 1..rows.min(r + max)).find(|&e| !same(e)).unwrap_or(rows.min(r + max))
+        };
+        // Scores several rows at a time.
+        let mut r = 0;
+        while r < rows {
+            let e = run_end(&wts, r, K::SCORE_ROWS);
+            if wts[r].a < wts[r].b {
+                let q = &qs[r * hd..e * hd];
+                K::scores_rows(q, rows_of(0, r), plan.scale, &mut wts[r..e], &mut mbs[r..e]);
             }
-            fetch(0, p0 + ahead, part(r)..part(r + 1));
+            fetch(0, p0 + ahead, part(r)..part(e));
+            r = e;
         }
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
             if wt.a >= wt.b {
@@ -674,11 +715,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
                 r += 1;
                 continue;
             }
-            let mut e = r + 1;
-            while e < rows && e - r < K::WALK_ROWS && (wts[e].a, wts[e].b, kv_of(e)) == (wt.a, wt.b, kv_of(r))
-            {
-                e += 1;
-            }
+            let e = run_end(&wts, r, K::WALK_ROWS);
             let vb = rows_of(1, r);
             if f16 {
                 K::walk_rows::<true>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
@@ -1170,8 +1207,8 @@ mod reference_tests {
     /// the maximum moves and some weights fall below `expf`'s underflow.
     #[test]
     fn matches_the_references_bit_for_bit() {
-        // Head sizes of the specialized kernels, each with groups read in place (up to 3 query
-        // heads a KV head) and widened; and two of the generic one.
+        // Head sizes of the specialized kernels, with groups of 1 to 7 query heads (their
+        // scores taken up to 3 rows at a time); and two of the generic one.
         let shapes = [
             (12, 2, 128),
             (6, 2, 128),
