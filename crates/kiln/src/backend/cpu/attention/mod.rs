@@ -395,8 +395,8 @@ fn run_task(t: &Task, s: &mut Scratch) {
 /// read it) for the kernels to read the cache in place rather than widen each block once
 /// into scratch. `attn_bench`, medians of five alternated runs against widening where a
 /// group has over 3 query heads: decode at depth 2048 (rows: a group's heads) qwen2.5-1.5b
-/// 7.75 -> 6.83 ms, gemma3 3.68 -> 3.43; a 512-token prompt (8 queries a task) smollm2
-/// 208 -> 165 ms (in place), gemma3 140 -> 143 (widened; in place 171).
+/// 7.75 -> 6.83 ms, gemma3 3.68 -> 3.43; a 512-token prompt (8 queries a task, so each
+/// model's rows widened) gemma3 in place measured 171 ms against 143 widened.
 const MAX_WIDENINGS: usize = 4;
 
 /// The 16-lane kernels for heads of `16 · N` values, rows in place or widened.
