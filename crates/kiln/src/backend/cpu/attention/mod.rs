@@ -548,8 +548,14 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     let rows = ts.len() * nh;
     // Row `r` is query `ts.start + r / nh` on head `heads.start + r % nh`.
     let row = |r: usize| (ts.start + r / nh, heads.start + r % nh);
-    // Row `r`'s KV head among the task's.
-    let kv_of = |r: usize| row(r).1 / group - kvs.start;
+    // Each row's query and KV head among the task's, looked up in the blocks' loop (where
+    // the divisions cost smollm2's decode attention at depth 2048 7%: 3.69 -> 3.42 ms).
+    let (mut t_of, mut kv_tab) = ([0usize; MAX_ROWS], [0usize; MAX_ROWS]);
+    for r in 0..rows {
+        let (t, h) = row(r);
+        (t_of[r], kv_tab[r]) = (t, h / group - kvs.start);
+    }
+    let kv_of = |r: usize| kv_tab[r];
     let Scratch { q: qs, acc, folded, kv32, kv16 } = s;
     let (qs, acc, folded) = (&mut qs[..rows * hd], &mut acc[..rows * hd], &mut folded[..rows * hd]);
     let kv_len = K_BLOCK * hd * kvs.len();
@@ -657,7 +663,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         // let the core overlap them (one loop over all three steps ran them row by row).
         let mut mbs = [f32::NEG_INFINITY; MAX_ROWS];
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
-            let t = row(r).0;
+            let t = t_of[r];
             // The keys of the block this query sees.
             wt.a = first(t).saturating_sub(p0) as usize;
             wt.b = ((last(t) + 1).saturating_sub(p0) as usize).min(n);
