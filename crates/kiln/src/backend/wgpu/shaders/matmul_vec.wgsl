@@ -128,6 +128,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     } else {
+        // (Here RR and TT are 1 wherever FAST is set. The loops over them stay: written for
+        // one row and one token, the H200's decode measured +1.3% on Q4_0, -2.7% on Q4_K.)
         for (var u0 = lid; u0 < nu; u0 = u0 + 2u * NPR) {
             // Two units per step; the second is clamped and masked past the row's end.
             let u1 = min(u0 + NPR, nu - 1u);
