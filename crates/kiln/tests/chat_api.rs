@@ -134,6 +134,21 @@ fn chat_errors_name_the_line() {
     assert_eq!(t.render(&[Message::user("x")], true, None).unwrap(), "ok");
 }
 
+/// A template is input from the model file: one that would loop 10^10 times fails with an
+/// error, in bounded time, instead of hanging the caller (`kiln serve`'s request).
+#[test]
+fn chat_endless_template_runs_out_of_fuel() {
+    let src = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+    let t = ChatTemplate::new(src, "", "").unwrap();
+    let start = std::time::Instant::now();
+    let e = t.render(&[Message::user("x")], true, None).unwrap_err();
+    assert!(matches!(e, KilnError::Template(_)) && e.to_string().contains("fuel"), "{e}");
+    eprintln!("ran out of fuel after {:?}", start.elapsed());
+    // The same template with few steps still renders.
+    let t = ChatTemplate::new(&src.replace("100000", "3"), "", "").unwrap();
+    assert_eq!(t.render(&[Message::user("x")], true, None).unwrap(), "xxxxxxxxx");
+}
+
 #[test]
 fn chat_python_semantics() {
     let t = |src: &str| {

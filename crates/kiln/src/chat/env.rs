@@ -156,8 +156,15 @@ fn is_sequence(v: &Value) -> bool {
     }
 }
 
+/// Template instructions one render may run. A template comes with the model file, so a
+/// loop of 10^10 steps must fail (`KilnError::Template`, "ran out of fuel") rather than
+/// hang `kiln serve`. Every render of `tests/chat_templates.rs` (72 templates, tools and
+/// tool calls included) runs within 20,000: this is a thousand times that.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
 pub fn build(source: String, now: Option<i64>) -> Result<Environment<'static>, Error> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);

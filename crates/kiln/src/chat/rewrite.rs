@@ -80,7 +80,8 @@ fn tag_end(src: &str, from: usize, close: &str) -> usize {
                 }
                 i += 1;
             }
-            _ if src[i..].starts_with(close) => return i + close.len(),
+            // Bytes, not `str`: `i` steps through multi-byte characters.
+            _ if b[i..].starts_with(close.as_bytes()) => return i + close.len(),
             _ => i += 1,
         }
     }
@@ -188,5 +189,16 @@ mod tests {
         // Comments, raw blocks and expressions are left alone.
         let s = "{# {% for a in b %} #}{% raw %}{% for a in b %}{% endraw %}{{ '{% for a in b %}' }}";
         assert_eq!(rewrite(s), s);
+    }
+
+    /// Multi-byte characters inside tags and expressions, outside strings (a panic the
+    /// `chat_template` fuzz target found: the delimiter search sliced mid-character).
+    #[test]
+    fn multibyte_text_in_tags() {
+        for s in ["{% é %}", "{{ x·y }}", "{% for é in 😀 %}", "{%- if ä -%}", "{{ '\\é' ~ ü }}", "{% é"]
+        {
+            let _ = rewrite(s);
+        }
+        assert_eq!(rewrite("{% for é in xs %}"), "{% for é in (xs)|__py_iter %}");
     }
 }
