@@ -4,10 +4,11 @@
 //!     cargo run --release -p kiln --example attn_bench [DEPTH] [THREADS]
 //!
 //! Prints the best and the median of several runs (ms per token for decode, per prompt for
-//! prefill) in process CPU time divided by THREADS, so time other processes take on the
-//! cores does not count; the cached keys and values are random, a cache per layer (HOT=1:
-//! one for all, L2-resident, to see the arithmetic without the memory traffic; SHAPE=name:
-//! that shape alone; DECODE=1: no prefill).
+//! prefill; RUNS=n decode runs, default 30) in wall-clock time. (Process CPU time, used
+//! before, advances in scheduler ticks on the dev VM: runs of a steady 3.0 ms wall read
+//! 1.4 or 3.5 ms, so its medians hid differences of 10-20%.) The cached keys and values
+//! are random, a cache per layer (HOT=1: one for all, L2-resident, to see the arithmetic
+//! without the memory traffic; SHAPE=name: that shape alone; DECODE=1: no prefill).
 
 use half::f16;
 use kiln::backend::cpu::CpuBackend;
@@ -16,6 +17,7 @@ use kiln::backend::{AttnPlan, Backend};
 fn main() {
     let arg = |i: usize, d: usize| std::env::args().nth(i).and_then(|v| v.parse().ok()).unwrap_or(d);
     let (depth, threads) = (arg(1, 2048), arg(2, 2));
+    let runs = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(30usize).max(1);
     let be = CpuBackend::new(threads);
     let mut seed = 1u64;
     let mut next = move || {
@@ -64,14 +66,14 @@ fn main() {
                 window: None,
             };
             let mut out = vec![0f32; n_tok * n_head * hd];
-            let mut ms: Vec<f64> = (0..if n_tok == 1 { 30 } else { 5 })
+            let mut ms: Vec<f64> = (0..if n_tok == 1 { runs } else { 5 })
                 .map(|_| {
-                    let c = cpu_ms();
+                    let t = std::time::Instant::now();
                     for l in 0..layers {
                         let (kc, vc) = &caches[l % n_caches];
                         be.attention(&q, kc, vc, &plan, &mut out);
                     }
-                    (cpu_ms() - c) / threads as f64
+                    t.elapsed().as_secs_f64() * 1e3
                 })
                 .collect();
             ms.sort_by(f64::total_cmp);
@@ -81,17 +83,4 @@ fn main() {
         let (p, pm) = if std::env::var("DECODE").is_ok() { (0.0, 0.0) } else { time(512, 0) };
         println!("{name:14} decode @ d{depth}: {d:6.2} ms/token (median {dm:6.2})   prefill 512: {p:7.1} ms (median {pm:7.1})");
     }
-}
-
-extern "C" {
-    fn clock_gettime(clock: i32, ts: *mut [i64; 2]) -> i32;
-}
-
-/// CPU time of the whole process in ms (CLOCK_PROCESS_CPUTIME_ID): unlike wall time, not
-/// counting what other processes on the cores take.
-fn cpu_ms() -> f64 {
-    let mut ts = [0i64; 2];
-    // SAFETY: `ts` is a valid timespec.
-    unsafe { clock_gettime(2, &mut ts) };
-    ts[0] as f64 * 1e3 + ts[1] as f64 * 1e-6
 }
