@@ -42,7 +42,8 @@ fn server() -> &'static Server {
         let engine = Engine::load(path.to_string_lossy(), opts).expect("load the tiny model");
         let _ = std::fs::remove_file(&path);
         let app = Arc::new(App::new("m".into(), Some("key".into())));
-        std::mem::forget(start(&app, engine, 2, 8, N_CTX, 32).expect("scheduler"));
+        // The scheduler thread runs detached for the life of the process.
+        start(&app, engine, 2, 8, N_CTX, 32).expect("scheduler");
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Server { rt, router: router(app) }
     })
