@@ -9,7 +9,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use kiln::backend::cpu::{AttnArith, CpuBackend, KvBuf};
+use kiln::backend::cpu::{k_rows, set_k_rows, AttnArith, CpuBackend, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuKv, GpuWeight};
 use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
 use kiln::gguf::{GgufFile, TensorInfo};
@@ -55,10 +55,24 @@ impl Mirror {
         v
     }
 
-    fn host_kv(&self, b: &(KvBuf, GpuKv)) -> KvBuf {
+    /// The GPU's cache as a CPU one: `k_dim` for a K cache (the CPU's K is tiled, see
+    /// `k_index`), else none.
+    fn host_kv(&self, b: &(KvBuf, GpuKv), k_dim: Option<usize>) -> KvBuf {
         let mut host = self.cpu.alloc_kv(b.0.len()).expect("a host KV buffer");
-        host.copy_from_slice(&self.gpu.read_kv(&b.1, b.0.len()));
+        let rows = self.gpu.read_kv(&b.1, b.0.len());
+        match k_dim {
+            Some(dim) => set_k_rows(&mut host, &rows, dim),
+            None => host.copy_from_slice(&rows),
+        }
         host
+    }
+
+    /// The CPU's cache in the GPU's layout (slot rows).
+    fn cpu_rows(b: &(KvBuf, GpuKv), k_dim: Option<usize>) -> Vec<half::f16> {
+        match k_dim {
+            Some(dim) => k_rows(&b.0, dim),
+            None => b.0.to_vec(),
+        }
     }
 
     fn check(&self, op: &str, b: &(Vec<f32>, GpuBuf), len: usize) {
@@ -181,11 +195,12 @@ impl Backend for Mirror {
         self.sync(v);
         self.cpu.kv_store(&mut kc.0, &mut vc.0, &k.0, &v.0, slots, dim);
         self.gpu.kv_store(&mut kc.1, &mut vc.1, &k.1, &v.1, slots, dim);
-        for (name, c) in [("kv_store k", &*kc), ("kv_store v", &*vc)] {
+        for (name, c, k_dim) in [("kv_store k", &*kc, Some(dim)), ("kv_store v", &*vc, None)] {
             let g = self.gpu.read_kv(&c.1, c.0.len());
+            let c = Self::cpu_rows(c, k_dim);
             let differs = slots.iter().any(|&s| {
                 let r = s as usize * dim..(s as usize + 1) * dim;
-                g[r.clone()].iter().zip(&c.0[r]).any(|(a, b)| a.to_bits() != b.to_bits())
+                g[r.clone()].iter().zip(&c[r]).any(|(a, b)| a.to_bits() != b.to_bits())
             });
             let mut st = self.stats.lock().unwrap();
             let e = st.entry(name.to_string()).or_default();
@@ -204,15 +219,17 @@ impl Backend for Mirror {
         head_dim: usize,
         rope: &RopeParams,
     ) {
+        let dim = n_head_kv * head_dim;
         if self.free.is_none() {
-            self.gpu.write_kv(&kc.1, &kc.0);
+            self.gpu.write_kv(&kc.1, &Self::cpu_rows(kc, Some(dim)));
             self.gpu.write_kv(&vc.1, &vc.0);
         }
         self.cpu.kv_shift(&mut kc.0, &mut vc.0, src, dst, delta, n_head_kv, head_dim, rope);
         self.gpu.kv_shift(&mut kc.1, &mut vc.1, src, dst, delta, n_head_kv, head_dim, rope);
         if self.free.is_none() {
             let g = self.gpu.read_kv(&kc.1, kc.0.len());
-            let differs = g.iter().zip(kc.0.iter()).any(|(a, b)| a.to_bits() != b.to_bits());
+            let c = Self::cpu_rows(kc, Some(dim));
+            let differs = g.iter().zip(&c).any(|(a, b)| a.to_bits() != b.to_bits());
             let mut st = self.stats.lock().unwrap();
             let e = st.entry("kv_shift k".to_string()).or_default();
             e.0 += 1;
@@ -221,14 +238,21 @@ impl Backend for Mirror {
     }
     fn attention(&self, q: &Self::Buf, kc: &Self::Kv, vc: &Self::Kv, plan: &AttnPlan, out: &mut Self::Buf) {
         self.sync(q);
+        let dim = plan.n_head_kv * plan.head_dim;
         if self.free.is_none() {
-            self.gpu.write_kv(&kc.1, &kc.0);
+            self.gpu.write_kv(&kc.1, &Self::cpu_rows(kc, Some(dim)));
             self.gpu.write_kv(&vc.1, &vc.0);
         }
         self.cpu.attention(&q.0, &kc.0, &vc.0, plan, &mut out.0);
         if self.exact("attention") {
             let mut o = self.host(out);
-            self.cpu.attention(&self.host(q), &self.host_kv(kc), &self.host_kv(vc), plan, &mut o);
+            self.cpu.attention(
+                &self.host(q),
+                &self.host_kv(kc, Some(dim)),
+                &self.host_kv(vc, None),
+                plan,
+                &mut o,
+            );
             self.gpu.write(&out.1, &o);
         } else {
             self.gpu.attention(&q.1, &kc.1, &vc.1, plan, &mut out.1);

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use kiln::backend::cpu::{AttnArith, CpuBackend};
+use kiln::backend::cpu::{k_rows, AttnArith, CpuBackend, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuWeight, MatmulPath};
 use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
 use kiln::gguf::{GgufFile, GgufWriter};
@@ -708,7 +708,7 @@ fn rope_kv_store_out<B: Backend>(
     b: &B,
     g: &Arc<GgufFile>,
     r: &RopeParams,
-    read_kv: impl Fn(&B::Kv, usize) -> Vec<half::f16>,
+    read_kv: impl Fn(&B::Kv, usize, Option<usize>) -> Vec<half::f16>,
 ) -> Vec<f32> {
     let kv_dim = 2 * 64;
     let mut q = input(b, g, "x", 4, 4 * K);
@@ -717,8 +717,8 @@ fn rope_kv_store_out<B: Backend>(
     let (mut kc, mut vc) = (b.alloc_kv(64 * kv_dim).unwrap(), b.alloc_kv(64 * kv_dim).unwrap());
     b.rope_kv_store(&mut q, &mut k, &v, &mut kc, &mut vc, &[0, 7, 300, 4095], &[5, 0, 40, 33], 8, 2, 64, r);
     let mut out = read(b, &q, 4 * K);
-    for c in [&kc, &vc] {
-        out.extend(read_kv(c, 64 * kv_dim).iter().map(|h| h.to_f32()));
+    for (c, k_dim) in [(&kc, Some(kv_dim)), (&vc, None)] {
+        out.extend(read_kv(c, 64 * kv_dim, k_dim).iter().map(|h| h.to_f32()));
     }
     out
 }
@@ -730,8 +730,11 @@ fn fused_rope_and_kv_store_match_cpu() {
     for gpu in gpus() {
         for (neox, n_rot) in [(false, 48), (true, 48), (true, 64), (false, 64)] {
             let r = RopeParams { n_rot, ..rope_params(neox, false, false) };
-            let c = rope_kv_store_out(&cpu, &g, &r, |kv, n| kv[..n].to_vec());
-            let d = rope_kv_store_out(&gpu, &g, &r, |kv, n| gpu.read_kv(kv, n));
+            // The CPU's K cache in slot rows (it is tiled, see `k_index`).
+            let rows =
+                |kv: &KvBuf, n, k_dim: Option<usize>| k_dim.map_or(kv[..n].to_vec(), |d| k_rows(&kv[..n], d));
+            let c = rope_kv_store_out(&cpu, &g, &r, rows);
+            let d = rope_kv_store_out(&gpu, &g, &r, |kv, n, _| gpu.read_kv(kv, n));
             against_cpu(&gpu, &format!("rope_kv_store neox {neox} n_rot {n_rot}"), &d, &c, 0.0);
         }
     }

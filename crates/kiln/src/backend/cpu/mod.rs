@@ -14,7 +14,7 @@ pub use ops::rope_cache;
 pub mod pool;
 mod vexp;
 mod weight;
-pub use kv_buf::KvBuf;
+pub use kv_buf::{k_index, k_rows, set_k_rows, KvBuf, K_TILE};
 pub use weight::CpuWeight;
 
 use std::sync::Arc;
@@ -180,12 +180,12 @@ impl Backend for CpuBackend {
         slots: &[u32],
         dim: usize,
     ) {
+        let n_slots = kc.len() / dim.max(1);
         for (i, &s) in slots.iter().enumerate() {
             let s = s as usize;
-            for (dst, src) in [(&mut *kc, k), (&mut *vc, v)] {
-                let d = &mut dst[s * dim..(s + 1) * dim];
-                d.iter_mut().zip(&src[i * dim..(i + 1) * dim]).for_each(|(d, &x)| *d = f16::from_f32(x));
-            }
+            let (kr, vr) = (&k[i * dim..(i + 1) * dim], &v[i * dim..(i + 1) * dim]);
+            kr.iter().enumerate().for_each(|(j, &x)| kc[k_index(s, j, dim, n_slots)] = f16::from_f32(x));
+            vc[s * dim..(s + 1) * dim].iter_mut().zip(vr).for_each(|(d, &x)| *d = f16::from_f32(x));
         }
     }
 
@@ -232,13 +232,15 @@ impl Backend for CpuBackend {
         rope: &RopeParams,
     ) {
         let dim = n_head_kv * head_dim;
+        let n_slots = kc.len() / dim.max(1);
         let mut row = vec![0f32; dim];
         for (&s, &d) in src.iter().zip(dst) {
-            let (s, d) = (s as usize * dim, d as usize * dim);
-            row.iter_mut().zip(&kc[s..s + dim]).for_each(|(r, k)| *r = k.to_f32());
+            let (s, d) = (s as usize, d as usize);
+            row.iter_mut().enumerate().for_each(|(j, r)| *r = kc[k_index(s, j, dim, n_slots)].to_f32());
             // ggml rotates the f16 cache in place the same way (rope on f16 rows).
             ops::rope(&mut row, &[delta], n_head_kv, head_dim, rope);
-            kc[d..d + dim].iter_mut().zip(&row).for_each(|(k, &r)| *k = f16::from_f32(r));
+            row.iter().enumerate().for_each(|(j, &r)| kc[k_index(d, j, dim, n_slots)] = f16::from_f32(r));
+            let (s, d) = (s * dim, d * dim);
             vc.copy_within(s..s + dim, d);
         }
     }

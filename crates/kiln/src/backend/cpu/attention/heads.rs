@@ -1,8 +1,9 @@
 //! The attention kernels specialized to a head size of 16·N values (N a multiple of 4:
-//! 64, 128, 256), AVX-512 F: the query and each row's accumulator stay in registers, the
-//! dot products of 16 keys are reduced together, and two rows' walks interleave their
-//! independent dependency chains. Lane for lane the arithmetic of the generic primitives
-//! in `mod.rs`, so the same bits (`reference_tests` there).
+//! 64, 128, 256), AVX-512 F: the scores of 16 keys come from their K tile with a key in
+//! each lane, several query rows per load of the tile; each row's accumulator stays in
+//! registers, and rows' walks interleave their independent dependency chains. Lane for
+//! lane the arithmetic of the generic primitives in `mod.rs`, so the same bits
+//! (`reference_tests` there).
 
 use std::arch::x86_64::*;
 
@@ -13,12 +14,12 @@ use super::{Elem, Kernel, Rows, Weights, K_BLOCK};
 use crate::backend::cpu::expf::simd::expf16;
 
 /// The kernels for heads of `16 * N` values, `N` a multiple of 4 (whole blocks of
-/// 64 in ggml's dot, so no f64 tail): the query and the accumulators in registers. Rows
-/// are read as `E`: f32 widened into scratch once per block, or the cache's f16 in place,
-/// widened as loaded (the same bits: widening is exact); the scores of up to
-/// [`Kernel::SCORE_ROWS`] query rows of one KV head take each key row's load together. In
-/// place saves the block's copy but widens each key once per such load, so it pays where
-/// few rows read a KV head (`mod.rs` run_heads).
+/// 64 in ggml's dot, so no f64 tail): the accumulators in registers. K tiles are read
+/// in place as f16, widened as loaded (exact), once per [`Kernel::SCORE_ROWS`] query rows
+/// of their KV head; value rows as `E`: f32 widened into scratch once per block, or the
+/// cache's f16 in place, widened as loaded. In place saves the block's copy but widens
+/// each value once per [`Kernel::WALK_ROWS`] rows, so it pays where few rows read a KV
+/// head (`mod.rs` run_heads).
 pub struct Heads<const N: usize, E>(std::marker::PhantomData<E>);
 
 /// Loads 16 values of a row, widened.
@@ -44,35 +45,29 @@ impl Load16 for f16 {
 
 impl<const N: usize, E: Load16> Kernel for Heads<N, E> {
     type E = E;
+    type KE = f16;
 
     #[inline(always)]
-    fn scores(q: &[f32], kb: Rows<E>, scale: f32, wt: &mut Weights) -> f32 {
+    fn scores(q: &[f32], kt: &[f16], scale: f32, wt: &mut Weights) -> f32 {
         let mut m = f32::NEG_INFINITY;
-        Self::scores_rows(q, kb, scale, std::slice::from_mut(wt), std::slice::from_mut(&mut m));
+        Self::scores_rows(q, kt, scale, std::slice::from_mut(wt), std::slice::from_mut(&mut m));
         m
     }
 
-    /// Three query rows of 64 values with a key row beside them fill the registers.
-    const SCORE_ROWS: usize = if N <= 4 {
-        3
-    } else if N <= 8 {
-        2
-    } else {
-        1
-    };
+    /// Four rows' partial sums with a tile's vectors beside them fill the registers.
+    const SCORE_ROWS: usize = 4;
 
     #[inline(always)]
-    fn scores_rows(q: &[f32], kb: Rows<E>, scale: f32, wt: &mut [Weights], max: &mut [f32]) {
+    fn scores_rows(q: &[f32], kt: &[f16], scale: f32, wt: &mut [Weights], max: &mut [f32]) {
         let r = wt.len();
-        assert!(
-            q.len() == r * 16 * N && max.len() == r && kb.data.len() >= (K_BLOCK - 1) * kb.stride + 16 * N
-        );
+        assert!(q.len() == r * 16 * N && max.len() == r && kt.len() >= 16 * N * K_BLOCK);
         // SAFETY: only instantiated behind the AVX-512 F check; sizes checked.
         unsafe {
             match r {
-                1 => scores_rows::<N, 1, E>(q, kb, scale, wt, max),
-                2 if N <= 8 => scores_rows::<N, 2, E>(q, kb, scale, wt, max),
-                3 if N <= 4 => scores_rows::<N, 3, E>(q, kb, scale, wt, max),
+                1 => scores_rows::<N, 1>(q, kt, scale, wt, max),
+                2 => scores_rows::<N, 2>(q, kt, scale, wt, max),
+                3 => scores_rows::<N, 3>(q, kt, scale, wt, max),
+                4 => scores_rows::<N, 4>(q, kt, scale, wt, max),
                 _ => unreachable!("at most SCORE_ROWS rows"),
             }
         }
@@ -125,18 +120,18 @@ impl<const N: usize, E: Load16> Kernel for Heads<N, E> {
     }
 }
 
-/// The scaled scores of `R` rows over the same keys (each key row loaded and widened
+/// The scaled scores of `R` rows over the same keys (each tile vector loaded and widened
 /// once for all) into their `w`, and the maximum of each row's keys `a..b`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn scores_rows<const N: usize, const R: usize, E: Load16>(
+unsafe fn scores_rows<const N: usize, const R: usize>(
     q: &[f32],
-    kb: Rows<E>,
+    kt: &[f16],
     scale: f32,
     wt: &mut [Weights],
     max: &mut [f32],
 ) {
-    let d = dots::<N, R, E>(q, kb);
+    let d = dots::<N, R>(q.as_ptr(), kt.as_ptr());
     for (r, (wt, m)) in wt.iter_mut().zip(max).enumerate() {
         let s = _mm512_mul_ps(d[r], _mm512_set1_ps(scale));
         _mm512_storeu_ps(wt.w.as_mut_ptr(), s);
@@ -175,74 +170,73 @@ unsafe fn raises(w: &mut [f32; K_BLOCK], a: usize, b: usize, m: f32) -> u32 {
     raised as u32
 }
 
-/// `dot_f16(q, K row i)` for all K_BLOCK rows and `R` query rows (one after another in
-/// `q`), each key row loaded once for all: ggml's four accumulators per row, then
-/// `_mm512_reduce_add_ps`'s tree (halves, quarters, pairs) for 16 rows at once by
-/// transposing adds, the halves and quarters taken as their keys are done (fewer live
-/// registers); each lane's additions are those of `reduce16`, in its order.
+/// `dot_f16(q, key i)` for the K_BLOCK keys of a tile (`[16 N][K_BLOCK]` f16 at `kt`) and
+/// `R` query rows (one after another at `q`), key `i` in lane `i`: ggml's four accumulators
+/// per row, then `reduce16`'s tree (`t1[l] = x[l + 8] + x[l]`, `t2[l] = t1[l + 4] + t1[l]`,
+/// `(t2[0] + t2[2]) + (t2[1] + t2[3])`), each vector of the tile widened once for all rows.
+///
+/// # Safety
+/// AVX-512 F; `16 N` values per row at `q`, the whole tile at `kt`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)] // g, p, e and r index several arrays at once
-unsafe fn dots<const N: usize, const R: usize, E: Load16>(q: &[f32], kb: Rows<E>) -> [__m512; R] {
-    // Plain loops, not `array::from_fn`: a closure there is compiled without this
-    // function's target features, so it is called, not inlined (measured: 1.5x slower).
-    let mut qv = [[_mm512_setzero_ps(); N]; R];
-    for (r, qr) in qv.iter_mut().enumerate() {
-        for (j, v) in qr.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(q.as_ptr().add(16 * (r * N + j)));
-        }
+unsafe fn dots<const N: usize, const R: usize>(q: *const f32, kt: *const f16) -> [__m512; R] {
+    // t2[g] = (x[g + 12] + x[g + 4]) + (x[g + 8] + x[g]) (a macro: a closure is compiled
+    // without the target features, so it is called).
+    macro_rules! t2 {
+        ($g:expr) => {{
+            let hi = add::<R>(x::<N, R>(q, kt, $g + 12), x::<N, R>(q, kt, $g + 4));
+            add::<R>(hi, add::<R>(x::<N, R>(q, kt, $g + 8), x::<N, R>(q, kt, $g)))
+        }};
     }
-    // Key i's four accumulators, added: lane l holds a partial sum of row i.
-    let dot = |qr: &[__m512; N], k: &[__m512; N]| {
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for c in 0..N / 4 {
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(qr[4 * c + j], k[4 * c + j], *a);
-            }
-        }
-        _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]))
-    };
-    let load = |i: usize| {
-        let k = kb.data.as_ptr().add(i * kb.stride);
-        let mut v = [_mm512_setzero_ps(); N];
-        for (j, v) in v.iter_mut().enumerate() {
-            *v = E::load16(k.add(16 * j));
-        }
-        v
-    };
-    // Halves: [x_a lanes 0-7 | x_b lanes 0-7] + [x_a 8-15 | x_b 8-15].
-    let h = |a, b| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xee>(a, b));
-    // Quarters: each 128-bit block then holds one key's four partial sums.
-    let qt = |a, b| _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xdd>(a, b));
-    let mut z = [[_mm512_setzero_ps(); 4]; R];
-    for g in 0..4 {
-        let mut y = [[_mm512_setzero_ps(); 2]; R];
-        for p in 0..2 {
-            // One key row at a time (a head of 256 values fills 16 registers).
-            let mut x = [[_mm512_setzero_ps(); 2]; R];
-            for e in 0..2 {
-                let k = load(4 * g + 2 * p + e);
-                for r in 0..R {
-                    x[r][e] = dot(&qv[r], &k);
-                }
-            }
-            for r in 0..R {
-                y[r][p] = h(x[r][0], x[r][1]);
-            }
-        }
+    // Each pair of groups summed as it is done (fewer live registers).
+    let s02 = add::<R>(t2!(0), t2!(2));
+    add::<R>(s02, add::<R>(t2!(1), t2!(3)))
+}
+
+/// `a + b` lane by lane, for each row.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn add<const R: usize>(a: [__m512; R], b: [__m512; R]) -> [__m512; R] {
+    let mut o = a;
+    for (o, b) in o.iter_mut().zip(b) {
+        *o = _mm512_add_ps(*o, b);
+    }
+    o
+}
+
+/// Lane `l` of ggml's `(acc0 + acc2) + (acc1 + acc3)` for each of `R` rows, over the 16
+/// keys. With one block of 64 (`N` = 4) each accumulator is a single product, exact for f16
+/// values, so `acc0 + acc2` is one multiply-add onto `acc2` (ggml's own first multiply-add
+/// adds to +0, so `acc2` is never -0 and the sum is the same).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // r and j index several arrays at once
+unsafe fn x<const N: usize, const R: usize>(q: *const f32, kt: *const f16, l: usize) -> [__m512; R] {
+    let z = _mm512_setzero_ps();
+    let load = |d: usize| _mm512_cvtph_ps(_mm256_loadu_si256(kt.add(d * K_BLOCK).cast()));
+    let qd = |r: usize, d: usize| _mm512_set1_ps(*q.add(r * 16 * N + d));
+    let mut out = [z; R];
+    if N == 4 {
+        let k = [load(l), load(16 + l), load(32 + l), load(48 + l)];
         for r in 0..R {
-            z[r][g] = qt(y[r][0], y[r][1]);
+            let a2 = _mm512_fmadd_ps(qd(r, 32 + l), k[2], z);
+            let a3 = _mm512_fmadd_ps(qd(r, 48 + l), k[3], z);
+            let s02 = _mm512_fmadd_ps(qd(r, l), k[0], a2);
+            out[r] = _mm512_add_ps(s02, _mm512_fmadd_ps(qd(r, 16 + l), k[1], a3));
+        }
+        return out;
+    }
+    let mut acc = [[z; 4]; R];
+    for i in 0..N / 4 {
+        for j in 0..4 {
+            let k = load(64 * i + 16 * j + l);
+            for r in 0..R {
+                acc[r][j] = _mm512_fmadd_ps(qd(r, 64 * i + 16 * j + l), k, acc[r][j]);
+            }
         }
     }
-    // Pairs: `(s0 + s2) + (s1 + s3)` within each block.
-    let p = |a, b| _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xee>(a, b));
-    // Lane 4c + d of `f` holds key 4d + c.
-    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    let mut out = [_mm512_setzero_ps(); R];
-    for (o, z) in out.iter_mut().zip(&z) {
-        let (w0, w1) = (p(z[0], z[1]), p(z[2], z[3]));
-        let f = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(w0, w1), _mm512_shuffle_ps::<0xdd>(w0, w1));
-        *o = _mm512_permutexvar_ps(order, f);
+    for r in 0..R {
+        out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][2]), _mm512_add_ps(acc[r][1], acc[r][3]));
     }
     out
 }
@@ -268,10 +262,16 @@ unsafe fn walk<const N: usize, const R: usize, const F16: bool, E: Load16>(
     }
     s.copy_from_slice(&sum[..R]);
     for i in wt[0].a..wt[0].b {
-        let v = vb.data.as_ptr().add(i * vb.stride);
+        // The value row, widened once for all rows.
+        let p = vb.data.as_ptr().add(i * vb.stride);
+        let mut v = [_mm512_setzero_ps(); N];
+        for (j, v) in v.iter_mut().enumerate() {
+            *v = E::load16(p.add(16 * j));
+        }
         for r in 0..R {
             let e = wt[r].w[i];
-            let (ms, vs) = if wt[r].raised >> i & 1 == 1 {
+            // The f32 arithmetic rescales once per block, before the walk (`raised` empty).
+            let (ms, vs) = if F16 && wt[r].raised >> i & 1 == 1 {
                 let m = _mm512_set1_ps(e);
                 for a in a[r].iter_mut() {
                     *a = round16(_mm512_mul_ps(*a, m));
@@ -281,11 +281,11 @@ unsafe fn walk<const N: usize, const R: usize, const F16: bool, E: Load16>(
                 (1.0, e)
             };
             let w = _mm512_set1_ps(vs);
-            for (j, a) in a[r].iter_mut().enumerate() {
-                let x = _mm512_fmadd_ps(E::load16(v.add(16 * j)), w, *a);
+            for (a, &v) in a[r].iter_mut().zip(&v) {
+                let x = _mm512_fmadd_ps(v, w, *a);
                 *a = if F16 { round16(x) } else { x };
             }
-            s[r] = s[r].mul_add(ms, vs);
+            s[r] = if F16 { s[r].mul_add(ms, vs) } else { s[r] + vs };
         }
     }
     for (r, ar) in a.iter().enumerate() {

@@ -44,6 +44,7 @@ use half::f16;
 mod heads;
 
 use super::expf::expf_slice;
+use super::kv_buf::{k_index, K_TILE};
 use super::ops::SyncPtr;
 use super::pool::ThreadPool;
 use crate::backend::AttnPlan;
@@ -53,8 +54,9 @@ use crate::quant::{self, GgmlType};
 const Q_TILE: usize = 8;
 /// Most (query, head) rows per task.
 const MAX_ROWS: usize = 32;
-/// Keys per block: one 16-lane `expf` gives a row's weights for the whole block.
-const K_BLOCK: usize = 16;
+/// Keys per block: one 16-lane `expf` gives a row's weights for the whole block; a block
+/// is one tile of the K cache.
+const K_BLOCK: usize = K_TILE;
 /// Keys per chunk of the accumulation (see the module doc); a multiple of K_BLOCK. The
 /// GPU's exact attention (attention.wgsl's CH) folds at the same positions.
 pub const KV_CHUNK: u32 = 256;
@@ -266,13 +268,17 @@ struct Scratch {
     acc: Vec<f32>,
     /// The chunks before it, folded (`fold`), `[rows, head_dim]`.
     folded: Vec<f32>,
-    /// The current block's K and V rows where the kernel does not read them in place,
+    /// The current block's K tiles where they are not read in place (see
+    /// [`super::kv_buf`]), `[KV head][head_dim][K_BLOCK]`, and widened for kernels of f32.
+    k16: Vec<f16>,
+    k32: Vec<f32>,
+    /// The current block's V rows where the kernel does not read them in place,
     /// `[KV head][K_BLOCK][head_dim]`: widened for kernels of f32 rows, copied for f16.
-    kv32: [Vec<f32>; 2],
-    kv16: [Vec<f16>; 2],
+    v32: Vec<f32>,
+    v16: Vec<f16>,
 }
 
-/// A block's K (or V) rows of one KV head: row `i` at `data[i * stride..][..head_dim]`.
+/// A block's V rows of one KV head: row `i` at `data[i * stride..][..head_dim]`.
 #[derive(Clone, Copy)]
 struct Rows<'a, E> {
     data: &'a [E],
@@ -286,27 +292,36 @@ impl<'a, E> Rows<'a, E> {
     }
 }
 
-/// What a kernel reads cached rows as.
+/// What a kernel reads cached values as.
 trait Elem: Copy + Default {
     /// The cache itself, where it can be read as this type (f16: in place).
     fn in_place(cache: &[f16]) -> Option<&[Self]>;
     /// Else this type's scratch, into which [`Self::gather`] copies a block's rows.
-    fn scratch<'s>(s32: &'s mut [Vec<f32>; 2], s16: &'s mut [Vec<f16>; 2]) -> &'s mut [Vec<Self>; 2];
+    fn scratch<'s>(s32: &'s mut Vec<f32>, s16: &'s mut Vec<f16>) -> &'s mut Vec<Self>;
     /// For each `(i, at)` of `spans` (see [`widen_rows`]), the task's KV heads at `at` of
     /// `src` to row `i` of each head's block in `dst`, `[KV head][K_BLOCK][hd]`.
     fn gather(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usize, dst: &mut [Self]);
+    /// A block's K tiles as this type: f16 as they are, f32 widened into `s32`.
+    fn tiles<'s>(src: &'s [f16], s32: &'s mut Vec<f32>) -> &'s [Self];
 }
 
 impl Elem for f32 {
     fn in_place(_: &[f16]) -> Option<&[f32]> {
         None
     }
-    fn scratch<'s>(s32: &'s mut [Vec<f32>; 2], _: &'s mut [Vec<f16>; 2]) -> &'s mut [Vec<f32>; 2] {
+    fn scratch<'s>(s32: &'s mut Vec<f32>, _: &'s mut Vec<f16>) -> &'s mut Vec<f32> {
         s32
     }
     #[inline(always)]
     fn gather(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usize, dst: &mut [f32]) {
         widen_rows(src, spans, hd, dst)
+    }
+    fn tiles<'s>(src: &'s [f16], s32: &'s mut Vec<f32>) -> &'s [f32] {
+        if s32.len() < src.len() {
+            s32.resize(src.len(), 0.0);
+        }
+        widen(src, &mut s32[..src.len()]);
+        &s32[..src.len()]
     }
 }
 
@@ -314,12 +329,15 @@ impl Elem for f16 {
     fn in_place(cache: &[f16]) -> Option<&[f16]> {
         Some(cache)
     }
-    fn scratch<'s>(_: &'s mut [Vec<f32>; 2], s16: &'s mut [Vec<f16>; 2]) -> &'s mut [Vec<f16>; 2] {
+    fn scratch<'s>(_: &'s mut Vec<f32>, s16: &'s mut Vec<f16>) -> &'s mut Vec<f16> {
         s16
     }
     #[inline(always)]
     fn gather(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usize, dst: &mut [f16]) {
         each_row(src, spans, hd, dst, |s, d| d.copy_from_slice(s))
+    }
+    fn tiles<'s>(src: &'s [f16], _: &'s mut Vec<f32>) -> &'s [f16] {
+        src
     }
 }
 
@@ -391,9 +409,9 @@ fn run_task(t: &Task, s: &mut Scratch) {
     run_task_body::<AnyHead>(t, s)
 }
 
-/// Most times a key row may be widened (once per [`Kernel::SCORE_ROWS`] query rows that
+/// Most times a value row may be widened (once per [`Kernel::WALK_ROWS`] query rows that
 /// read it) for the kernels to read the cache in place rather than widen each block once
-/// into scratch. `attn_bench`, medians of five alternated runs against widening where a
+/// into scratch. (Measured when keys were rows too and widened alike:) `attn_bench`, medians of five alternated runs against widening where a
 /// group has over 3 query heads: decode at depth 2048 (rows: a group's heads) qwen2.5-1.5b
 /// 7.75 -> 6.83 ms, gemma3 3.68 -> 3.43; a 512-token prompt (8 queries a task, so each
 /// model's rows widened) gemma3 in place measured 171 ms against 143 widened.
@@ -408,7 +426,7 @@ unsafe fn run_heads<const N: usize>(t: &Task, s: &mut Scratch) {
     use heads::Heads;
     let group = t.inp.plan.n_head / t.inp.plan.n_head_kv;
     let rows_per_kv = t.ts.len() * t.heads.len().min(group);
-    if rows_per_kv.div_ceil(<Heads<N, f16> as Kernel>::SCORE_ROWS) <= MAX_WIDENINGS {
+    if rows_per_kv.div_ceil(<Heads<N, f16> as Kernel>::WALK_ROWS) <= MAX_WIDENINGS {
         run_task_avx512::<Heads<N, f16>>(t, s)
     } else {
         run_task_avx512::<Heads<N, f32>>(t, s)
@@ -443,21 +461,24 @@ struct Weights {
 /// A row's arithmetic over a block of keys: any head size with the primitives below, or
 /// specialized to one (`simd::wide::Heads`), with the same bits.
 trait Kernel {
-    /// How it reads cached rows.
+    /// How it reads cached values.
     type E: Elem;
-    /// `wt.w[i] = dot_f16(q, K row i) * scale` for `i` in `wt.a..wt.b` (other lanes:
-    /// anything); returns their maximum (any order: the same value). All K_BLOCK rows of
-    /// `kb` are memory (those outside `a..b` may hold anything).
-    fn scores(q: &[f32], kb: Rows<Self::E>, scale: f32, wt: &mut Weights) -> f32;
+    /// How it reads K tiles.
+    type KE: Elem;
+    /// `wt.w[i] = dot_f16(q, key i) * scale` for `i` in `wt.a..wt.b` (other lanes:
+    /// anything), key `i` being column `i` of the KV head's tile `kt`, `[head_dim][K_BLOCK]`;
+    /// returns their maximum (any order: the same value). The other columns may hold
+    /// anything.
+    fn scores(q: &[f32], kt: &[Self::KE], scale: f32, wt: &mut Weights) -> f32;
     /// Most rows [`Self::scores_rows`] takes at once.
     const SCORE_ROWS: usize = 1;
     /// [`Self::scores`] of rows that read the same keys (`wt.len()` of them, at most
     /// [`Self::SCORE_ROWS`], their queries one after another in `q`), the maxima into
     /// `max`: each key row loaded once for all of them.
-    fn scores_rows(q: &[f32], kb: Rows<Self::E>, scale: f32, wt: &mut [Weights], max: &mut [f32]) {
+    fn scores_rows(q: &[f32], kt: &[Self::KE], scale: f32, wt: &mut [Weights], max: &mut [f32]) {
         let hd = q.len() / wt.len().max(1);
         for (r, (wt, m)) in wt.iter_mut().zip(max).enumerate() {
-            *m = Self::scores(&q[r * hd..(r + 1) * hd], kb, scale, wt);
+            *m = Self::scores(&q[r * hd..(r + 1) * hd], kt, scale, wt);
         }
     }
     /// ggml's running maximum, key by key: turns the scores `w[a..b]` into each key's
@@ -499,13 +520,14 @@ struct AnyHead;
 
 impl Kernel for AnyHead {
     type E = f32;
+    type KE = f32;
 
     #[inline(always)]
-    fn scores(q: &[f32], kb: Rows<f32>, scale: f32, wt: &mut Weights) -> f32 {
-        let hd = q.len();
+    fn scores(q: &[f32], kt: &[f32], scale: f32, wt: &mut Weights) -> f32 {
+        let d = dots_tile(q, kt);
         let mut max = f32::NEG_INFINITY;
-        for (i, o) in wt.w.iter_mut().enumerate().take(wt.b).skip(wt.a) {
-            *o = dot_f16(q, kb.row(i, hd)) * scale;
+        for (o, &d) in wt.w.iter_mut().zip(&d).take(wt.b).skip(wt.a) {
+            *o = d * scale;
             max = if *o > max { *o } else { max };
         }
         max
@@ -556,18 +578,23 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         (t_of[r], kv_tab[r]) = (t, h / group - kvs.start);
     }
     let kv_of = |r: usize| kv_tab[r];
-    let Scratch { q: qs, acc, folded, kv32, kv16 } = s;
+    let Scratch { q: qs, acc, folded, k16, k32, v32, v16 } = s;
     let (qs, acc, folded) = (&mut qs[..rows * hd], &mut acc[..rows * hd], &mut folded[..rows * hd]);
+    // A block's K tiles and V rows of the task's KV heads are as long.
     let kv_len = K_BLOCK * hd * kvs.len();
-    let [kb, vb] = <K::E as Elem>::scratch(kv32, kv16);
-    for v in [&mut *kb, &mut *vb] {
+    let vb = <K::E as Elem>::scratch(v32, v16);
+    for v in [&mut *vb] {
         if v.len() < kv_len {
             v.resize(kv_len, Default::default());
         }
     }
-    let (kb, vb) = (&mut kb[..kv_len], &mut vb[..kv_len]);
-    // The caches, where the kernel reads them in place.
-    let cache = <K::E as Elem>::in_place(kc).zip(<K::E as Elem>::in_place(vc));
+    if k16.len() < kv_len {
+        k16.resize(kv_len, f16::ZERO);
+    }
+    let (k16, vb) = (&mut k16[..kv_len], &mut vb[..kv_len]);
+    let n_slots = kc.len() / kv_dim.max(1);
+    // The V cache, where the kernel reads it in place.
+    let v_cache = <K::E as Elem>::in_place(vc);
     for r in 0..rows {
         let (t, h) = row(r);
         let dst = &mut qs[r * hd..(r + 1) * hd];
@@ -595,6 +622,11 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         let first = runs.then(|| plan.slot(seq, p0));
         move |i: usize| first.map_or_else(|| plan.slot(seq, p0 + i as u32), |s| s + i)
     };
+    // Where the task's KV heads' part of the K tile starting at `slot0` lies, if that is a
+    // whole tile of the cache holding the block's slots.
+    let k_tile_at = |slot0: usize| {
+        (runs && slot0 + K_BLOCK <= n_slots).then(|| slot0 * kv_dim + kvs.start * hd * K_BLOCK)
+    };
     let start = lo - lo % K_BLOCK as u32;
     for p0 in (start..=hi).step_by(K_BLOCK) {
         if p0.is_multiple_of(KV_CHUNK) && p0 > start {
@@ -609,49 +641,77 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         let f16 = arith.f16_in_chunk(p0 / KV_CHUNK);
         let slot = slots(p0);
         let i0 = (lo.saturating_sub(p0) as usize).min(n);
-        // The task's KV heads: one contiguous span of each position's row, read in order.
+        // The block's K tiles: in place where its slots are one whole tile of the cache (a
+        // KV block holds whole key blocks: then they are), else gathered key by key.
+        let ktiles = match k_tile_at(slot(0)) {
+            Some(at) => &kc[at..at + kv_len],
+            None => {
+                for i in i0..n {
+                    for (c, j) in (kvs.start * hd..kvs.end * hd).enumerate() {
+                        k16[c * K_BLOCK + i] = kc[k_index(slot(i), j, kv_dim, n_slots)];
+                    }
+                }
+                &*k16
+            }
+        };
+        let kt = <K::KE as Elem>::tiles(ktiles, k32);
+        // Row `r`'s KV head's tile.
+        let tile_of = |r: usize| &kt[kv_of(r) * hd * K_BLOCK..(kv_of(r) + 1) * hd * K_BLOCK];
+        // The task's KV heads: one contiguous span of each position's V row, read in order.
         let spans = (i0..n).map(|i| (i, slot(i) * kv_dim + kvs.start * hd));
-        // In place where the block's slots are consecutive and its K_BLOCK rows inside the
-        // caches (a KV block holds whole key blocks: then they are); else gathered.
+        // V in place where the block's slots are consecutive and its K_BLOCK rows inside
+        // the cache; else gathered.
         let base = slot(0) * kv_dim + kvs.start * hd;
         let span = (K_BLOCK - 1) * kv_dim + kvs.len() * hd;
-        let in_place = cache.filter(|(k, v)| runs && base + span <= k.len().min(v.len()));
+        let in_place = v_cache.filter(|v| runs && base + span <= v.len());
         if in_place.is_none() {
-            <K::E as Elem>::gather(kc, spans.clone(), hd, kb);
             <K::E as Elem>::gather(vc, spans, hd, vb);
         }
-        // Row `r`'s KV head's rows of the block, of K (`c` = 0) or V (1).
-        let rows_of = |c: usize, r: usize| match in_place {
-            Some(kv) => {
+        // Row `r`'s KV head's V rows of the block.
+        let v_rows = |r: usize| match in_place {
+            Some(v) => {
                 let at = base + kv_of(r) * hd;
-                Rows { data: &[kv.0, kv.1][c][at..at + (K_BLOCK - 1) * kv_dim + hd], stride: kv_dim }
+                Rows { data: &v[at..at + (K_BLOCK - 1) * kv_dim + hd], stride: kv_dim }
             }
             None => {
                 let at = kv_of(r) * K_BLOCK * hd;
-                Rows { data: &[&*kb, &*vb][c][at..at + K_BLOCK * hd], stride: hd }
+                Rows { data: &vb[at..at + K_BLOCK * hd], stride: hd }
             }
         };
         // At depth the cache comes from memory: ask for a block a few ahead while this one
         // computes (at the start, for the blocks before that one too: a split decode's
         // task starts cold in every chunk).
         let ahead = (K_BLOCK * PREFETCH_BLOCKS) as u32;
-        // Positions `i` in `range` of block `next`, of K (`c` = 0) or V (1).
-        let fetch = |c: usize, next: u32, range: std::ops::Range<usize>| {
+        // Block `next`'s spans to ask for: its K tiles (where a whole tile of the cache) and
+        // the first V row's offset with the count of its rows (where consecutive: a KV block
+        // holds whole key blocks) up to the last key.
+        let spans_of = |next: u32| -> (&[f16], usize, usize) {
             if next > hi {
-                return;
+                return (&[], 0, 0);
             }
-            let slot = slots(next);
-            for i in range.start..range.end.min((hi - next) as usize + 1) {
-                let span = slot(i) * kv_dim + kvs.start * hd..slot(i) * kv_dim + kvs.end * hd;
-                prefetch(&[kc, vc][c][span]);
+            let s0 = slots(next)(0);
+            let k = k_tile_at(s0).map_or(&[][..], |at| &kc[at..at + kv_len]);
+            let n_v = if runs { K_BLOCK.min((hi - next) as usize + 1) } else { 0 };
+            (k, s0 * kv_dim + kvs.start * hd, n_v)
+        };
+        // Part `range` (of K_BLOCK) of a block's spans: of K (`c` = 0) the same part of its
+        // tiles, of V (1) those rows.
+        let fetch = |c: usize, (k, v0, n_v): (&[f16], usize, usize), range: std::ops::Range<usize>| {
+            if c == 0 {
+                prefetch(&k[k.len() * range.start / K_BLOCK..k.len() * range.end / K_BLOCK]);
+            } else {
+                for i in range.start..range.end.min(n_v) {
+                    prefetch(&vc[v0 + i * kv_dim..v0 + i * kv_dim + kvs.len() * hd]);
+                }
             }
         };
         if p0 == start {
             for next in (p0 + K_BLOCK as u32..p0 + ahead).step_by(K_BLOCK) {
-                fetch(0, next, 0..K_BLOCK);
-                fetch(1, next, 0..K_BLOCK);
+                fetch(0, spans_of(next), 0..K_BLOCK);
+                fetch(1, spans_of(next), 0..K_BLOCK);
             }
         }
+        let ahead_spans = spans_of(p0 + ahead);
         // The block `ahead` keys on is asked for a part at a time between the rows' steps
         // below (K during the scores, V during the walks): in one burst the prefetches
         // waited for miss buffers while no arithmetic ran, then the arithmetic ran while
@@ -674,15 +734,17 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             let same = |e: usize| (wts[e].a, wts[e].b, kv_of(e)) == (wts[r].a, wts[r].b, kv_of(r));
             (r + 1..rows.min(r + max)).find(|&e| !same(e)).unwrap_or(rows.min(r + max))
         };
-        // Scores several rows at a time.
+        // Scores several rows at a time, a run split evenly (a group of 6: 3 and 3, not 4
+        // and 2).
         let mut r = 0;
         while r < rows {
-            let e = run_end(&wts, r, K::SCORE_ROWS);
+            let run = run_end(&wts, r, MAX_ROWS) - r;
+            let e = r + run.div_ceil(run.div_ceil(K::SCORE_ROWS));
             if wts[r].a < wts[r].b {
                 let q = &qs[r * hd..e * hd];
-                K::scores_rows(q, rows_of(0, r), plan.scale, &mut wts[r..e], &mut mbs[r..e]);
+                K::scores_rows(q, tile_of(r), plan.scale, &mut wts[r..e], &mut mbs[r..e]);
             }
-            fetch(0, p0 + ahead, part(r)..part(e));
+            fetch(0, ahead_spans, part(r)..part(e));
             r = e;
         }
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
@@ -704,7 +766,8 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
                     }
                     m[r] = mb;
                 }
-                wt.w.iter_mut().take(wt.b).skip(wt.a).for_each(|w| *w -= m[r]);
+                // All lanes (one vector; those outside `a..b` are ignored).
+                wt.w.iter_mut().for_each(|w| *w -= m[r]);
                 0
             };
         }
@@ -717,18 +780,18 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         while r < rows {
             let wt = &wts[r];
             if wt.a >= wt.b {
-                fetch(1, p0 + ahead, part(r)..part(r + 1));
+                fetch(1, ahead_spans, part(r)..part(r + 1));
                 r += 1;
                 continue;
             }
             let e = run_end(&wts, r, K::WALK_ROWS);
-            let vb = rows_of(1, r);
+            let vb = v_rows(r);
             if f16 {
                 K::walk_rows::<true>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
             } else {
                 K::walk_rows::<false>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
             }
-            fetch(1, p0 + ahead, part(r)..part(e));
+            fetch(1, ahead_spans, part(r)..part(e));
             r = e;
         }
     }
@@ -820,42 +883,44 @@ fn round_f16(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
 }
 
-/// The dot product of f16 values (held as f32) summed in the order of ggml's
-/// `ggml_vec_dot_f16` on AVX-512: four 16-lane accumulators over blocks of 64, a fixed
-/// reduction tree, the tail added in f64. Products of f16 values are exact in f32.
-fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if quant::cpu_tier() >= quant::CpuTier::Avx512 {
-        // SAFETY: the CPU has AVX-512 F (and AVX2, FMA, F16C).
-        return unsafe { simd::wide::dot_f16(q, k) };
+/// ggml's `ggml_vec_dot_f16` (see the tests' `dot_f16`) of `q` with each key of a K tile
+/// (`[hd][K_BLOCK]`, widened): the same sums,
+/// each key in a lane of its own, so the loops vectorize over the keys and no key needs a
+/// horizontal sum. `acc[16j + l]` is lane `l` of ggml's accumulator `j`; its first sum
+/// adds to +0 as ggml's first multiply-add does.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // l indexes several arrays at once
+fn dots_tile(q: &[f32], kt: &[f32]) -> [f32; K_BLOCK] {
+    let hd = q.len();
+    let np = hd / 64 * 64;
+    let mut acc = [[0f32; K_BLOCK]; 64];
+    for i0 in (0..np).step_by(64) {
+        for (c, a) in acc.iter_mut().enumerate() {
+            let (qd, k) = (q[i0 + c], &kt[(i0 + c) * K_BLOCK..(i0 + c + 1) * K_BLOCK]);
+            a.iter_mut().zip(k).for_each(|(a, &k)| *a += qd * k);
+        }
     }
-    #[cfg(target_arch = "x86_64")]
-    if quant::cpu_tier() >= quant::CpuTier::Avx2 {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { simd::dot_f16(q, k) };
+    // `reduce16`'s tree, lane by lane.
+    let mut x = [[0f32; K_BLOCK]; 16];
+    for l in 0..16 {
+        for i in 0..K_BLOCK {
+            x[l][i] = (acc[l][i] + acc[32 + l][i]) + (acc[16 + l][i] + acc[48 + l][i]);
+        }
     }
-    let np = q.len() / 64 * 64;
-    let mut acc = [[0f32; 16]; 4];
-    for i in (0..np).step_by(64) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for (l, a) in a.iter_mut().enumerate() {
-                *a += q[i + j * 16 + l] * k[i + j * 16 + l];
+    for w in [8, 4] {
+        for l in 0..w {
+            for i in 0..K_BLOCK {
+                x[l][i] += x[l + w][i];
             }
         }
     }
-    let x: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-    reduce16(x, &q[np..], &k[np..])
-}
-
-/// `_mm512_reduce_add_ps` (halves, then quarters, then pairs), then the f64 tail.
-fn reduce16(x: [f32; 16], qt: &[f32], kt: &[f32]) -> f32 {
-    let t1: [f32; 8] = std::array::from_fn(|l| x[l + 8] + x[l]);
-    let t2: [f32; 4] = std::array::from_fn(|l| t1[l + 4] + t1[l]);
-    let mut sum = ((t2[0] + t2[2]) + (t2[1] + t2[3])) as f64;
-    for (&a, &b) in qt.iter().zip(kt) {
-        sum += (a * b) as f64;
-    }
-    sum as f32
+    std::array::from_fn(|i| {
+        let mut sum = ((x[0][i] + x[2][i]) + (x[1][i] + x[3][i])) as f64;
+        for d in np..hd {
+            sum += (q[d] * kt[d * K_BLOCK + i]) as f64;
+        }
+        sum as f32
+    })
 }
 
 /// `acc = f16(acc * s)`: the f16 accumulator's rescale.
@@ -907,27 +972,6 @@ mod simd {
             _mm256_storeu_ps(c.as_mut_ptr(), round8(_mm256_loadu_ps(c.as_ptr())));
         }
         c.into_remainder().iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
-        let np = q.len() / 64 * 64;
-        // Lanes 0-7 and 8-15 of ggml's four 16-lane accumulators.
-        let mut lo = [_mm256_setzero_ps(); 4];
-        let mut hi = [_mm256_setzero_ps(); 4];
-        for i in (0..np).step_by(64) {
-            for j in 0..4 {
-                let (qp, kp) = (q.as_ptr().add(i + j * 16), k.as_ptr().add(i + j * 16));
-                lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp), _mm256_loadu_ps(kp), lo[j]);
-                hi[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8)), _mm256_loadu_ps(kp.add(8)), hi[j]);
-            }
-        }
-        let xl = _mm256_add_ps(_mm256_add_ps(lo[0], lo[2]), _mm256_add_ps(lo[1], lo[3]));
-        let xh = _mm256_add_ps(_mm256_add_ps(hi[0], hi[2]), _mm256_add_ps(hi[1], hi[3]));
-        let mut x = [0f32; 16];
-        _mm256_storeu_ps(x.as_mut_ptr(), xl);
-        _mm256_storeu_ps(x.as_mut_ptr().add(8), xh);
-        super::reduce16(x, &q[np..], &k[np..])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1004,23 +1048,6 @@ mod simd {
         }
 
         #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-        pub unsafe fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
-            let np = q.len() / 64 * 64;
-            // ggml's four 16-lane accumulators.
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for i in (0..np).step_by(64) {
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let (qp, kp) = (q.as_ptr().add(i + j * 16), k.as_ptr().add(i + j * 16));
-                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp), _mm512_loadu_ps(kp), *a);
-                }
-            }
-            let x = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-            let mut lanes = [0f32; 16];
-            _mm512_storeu_ps(lanes.as_mut_ptr(), x);
-            super::super::reduce16(lanes, &q[np..], &k[np..])
-        }
-
-        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
         pub unsafe fn scale_f16(acc: &mut [f32], s: f32) {
             let vs = _mm512_set1_ps(s);
             let body = acc.len() / 16 * 16;
@@ -1074,8 +1101,6 @@ mod tests {
         for n in [8, 64, 72, 80, 128, 200, 256] {
             let (q, k) = (values(n, 1), values(n, 2));
             // SAFETY (all calls): the CPU has AVX-512 F, AVX2, FMA and F16C (checked).
-            let (a, b) = unsafe { (simd::dot_f16(&q, &k), simd::wide::dot_f16(&q, &k)) };
-            assert_eq!(a.to_bits(), b.to_bits(), "dot, n = {n}");
             let mut raw = values(n, 3);
             raw.iter_mut().for_each(|x| *x *= 1.001);
             let (mut r8, mut r16) = (raw.clone(), raw.clone());
@@ -1101,6 +1126,34 @@ mod tests {
 mod reference_tests {
     use super::*;
 
+    /// The dot product of f16 values (held as f32) summed in the order of ggml's
+    /// `ggml_vec_dot_f16` on AVX-512: four 16-lane accumulators over blocks of 64, a fixed
+    /// reduction tree, the tail added in f64. Products of f16 values are exact in f32.
+    fn dot_f16(q: &[f32], k: &[f32]) -> f32 {
+        let np = q.len() / 64 * 64;
+        let mut acc = [[0f32; 16]; 4];
+        for i in (0..np).step_by(64) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (l, a) in a.iter_mut().enumerate() {
+                    *a += q[i + j * 16 + l] * k[i + j * 16 + l];
+                }
+            }
+        }
+        let x: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+        reduce16(x, &q[np..], &k[np..])
+    }
+
+    /// `_mm512_reduce_add_ps` (halves, then quarters, then pairs), then the f64 tail.
+    fn reduce16(x: [f32; 16], qt: &[f32], kt: &[f32]) -> f32 {
+        let t1: [f32; 8] = std::array::from_fn(|l| x[l + 8] + x[l]);
+        let t2: [f32; 4] = std::array::from_fn(|l| t1[l + 4] + t1[l]);
+        let mut sum = ((t2[0] + t2[2]) + (t2[1] + t2[3])) as f64;
+        for (&a, &b) in qt.iter().zip(kt) {
+            sum += (a * b) as f64;
+        }
+        sum as f32
+    }
+
     /// The arithmetic before tasks grouped heads and blocked keys: one (query, head) at a
     /// time, each chunk of KV_CHUNK keys on its own, then the chunks folded one after
     /// another; a chunk in ggml's arithmetic (`chunk_ggml`) or kiln's f32 one (`chunk_f32`)
@@ -1108,6 +1161,7 @@ mod reference_tests {
     fn reference(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan, arith: AttnArith) -> Vec<f32> {
         let (n_head, hd) = (plan.n_head, plan.head_dim);
         let kv_dim = plan.n_head_kv * hd;
+        let krows = super::super::kv_buf::k_rows(kc, kv_dim);
         let mut out = vec![0f32; q.len()];
         for t in 0..plan.pos.len() {
             for h in 0..n_head {
@@ -1120,7 +1174,7 @@ mod reference_tests {
                     widen(&c[row(p)..row(p) + hd], &mut x);
                     x
                 };
-                let key = |p: u32| (dot_f16(&qr, &widened(kc, p)) * plan.scale, widened(vc, p));
+                let key = |p: u32| (dot_f16(&qr, &widened(&krows, p)) * plan.scale, widened(vc, p));
                 let mut folded = vec![0f32; hd];
                 let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
                 let (first, last) = (plan.first_pos(t), plan.pos[t]);
@@ -1234,9 +1288,11 @@ mod reference_tests {
             shapes.into_iter().flat_map(|s| blocks.map(|b| (s, b)))
         {
             let slots = block_size * n_blocks as usize;
-            let kc: Vec<f16> = (0..slots * n_kv * hd)
+            let krows: Vec<f16> = (0..slots * n_kv * hd)
                 .map(|i| f16::from_f32(rng.f() * if (i / hd) % 7 == 0 { 60.0 } else { 6.0 }))
                 .collect();
+            let mut kc = vec![f16::ZERO; krows.len()];
+            super::super::kv_buf::set_k_rows(&mut kc, &krows, n_kv * hd);
             let vc: Vec<f16> = (0..slots * n_kv * hd).map(|_| f16::from_f32(rng.f() * 2.0)).collect();
             // Two sequences with scrambled block tables.
             let half = n_blocks / 2;
