@@ -4,7 +4,7 @@
 //! reads them. K is stored in tiles of [`K_TILE`] consecutive slots, each tile
 //! `[dim][K_TILE]` ([`k_index`]): a key block's scores then read one dimension of 16 keys
 //! as one vector and need no per-key horizontal sums (qwen2.5-0.5b's decode attention at
-//! depth 2048 ...).
+//! depth 2048 on an L2-resident cache, `attn_bench HOT=1`: 2.44 -> 2.16 ms a token).
 //!
 //! Fresh anonymous pages read as zeros and take no memory until written, so the slots a
 //! context never reaches cost nothing: `kiln run` on smollm2 at its default 4096 positions

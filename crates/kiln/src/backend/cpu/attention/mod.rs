@@ -7,11 +7,12 @@
 //! every batch size, so results do not depend on batching (batch invariance).
 //!
 //! Flash-style tiling: one task takes a KV head, some of the query heads that share it
-//! (grouped-query attention), and a tile of consecutive queries of one sequence; it widens
-//! each K/V row to f32 once for all its (query, head) rows. Keys go in blocks: each row's
-//! scores for the block, then the running maximum and every softmax weight of the block in
-//! one vectorized libm-exact `expf` (`expf.rs`), then the walk that rescales and accumulates
-//! in ascending position. Every row still sees its keys in ascending position with the
+//! (grouped-query attention), and a tile of consecutive queries of one sequence; its rows
+//! share each load of the block's K tile (the K cache holds 16 slots per tile, `[dim][16]`:
+//! `kv_buf.rs`) and of each V row. Keys go in blocks of one tile: each row's scores for
+//! the block, 16 keys a vector, then the running maximum and every softmax weight of the
+//! block in one vectorized libm-exact `expf` (`expf.rs`), then the walk that rescales and
+//! accumulates in ascending position. Every row still sees its keys in ascending position with the
 //! same arithmetic, so its result depends neither on the tile nor on the other rows.
 //! Scratch is per thread: no allocation after the first call.
 //!
@@ -156,9 +157,10 @@ pub fn attention(
 /// One query over `chunks` (more than one): a task per chunk and some KV heads with all
 /// their query heads, each writing its chunk's state; then the chunks folded in order.
 /// Given enough chunks to keep the threads busy, a task takes every KV head: it reads each
-/// cached position's keys (and values) as one contiguous row, which the hardware
+/// block's K tile and its positions' values as contiguous spans, which the hardware
 /// prefetchers stream; one KV head's slice of every row (a stride) came from DRAM at a
-/// third of the rate (smollm2's 3 KV heads at depth 2048: 7 vs 20 GB/s on two threads).
+/// third of the rate (smollm2's 3 KV heads at depth 2048: 7 vs 20 GB/s on two threads,
+/// measured when K was rows too).
 fn split_decode(pool: &ThreadPool, inp: Inputs, chunks: std::ops::Range<u32>, out: &mut [f32]) {
     let plan = inp.plan;
     let (n_head, n_kv, hd) = (plan.n_head, plan.n_head_kv, plan.head_dim);
@@ -411,10 +413,11 @@ fn run_task(t: &Task, s: &mut Scratch) {
 
 /// Most times a value row may be widened (once per [`Kernel::WALK_ROWS`] query rows that
 /// read it) for the kernels to read the cache in place rather than widen each block once
-/// into scratch. (Measured when keys were rows too and widened alike:) `attn_bench`, medians of five alternated runs against widening where a
-/// group has over 3 query heads: decode at depth 2048 (rows: a group's heads) qwen2.5-1.5b
-/// 7.75 -> 6.83 ms, gemma3 3.68 -> 3.43; a 512-token prompt (8 queries a task, so each
-/// model's rows widened) gemma3 in place measured 171 ms against 143 widened.
+/// into scratch. (Measured when keys were rows too, widened alike:) `attn_bench`, medians
+/// of five alternated runs against widening where a group has over 3 query heads: decode
+/// at depth 2048 (rows: a group's heads) qwen2.5-1.5b 7.75 -> 6.83 ms, gemma3 3.68 ->
+/// 3.43; a 512-token prompt (8 queries a task, so each model's rows widened) gemma3 in
+/// place measured 171 ms against 143 widened.
 const MAX_WIDENINGS: usize = 4;
 
 /// The 16-lane kernels for heads of `16 · N` values, rows in place or widened.
@@ -474,7 +477,7 @@ trait Kernel {
     const SCORE_ROWS: usize = 1;
     /// [`Self::scores`] of rows that read the same keys (`wt.len()` of them, at most
     /// [`Self::SCORE_ROWS`], their queries one after another in `q`), the maxima into
-    /// `max`: each key row loaded once for all of them.
+    /// `max`: each vector of the tile loaded once for all of them.
     fn scores_rows(q: &[f32], kt: &[Self::KE], scale: f32, wt: &mut [Weights], max: &mut [f32]) {
         let hd = q.len() / wt.len().max(1);
         for (r, (wt, m)) in wt.iter_mut().zip(max).enumerate() {
@@ -515,7 +518,7 @@ trait Kernel {
     }
 }
 
-/// Any head size, one primitive call per key.
+/// Any head size: the scores from the widened tile, the walk one primitive call per key.
 struct AnyHead;
 
 impl Kernel for AnyHead {
@@ -583,10 +586,8 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     // A block's K tiles and V rows of the task's KV heads are as long.
     let kv_len = K_BLOCK * hd * kvs.len();
     let vb = <K::E as Elem>::scratch(v32, v16);
-    for v in [&mut *vb] {
-        if v.len() < kv_len {
-            v.resize(kv_len, Default::default());
-        }
+    if vb.len() < kv_len {
+        vb.resize(kv_len, Default::default());
     }
     if k16.len() < kv_len {
         k16.resize(kv_len, f16::ZERO);
@@ -884,9 +885,8 @@ fn round_f16(x: &mut [f32]) {
 }
 
 /// ggml's `ggml_vec_dot_f16` (see the tests' `dot_f16`) of `q` with each key of a K tile
-/// (`[hd][K_BLOCK]`, widened): the same sums,
-/// each key in a lane of its own, so the loops vectorize over the keys and no key needs a
-/// horizontal sum. `acc[16j + l]` is lane `l` of ggml's accumulator `j`; its first sum
+/// (`[hd][K_BLOCK]`, widened): the same sums, each key in a lane of its own, so the loops
+/// vectorize over the keys and no key needs a horizontal sum. `acc[16j + l]` is lane `l` of ggml's accumulator `j`; its first sum
 /// adds to +0 as ggml's first multiply-add does.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // l indexes several arrays at once
