@@ -478,6 +478,9 @@ trait Kernel {
     /// [`Self::scores`] of rows that read the same keys (`wt.len()` of them, at most
     /// [`Self::SCORE_ROWS`], their queries one after another in `q`), the maxima into
     /// `max`: each vector of the tile loaded once for all of them.
+    // Inlined, so compiled with the caller's target features (else `mul_add` is a libm
+    // call: the AVX2 tier's decode attention at depth 2048 took 64 ms a token).
+    #[inline(always)]
     fn scores_rows(q: &[f32], kt: &[Self::KE], scale: f32, wt: &mut [Weights], max: &mut [f32]) {
         let hd = q.len() / wt.len().max(1);
         for (r, (wt, m)) in wt.iter_mut().zip(max).enumerate() {
@@ -487,6 +490,7 @@ trait Kernel {
     /// ggml's running maximum, key by key: turns the scores `w[a..b]` into each key's
     /// `expf` argument (`m - score` where the key raises the maximum, `score - m` else),
     /// returns those keys as bits, and leaves `m` the new maximum (`mb` is the block's).
+    #[inline(always)]
     fn raises(w: &mut [f32; K_BLOCK], a: usize, b: usize, m: &mut f32, _mb: f32) -> u32 {
         let mut raised = 0;
         for (i, w) in w.iter_mut().enumerate().take(b).skip(a) {
@@ -510,6 +514,7 @@ trait Kernel {
     const WALK_ROWS: usize = 1;
     /// Rows with the same keys (`wt.len()` of them, at most [`Self::WALK_ROWS`], their
     /// accumulators one after another in `acc`): their independent chains interleaved.
+    #[inline(always)]
     fn walk_rows<const F16: bool>(acc: &mut [f32], vb: Rows<Self::E>, wt: &[Weights], sum: &mut [f32]) {
         let hd = acc.len() / wt.len().max(1);
         for (r, wt) in wt.iter().enumerate() {
