@@ -14,7 +14,8 @@ pub use ops::rope_cache;
 pub mod pool;
 mod vexp;
 mod weight;
-pub use kv_buf::{k_index, k_rows, set_k_rows, KvBuf, K_TILE};
+use kv_buf::k_index;
+pub use kv_buf::{k_rows, set_k_rows, KvBuf};
 pub use weight::CpuWeight;
 
 use std::sync::Arc;

@@ -713,8 +713,9 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         };
         if p0 == start {
             for next in (p0 + K_BLOCK as u32..p0 + ahead).step_by(K_BLOCK) {
-                fetch(0, spans_of(next), 0..K_BLOCK);
-                fetch(1, spans_of(next), 0..K_BLOCK);
+                let spans = spans_of(next);
+                fetch(0, spans, 0..K_BLOCK);
+                fetch(1, spans, 0..K_BLOCK);
             }
         }
         let ahead_spans = spans_of(p0 + ahead);
