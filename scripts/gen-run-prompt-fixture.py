@@ -2,7 +2,7 @@
 """Regenerate tests/fixtures/chat/run_prompt_ids.json: for each real model with a chat
 template, the jinja2 render of its own template (from tests/fixtures/chat/expected.json,
 made by scripts/gen-chat-fixtures.py) tokenized by llama.cpp's llama-tokenize, special
-tokens parsed, BOS as CLI.md says (added iff add_bos and the text does not start with it).
+tokens parsed, BOS as docs/cli.md says (added iff add_bos and the text does not start with it).
 tests/cli_run_prompt.rs checks that `kiln run --json` evaluates exactly these ids.
 
 Usage: scripts/gen-run-prompt-fixture.py [LLAMA_BIN_DIR] [MODELS_DIR]
@@ -53,7 +53,7 @@ def main():
             text = entry["renders"][case]["ok"]
             plain = tokenize(path, text, False)
             with_bos = tokenize(path, text, True)
-            # llama-tokenize adds BOS whenever add_bos; CLI.md never doubles one.
+            # llama-tokenize adds BOS whenever add_bos; docs/cli.md never doubles one.
             ids = with_bos if len(with_bos) > len(plain) and with_bos[1:] == plain and plain[:1] != with_bos[:1] else plain
             system = next((m["content"] for m in msgs if m["role"] == "system"), None)
             user = next(m["content"] for m in msgs if m["role"] == "user")

@@ -1,4 +1,4 @@
-"""The official `openai` client against a real `kiln serve` on smollm2 (CLI.md's contract).
+"""The official `openai` client against a real `kiln serve` on smollm2 (docs/cli.md's contract).
 
 Run with scripts/test-server.sh (it makes the venv with `openai` from PyPI and builds kiln).
 """

@@ -1,4 +1,4 @@
-//! The `kiln` command. The contract (flags, output, exit codes) is `shared/CLI.md`.
+//! The `kiln` command. The contract (flags, output, exit codes) is `docs/cli.md`.
 
 mod cmd;
 

@@ -1,4 +1,4 @@
-//! `kiln embed` per CLI.md: JSON shape, pooling, normalization, errors.
+//! `kiln embed` per docs/cli.md: JSON shape, pooling, normalization, errors.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

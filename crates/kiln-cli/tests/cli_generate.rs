@@ -1,4 +1,4 @@
-//! `kiln run`, `logits`, `perplexity` and `bench` per CLI.md on the default model: JSON
+//! `kiln run`, `logits`, `perplexity` and `bench` per docs/cli.md on the default model: JSON
 //! shapes, greedy ids against llama.cpp's oracle, and clear errors for impossible settings.
 
 use std::path::PathBuf;

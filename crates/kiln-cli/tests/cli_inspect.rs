@@ -1,4 +1,4 @@
-//! `kiln inspect` per CLI.md: the JSON shape on real models, and malformed files exiting 1
+//! `kiln inspect` per docs/cli.md: the JSON shape on real models, and malformed files exiting 1
 //! with one `error:` line and nothing on stdout.
 
 use std::path::{Path, PathBuf};
@@ -141,7 +141,7 @@ fn one_json_line(out: &Output) -> Json {
     serde_json::from_str(s).unwrap()
 }
 
-/// CLI.md's shape, on catalog models (fetched into the cache on first use).
+/// docs/cli.md's shape, on catalog models (fetched into the cache on first use).
 #[test]
 fn json_shape_on_catalog_models() {
     for (spec, arch, n_tensors) in [("tiny-random-llama", "llama", 21), ("smollm2-135m", "llama", 272)] {

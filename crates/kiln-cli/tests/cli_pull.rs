@@ -1,4 +1,4 @@
-//! `kiln pull` per CLI.md. Fetches go to scratch `KILN_HOME`s under the target dir (only
+//! `kiln pull` per docs/cli.md. Fetches go to scratch `KILN_HOME`s under the target dir (only
 //! the 2.8 MB tiny model is downloaded); the real cache is only read.
 
 use std::path::{Path, PathBuf};

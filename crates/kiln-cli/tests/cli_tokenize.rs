@@ -1,4 +1,4 @@
-//! `kiln tokenize` against CLI.md: ids as llama-tokenize prints them, pieces, flags, text
+//! `kiln tokenize` against docs/cli.md: ids as llama-tokenize prints them, pieces, flags, text
 //! sources and exit codes.
 
 use std::io::Write;

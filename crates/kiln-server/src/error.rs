@@ -1,5 +1,5 @@
 //! Errors in OpenAI's shape: `{"error":{"message","type","param","code"}}` with the status
-//! codes of CLI.md.
+//! codes of docs/cli.md.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

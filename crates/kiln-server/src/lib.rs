@@ -1,6 +1,6 @@
 //! kiln's OpenAI-compatible HTTP server (`kiln serve`): axum routes in front of a
 //! continuous-batching scheduler thread that owns the model. Routes, flags, errors and
-//! metrics are the contract of CLI.md.
+//! metrics are the contract of docs/cli.md.
 
 mod error;
 mod metrics;

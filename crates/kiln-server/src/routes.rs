@@ -1,4 +1,4 @@
-//! The HTTP routes (CLI.md): OpenAI's chat, completions, embeddings and models, plus
+//! The HTTP routes (docs/cli.md): OpenAI's chat, completions, embeddings and models, plus
 //! `/health` and `/metrics`.
 
 use std::sync::Arc;

@@ -4,9 +4,8 @@
 //!     cargo run --release -p kiln --example attn_bench [DEPTH] [THREADS]
 //!
 //! Prints the best and the median of several runs (ms per token for decode, per prompt for
-//! prefill; RUNS=n decode runs, default 30) in wall-clock time. (Process CPU time, used
-//! before, advances in scheduler ticks on the dev VM: runs of a steady 3.0 ms wall read
-//! 1.4 or 3.5 ms, so its medians hid differences of 10-20%.) The cached keys and values
+//! prefill; RUNS=n decode runs, default 30) in wall-clock time (process CPU time advances
+//! in scheduler ticks on a VM, too coarse for a few milliseconds). The cached keys and values
 //! are random, a cache per layer (HOT=1: one for all, L2-resident, to see the arithmetic
 //! without the memory traffic; SHAPE=name: that shape alone; DECODE=1: no prefill).
 

@@ -51,8 +51,8 @@ fn sum(c: &[u64]) -> u64 {
     sum_lanes(c)
 }
 
-/// Four 8-lane accumulators, explicitly (the plain loop below was compiled to scalar adds
-/// with spills, which read 3.3 GB/s a thread on an AMD Zen 5 VM that streams ~40).
+/// Four 8-lane accumulators, explicitly (a plain loop can compile to scalar adds with
+/// spills, which measure the core, not the memory).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn sum_avx512(c: &[u64]) -> u64 {

@@ -109,7 +109,7 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
-    /// The name CLI.md and the server use.
+    /// The name docs/cli.md and the server use.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Eog => "eog",

@@ -5,7 +5,7 @@ use std::io::Read;
 use kiln::engine::{Device, Engine, EngineOptions};
 use kiln::KilnError;
 
-/// `-m/-t/-c/-b/--device`, as every computing command takes them (CLI.md).
+/// `-m/-t/-c/-b/--device`, as every computing command takes them (docs/cli.md).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// A .gguf path or a catalog name.

@@ -1,4 +1,4 @@
-//! `kiln embed`: hidden states after the final norm, pooled (CLI.md). The pooling is the
+//! `kiln embed`: hidden states after the final norm, pooled (docs/cli.md). The pooling is the
 //! library's (`kiln::embed`), shared with the server's `/v1/embeddings`.
 
 use kiln::embed::{embed_tokens, normalize, Pooling};

@@ -1,4 +1,4 @@
-//! How `run` and `logits` turn the user's text into prompt tokens (CLI.md).
+//! How `run` and `logits` turn the user's text into prompt tokens (docs/cli.md).
 
 use kiln::chat::Message;
 use kiln::engine::Engine;

@@ -1,4 +1,4 @@
-//! `kiln serve`: the OpenAI-compatible HTTP server (crate kiln-server; CLI.md).
+//! `kiln serve`: the OpenAI-compatible HTTP server (crate kiln-server; docs/cli.md).
 
 use kiln::KilnError;
 use kiln_server::{serve, ServerOptions};

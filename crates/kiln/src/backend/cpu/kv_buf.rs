@@ -3,15 +3,13 @@
 //! V holds a slot's values as one row (`[slot][dim]`), as the attention's weighted sum
 //! reads them. K is stored in tiles of [`K_TILE`] consecutive slots, each tile
 //! `[dim][K_TILE]` ([`k_index`]): a key block's scores then read one dimension of 16 keys
-//! as one vector and need no per-key horizontal sums (qwen2.5-0.5b's decode attention at
-//! depth 2048 on an L2-resident cache, `attn_bench HOT=1`: 2.44 -> 2.16 ms a token).
+//! as one vector and need no per-key horizontal sums.
 //!
 //! Fresh anonymous pages read as zeros and take no memory until written, so the slots a
-//! context never reaches cost nothing: `kiln run` on smollm2 at its default 4096 positions
-//! peaked at 213 MB with the caches in zero-filled vectors, 125 MB this way (as at 512
-//! positions). Huge pages were tried for the reads at depth: no gain measured (the decode
-//! attention alone at depth 2048, `attn_bench`), and a huge page is resident whole once
-//! touched, which took the 88 MB back.
+//! context never reaches cost nothing (smollm2 at its default 4096 positions peaks at the
+//! same memory as at 512). The mappings use ordinary pages: a huge page is resident whole
+//! once touched, which would give that memory back, and huge pages do not speed up the
+//! attention's reads.
 
 use std::ops::{Deref, DerefMut};
 

@@ -119,9 +119,9 @@ pub fn matmul(
             let rows = task * chunk..((task + 1) * chunk).min(n);
             let mut v = [0f32; TILE];
             if n_tok < TILE {
-                // GEMV: a row per call, so the weights stream from DRAM in one sequence.
-                // (Four rows per call, side by side, measured 1.5x slower on gemma3-270m
-                // decode on a Zen 4: four streams a core, each its own DRAM pages.)
+                // GEMV: a row per call, so the weights stream from DRAM in one sequence
+                // (rows side by side would be several streams a core, each its own DRAM
+                // pages, which is markedly slower).
                 for t in 0..n_tok {
                     for r in rows.clone() {
                         put(t, r, tk.one(&wb[r * rs..(r + 1) * rs], act_at(t, 1), k));

@@ -49,9 +49,9 @@ pub enum CpuTier {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX-512 F/BW/VL on top of the AVX2 tier. It currently runs the AVX2 kernels: 512-bit
-    /// versions of the Q8_0/Q4_0/F16 dots measured no faster (slower for Q8_0) on the AMD
-    /// EPYC (Zen 4) machines kiln is tuned on, where 512-bit ops issue as two 256-bit halves.
+    /// AVX-512 F/BW/VL on top of the AVX2 tier. It runs the AVX2 kernels for the Q8_0/Q4_0/
+    /// F16 dots: 512-bit versions are no faster on CPUs that issue 512-bit ops as two
+    /// 256-bit halves (AMD Zen 4).
     Avx512,
     /// AVX-512 VNNI (`vpdpbusd`) on top: the matmul tile kernels use it.
     Avx512Vnni,
@@ -306,9 +306,8 @@ pub fn q4_k_x8_kernels_for(tier: CpuTier, pairs: bool) -> Option<Q4kX8Kernels> {
 
 /// Whether 512-bit integer steps run at full width here, so that a kernel doing two
 /// tokens' work per 512-bit step beats one token per 256-bit step: not on AMD's Zen 4
-/// (family 0x19), which issues them as two 256-bit halves (tile_bench: Q4_K×8 prompts
-/// 2.35 ns in pairs, 1.77 one token a step), as on Zen 5 (family 0x1a, 1.33 -> 1.08 ns in
-/// pairs) and Intel's AVX-512 cores. `KILN_CPU_PAIRS=0|1` overrides.
+/// (family 0x19), which issues them as two 256-bit halves (there one token a step is about
+/// 25% faster), but on Zen 5 (family 0x1a) and Intel's AVX-512 cores.
 #[cfg(target_arch = "x86_64")]
 pub fn full_width_512() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();

@@ -4,14 +4,13 @@
 //! misses in flight to cover DRAM latency, so without help the kernels wait on memory and
 //! then on arithmetic, one after the other. Requests for the bytes a few KiB ahead, a
 //! block's worth between the arithmetic of each block, overlap the two. (A burst of
-//! requests for a whole group of rows before its dots, as kiln did before, instead stalls
-//! the core on its fill buffers: ~13 vs ~21 GB/s on 2 cores in a streaming test;
-//! qwen2.5-coder-1.5b tg 14.7 -> 19.3 tok/s in an in-process A/B.)
+//! requests for a whole group of rows before its dots would instead stall the core on its
+//! fill buffers.)
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 
-/// How many bytes ahead of the block being read a kernel asks for the next (3-8 KiB
-/// measured alike on qwen2.5-coder-1.5b and gemma3-270m decode).
+/// How many bytes ahead of the block being read a kernel asks for the next (anything from
+/// 3 to 8 KiB serves decode alike).
 pub(super) const DISTANCE: usize = 4096;
 
 /// The distance in a stream of tiles `tile` bytes apart (R rows read side by side, so each

@@ -54,9 +54,9 @@ impl<const N: usize, E: Load16> Kernel for Heads<N, E> {
         m
     }
 
-    /// Rows per load of a tile: at head size 64 up to 8 (a group of 7 query heads in one
-    /// pass: 2.56 -> 2.44 ms, qwen2.5-0.5b's decode attention at depth 2048, `attn_bench
-    /// HOT=1`, against 4 and 3), else 4 (each row's four accumulators fill the registers).
+    /// Rows per load of a tile: at head size 64 up to 8 (so a group of 7 query heads, as
+    /// qwen2.5-0.5b's, takes one pass over its keys), else 4 (each row's four accumulators
+    /// fill the registers).
     const SCORE_ROWS: usize = if N <= 4 { 8 } else { 4 };
 
     #[inline(always)]

@@ -61,11 +61,10 @@ const K_BLOCK: usize = K_TILE;
 /// Keys per chunk of the accumulation (see the module doc); a multiple of K_BLOCK. The
 /// GPU's exact attention (attention.wgsl's CH) folds at the same positions.
 pub const KV_CHUNK: u32 = 256;
-/// How far ahead (in key blocks) the K/V rows are prefetched, into L2 (six blocks of a
-/// task's rows outgrow L1, where they evicted the block in use: into L1, qwen2.5-0.5b's
-/// decode attention at depth 2048 took 5.8 ms a token, into L2 4.9). The next block alone
-/// is too close when they come from DRAM under the weights' stream: qwen2.5-1.5b decode at
-/// depth 2048 measured +7-10% at 6 blocks against 1 (12: the same as 6).
+/// How far ahead (in key blocks) the K/V rows are prefetched, into L2: six blocks of a
+/// task's rows outgrow L1, where they would evict the block in use. The next block alone is
+/// too close when the rows come from DRAM behind the weights' stream; 6 is as fast as
+/// anything further.
 const PREFETCH_BLOCKS: usize = 6;
 
 /// How a row's softmax-weighted sum of values is accumulated (see the module doc).
@@ -73,8 +72,8 @@ const PREFETCH_BLOCKS: usize = 6;
 pub enum AttnArith {
     /// ggml's arithmetic in the first chunk of keys (positions below [`KV_CHUNK`]), where it
     /// makes kiln bit-identical to llama.cpp's CPU, and f32 past it, where llama.cpp's own
-    /// split of a long decode over its threads already ends that identity (qwen2.5-0.5b's
-    /// decode attention at depth 2048: 5.3-5.5 ms a token with ggml's everywhere, 4.5-4.7).
+    /// split of a long decode over its threads already ends that identity; f32 past the
+    /// first chunk makes decode attention at depth about 15% faster.
     #[default]
     Hybrid,
     /// ggml's one-chunk flash attention in every chunk: an f16 accumulator rounded after
@@ -158,9 +157,8 @@ pub fn attention(
 /// their query heads, each writing its chunk's state; then the chunks folded in order.
 /// Given enough chunks to keep the threads busy, a task takes every KV head: it reads each
 /// block's K tile and its positions' values as contiguous spans, which the hardware
-/// prefetchers stream; one KV head's slice of every row (a stride) came from DRAM at a
-/// third of the rate (smollm2's 3 KV heads at depth 2048: 7 vs 20 GB/s on two threads,
-/// measured when K was rows too).
+/// prefetchers stream; one KV head's slice of every row (a stride) streams from DRAM at
+/// about a third of the rate.
 fn split_decode(pool: &ThreadPool, inp: Inputs, chunks: std::ops::Range<u32>, out: &mut [f32]) {
     let plan = inp.plan;
     let (n_head, n_kv, hd) = (plan.n_head, plan.n_head_kv, plan.head_dim);
@@ -413,11 +411,9 @@ fn run_task(t: &Task, s: &mut Scratch) {
 
 /// Most times a value row may be widened (once per [`Kernel::WALK_ROWS`] query rows that
 /// read it) for the kernels to read the cache in place rather than widen each block once
-/// into scratch. (Measured when keys were rows too, widened alike:) `attn_bench`, medians
-/// of five alternated runs against widening where a group has over 3 query heads: decode
-/// at depth 2048 (rows: a group's heads) qwen2.5-1.5b 7.75 -> 6.83 ms, gemma3 3.68 ->
-/// 3.43; a 512-token prompt (8 queries a task, so each model's rows widened) gemma3 in
-/// place measured 171 ms against 143 widened.
+/// into scratch: reading in place saves the scratch pass while a row is widened only a
+/// few times (decode, a KV head's query heads), and loses once many query rows widen every
+/// row again (a prompt's 8 queries a task).
 const MAX_WIDENINGS: usize = 4;
 
 /// The 16-lane kernels for heads of `16 · N` values, rows in place or widened.
@@ -479,7 +475,7 @@ trait Kernel {
     /// [`Self::SCORE_ROWS`], their queries one after another in `q`), the maxima into
     /// `max`: each vector of the tile loaded once for all of them.
     // Inlined, so compiled with the caller's target features (else `mul_add` is a libm
-    // call: the AVX2 tier's decode attention at depth 2048 took 64 ms a token).
+    // call, an order of magnitude slower).
     #[inline(always)]
     fn scores_rows(q: &[f32], kt: &[Self::KE], scale: f32, wt: &mut [Weights], max: &mut [f32]) {
         let hd = q.len() / wt.len().max(1);
@@ -578,8 +574,8 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     let rows = ts.len() * nh;
     // Row `r` is query `ts.start + r / nh` on head `heads.start + r % nh`.
     let row = |r: usize| (ts.start + r / nh, heads.start + r % nh);
-    // Each row's query and KV head among the task's, looked up in the blocks' loop (where
-    // the divisions cost smollm2's decode attention at depth 2048 7%: 3.69 -> 3.42 ms).
+    // Each row's query and KV head among the task's, from a table made once per task:
+    // divisions in the blocks' loop would cost several percent of decode attention.
     let (mut t_of, mut kv_tab) = ([0usize; MAX_ROWS], [0usize; MAX_ROWS]);
     for r in 0..rows {
         let (t, h) = row(r);
