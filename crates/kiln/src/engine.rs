@@ -58,10 +58,15 @@ pub struct EngineOptions {
     pub prefix_cache_tokens: Option<usize>,
     /// The CPU attention's arithmetic: by default ggml's f16 accumulators over the first
     /// 256 positions (bit-identical with llama.cpp's CPU there) and f32 ones past them;
-    /// ggml's everywhere (`KILN_ATTN=ggml`), or f32 everywhere (`KILN_ATTN=f32`: ~1.5x
+    /// ggml's everywhere ([`AttnArith::Ggml`]), or f32 everywhere ([`AttnArith::F32`]: ~1.5x
     /// faster prompt attention, logits within llama.cpp's own flash-attention on/off
     /// spread). The GPU's exact path follows ggml's everywhere.
     pub attn_arith: AttnArith,
+    /// Record a greedy step of one sequence ahead, before the current step's token is read
+    /// back, where the backend can take that token on the device (the GPU): the device never
+    /// waits for the host between steps, at the price of one step of work at the end of each
+    /// generation. On by default; off gives one step at a time (for measurements).
+    pub greedy_lookahead: bool,
 }
 
 impl Default for EngineOptions {
@@ -73,7 +78,8 @@ impl Default for EngineOptions {
             n_seq: 1,
             device: Device::Auto,
             prefix_cache_tokens: None,
-            attn_arith: AttnArith::from_env(),
+            attn_arith: AttnArith::default(),
+            greedy_lookahead: true,
         }
     }
 }
@@ -107,6 +113,11 @@ impl EngineOptions {
     /// The CPU attention's arithmetic (see [`EngineOptions::attn_arith`]).
     pub fn with_attn_arith(mut self, a: AttnArith) -> Self {
         self.attn_arith = a;
+        self
+    }
+    /// Whether greedy steps are recorded ahead (see [`EngineOptions::greedy_lookahead`]).
+    pub fn with_greedy_lookahead(mut self, on: bool) -> Self {
+        self.greedy_lookahead = on;
         self
     }
     /// Bounds the prefix cache (see [`EngineOptions::prefix_cache_tokens`]); 0 disables it.
@@ -153,7 +164,12 @@ fn gpu_backend(device: Device) -> Result<Option<GpuBackend>> {
 }
 
 /// A runner behind the object-safe trait, with its prefix cache bounded to `blocks`.
-fn boxed<B: crate::backend::Backend>(r: ModelRunner<B>, blocks: Option<usize>) -> Box<dyn Runner> {
+fn boxed<B: crate::backend::Backend>(
+    r: ModelRunner<B>,
+    blocks: Option<usize>,
+    lookahead: bool,
+) -> Box<dyn Runner> {
+    let r = r.with_lookahead(lookahead);
     Box::new(match blocks {
         Some(n) => r.with_prefix_cache(n),
         None => r,
@@ -197,10 +213,14 @@ impl Engine {
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
         let runner: Box<dyn Runner> = match gpu_backend(opts.device)? {
             #[cfg(feature = "gpu")]
-            Some(gpu) => boxed(ModelRunner::new(Model::load(&gguf, gpu)?, n_slots, n_ubatch)?, prefix_blocks),
+            Some(gpu) => boxed(
+                ModelRunner::new(Model::load(&gguf, gpu)?, n_slots, n_ubatch)?,
+                prefix_blocks,
+                opts.greedy_lookahead,
+            ),
             _ => {
                 let model = Model::load(&gguf, CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith))?;
-                boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks)
+                boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks, opts.greedy_lookahead)
             }
         };
         let load_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -204,11 +204,10 @@ impl<B: Backend> ModelRunner<B> {
         let kv = KvPool::new(&model.backend, cfg.n_layer, cfg.kv_dim(), n_slots)?;
         let scratch = Scratch::new(&model.backend, cfg, n_ubatch.max(1))?;
         let cache = PrefixCache::new(kv.n_blocks);
-        let lookahead = std::env::var("KILN_LOOKAHEAD").as_deref() != Ok("0");
         Ok(ModelRunner {
             model,
             n_slots,
-            lookahead,
+            lookahead: true,
             state: Mutex::new(State { kv, scratch, seqs: Vec::new(), cache, lookahead: None }),
         })
     }
@@ -247,7 +246,7 @@ impl<B: Backend> ModelRunner<B> {
     }
 
     /// Records single-sequence greedy steps ahead (`decode_greedy`) where the backend can
-    /// (on by default; `KILN_LOOKAHEAD=0` turns it off).
+    /// (on by default; [`crate::EngineOptions::greedy_lookahead`]).
     pub fn with_lookahead(mut self, on: bool) -> Self {
         self.lookahead = on;
         self

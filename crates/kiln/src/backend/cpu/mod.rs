@@ -48,11 +48,11 @@ impl CpuBackend {
             vectors: Default::default(),
             act_buf: Default::default(),
             arenas: Default::default(),
-            attn: AttnArith::from_env(),
+            attn: AttnArith::default(),
         }
     }
 
-    /// The attention's arithmetic (default: `KILN_ATTN`, else [`AttnArith::Ggml`]).
+    /// The attention's arithmetic (default [`AttnArith::Hybrid`]).
     pub fn with_attn_arith(mut self, arith: AttnArith) -> Self {
         self.attn = arith;
         self

@@ -312,9 +312,6 @@ pub fn q4_k_x8_kernels_for(tier: CpuTier, pairs: bool) -> Option<Q4kX8Kernels> {
 pub fn full_width_512() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();
     *WIDE.get_or_init(|| {
-        if let Ok(v) = std::env::var("KILN_CPU_PAIRS") {
-            return v != "0";
-        }
         let (vendor, sig) = (std::arch::x86_64::__cpuid(0), std::arch::x86_64::__cpuid(1).eax);
         let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
         let base = (sig >> 8) & 0xf;

@@ -84,20 +84,6 @@ pub enum AttnArith {
 }
 
 impl AttnArith {
-    /// `KILN_ATTN=hybrid|ggml|f32`, else the default (read once; an unknown value warns).
-    pub fn from_env() -> Self {
-        static ARITH: std::sync::OnceLock<AttnArith> = std::sync::OnceLock::new();
-        *ARITH.get_or_init(|| match std::env::var("KILN_ATTN").as_deref().map(str::trim) {
-            Ok("f32") => AttnArith::F32,
-            Ok("ggml") => AttnArith::Ggml,
-            Ok("hybrid") | Err(_) => AttnArith::Hybrid,
-            Ok(v) => {
-                eprintln!("warning: KILN_ATTN={v:?} is not hybrid, ggml or f32; using hybrid");
-                AttnArith::Hybrid
-            }
-        })
-    }
-
     /// Whether the keys of chunk `c` (positions `c · KV_CHUNK..`) take ggml's f16 arithmetic.
     pub fn f16_in_chunk(self, c: u32) -> bool {
         match self {
