@@ -9,6 +9,7 @@ use crate::backend::cpu::{default_threads, AttnArith, CpuBackend};
 use crate::chat::ChatTemplate;
 use crate::error::{KilnError, Result};
 use crate::gguf::GgufFile;
+use crate::grammar::{CompiledGrammar, GrammarEnv, GrammarSpec};
 use crate::model::{Model, ModelConfig, ModelRunner, Runner};
 use crate::session::{Session, SessionOptions};
 use crate::tokenizer::Tokenizer;
@@ -137,6 +138,8 @@ pub(crate) struct EngineInner {
     pub load_ms: f64,
     /// The model file's sha256 (hex), computed on first use (session files are bound to it).
     pub sha256: OnceLock<String>,
+    /// The vocabulary as the grammar engine sees it, built on first use.
+    pub grammar_env: OnceLock<Arc<GrammarEnv>>,
 }
 
 #[cfg(feature = "gpu")]
@@ -234,6 +237,7 @@ impl Engine {
                 n_ctx,
                 load_ms,
                 sha256: OnceLock::new(),
+                grammar_env: OnceLock::new(),
             }),
         })
     }
@@ -287,6 +291,22 @@ impl Engine {
         }
         let h = sha256_file(&self.inner.path)?;
         Ok(self.inner.sha256.get_or_init(|| h).clone())
+    }
+
+    /// The grammar engine's view of the vocabulary (built on first use, then shared by
+    /// every constraint on this engine).
+    pub fn grammar_env(&self) -> Result<Arc<GrammarEnv>> {
+        if let Some(env) = self.inner.grammar_env.get() {
+            return Ok(env.clone());
+        }
+        let env = Arc::new(GrammarEnv::new(self.tokenizer().clone())?);
+        Ok(self.inner.grammar_env.get_or_init(|| env).clone())
+    }
+
+    /// Compiles a grammar for this model's vocabulary (see [`crate::grammar`]); start a
+    /// sequence's constraint with [`CompiledGrammar::constraint`].
+    pub fn compile_grammar(&self, spec: &GrammarSpec) -> Result<CompiledGrammar> {
+        self.grammar_env()?.compile(spec)
     }
 
     /// Embeds `text` (tokenized as `kiln tokenize` does: BOS per the model, special tokens

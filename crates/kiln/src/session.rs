@@ -23,6 +23,7 @@ use serde_json::json;
 use crate::chat::Message;
 use crate::engine::Engine;
 use crate::error::{KilnError, Result};
+use crate::grammar::GrammarSpec;
 use crate::model::{Entry, OutputKind, SeqId};
 use crate::sample::{Sampler, SamplerParams, StopMatcher};
 use crate::tokenizer::Detokenizer;
@@ -63,6 +64,8 @@ pub struct GenerateOptions {
     /// `Some(k)`: report each sampled token's log-probability under the model (raw
     /// logits, before sampling filters) and the `k` most likely tokens'.
     pub logprobs: Option<usize>,
+    /// Constrain the output to a grammar (see [`crate::grammar`]).
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl GenerateOptions {
@@ -91,12 +94,19 @@ impl GenerateOptions {
         self.logprobs = Some(top);
         self
     }
+    /// Constrain the output to a grammar: a [`crate::Grammar`] (from the first token) or
+    /// a lazy [`GrammarSpec`] (from a trigger on).
+    pub fn with_grammar(mut self, grammar: impl Into<GrammarSpec>) -> Self {
+        self.grammar = Some(grammar.into());
+        self
+    }
 }
 
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// The model produced an end-of-generation token.
+    /// The model produced an end-of-generation token, or the grammar is complete and
+    /// allows nothing more.
     Eog,
     /// A stop string matched.
     Stop,
@@ -393,11 +403,15 @@ impl Session {
         let n_vocab = self.engine.config().n_vocab;
         let tok = self.engine.tokenizer().clone();
         let mut sampler = Sampler::new(opts.sampler.clone(), n_vocab)?;
+        let mut constraint = match &opts.grammar {
+            Some(g) => Some(self.engine.compile_grammar(g)?.constraint()),
+            None => None,
+        };
         for &t in &self.tokens {
             sampler.accept(t);
         }
         // Plain greedy decoding needs only each step's argmax, computed on the device.
-        let ids_only = opts.sampler.is_plain_greedy() && opts.logprobs.is_none();
+        let ids_only = opts.sampler.is_plain_greedy() && opts.logprobs.is_none() && constraint.is_none();
         let ready = self.logits.is_some() || (ids_only && self.next_id.is_some());
         if !ready && !self.tokens.is_empty() && !self.cancel.load(Ordering::SeqCst) {
             self.prefill()?;
@@ -435,15 +449,22 @@ impl Session {
                         .as_deref()
                         .ok_or_else(|| KilnError::invalid("nothing to continue from"))?;
                     let lse = opts.logprobs.map(|k| log_probs(logits, k, &mut top));
-                    let id = sampler.sample(logits);
+                    let id = match &mut constraint {
+                        Some(c) => c.sample(&mut sampler, logits)?,
+                        None => sampler.sample(logits),
+                    };
                     (id, lse.map(|lse| logits[id as usize] - lse))
                 }
             };
             sampler.accept(id);
+            if let Some(c) = &mut constraint {
+                c.accept(id)?;
+            }
             ids.push(id);
             self.tokens.push(id);
             self.logits = None;
-            if tok.is_eog(id) && !opts.ignore_eos {
+            let complete = constraint.as_ref().is_some_and(|c| c.is_complete());
+            if tok.is_eog(id) && (!opts.ignore_eos || complete) {
                 break FinishReason::Eog;
             }
             let piece = detok.push(id);
@@ -455,6 +476,9 @@ impl Session {
             }
             if flow.is_break() {
                 break FinishReason::Cancelled;
+            }
+            if complete {
+                break FinishReason::Eog;
             }
             let last = opts.max_tokens.is_some_and(|m| ids.len() >= m)
                 || (self.tokens.len() >= n_ctx && self.opts.context_shift.is_none());
