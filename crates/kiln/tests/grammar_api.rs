@@ -270,3 +270,21 @@ fn unconstrained_until_triggered() {
     c.accept(TOOL).unwrap();
     assert_eq!(c.sample(&mut greedy, &l).unwrap(), b'o' as u32);
 }
+
+#[test]
+fn objects_with_properties_are_closed_as_in_llama_cpp() {
+    let g = |s: &str| compile(Grammar::json_schema_str(s).unwrap());
+    let closed = g(r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#);
+    assert!(closed.matches(r#"{"a":1}"#) && closed.matches("{}") && !closed.matches(r#"{"a":1,"b":2}"#));
+    let open = g(r#"{"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":true}"#);
+    assert!(open.matches(r#"{"a":1,"b":2}"#));
+    assert!(g(r#"{"type":"object"}"#).matches(r#"{"b":2}"#));
+    // Nested objects are closed too; a property named "properties" is a property.
+    let nested = g(r#"{"properties":{"properties":{"properties":{"x":{"type":"null"}}}}}"#);
+    assert!(nested.matches(r#"{"properties":{"x":null}}"#));
+    assert!(!nested.matches(r#"{"properties":{"x":null,"y":1}}"#) && !nested.matches(r#"{"z":1}"#));
+    // allOf branches (and the schemas they reference) are merged, so stay open.
+    let all = g(r##"{"$defs":{"base":{"properties":{"a":{"type":"integer"}},"required":["a"]}},
+        "allOf":[{"$ref":"#/$defs/base"},{"properties":{"b":{"type":"integer"}},"required":["b"]}]}"##);
+    assert!(all.matches(r#"{"a":1,"b":2}"#));
+}

@@ -13,6 +13,7 @@ use kiln::session::{GenerateOptions, Session, SessionOptions};
 use kiln::KilnError;
 
 use super::common::{print_out, ModelArgs};
+use super::grammar::{self, GrammarArgs};
 use super::run::SamplingArgs;
 
 #[derive(clap::Args)]
@@ -27,6 +28,8 @@ pub struct Args {
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    grammar: GrammarArgs,
     /// Start from a session saved with /save (exits 1 if it belongs to another model).
     #[arg(long)]
     load: Option<String>,
@@ -57,8 +60,10 @@ const SIGINT: i32 = 2; // the same on Linux, macOS and the BSDs
 
 pub fn run(a: Args) -> kiln::Result<()> {
     let params = a.sampling.params()?;
+    let grammar = a.grammar.grammar()?;
     let engine = a.model.load()?;
     params.validate(engine.config().n_vocab)?;
+    grammar::check(&engine, &grammar)?;
     let mut sopts = SessionOptions::default();
     if let Some(n) = a.context_shift {
         sopts = sopts.with_context_shift(n);
@@ -76,6 +81,9 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let mut opts = GenerateOptions::default().with_sampler(params);
     if a.n_predict >= 0 {
         opts = opts.with_max_tokens(a.n_predict as usize);
+    }
+    if let Some(g) = grammar {
+        opts = opts.with_grammar(g);
     }
     let tty = std::io::stdin().is_terminal();
     // SAFETY: installs a handler that only touches atomics and calls _exit.

@@ -4,6 +4,7 @@ mod bench;
 mod chat;
 mod common;
 mod embed;
+mod grammar;
 mod inspect;
 mod logits;
 mod perplexity;

@@ -8,6 +8,7 @@ use kiln::KilnError;
 use serde_json::json;
 
 use super::common::{print_out, ModelArgs, TextArgs};
+use super::grammar::{self, GrammarArgs};
 use super::prompt::prompt_ids;
 
 #[derive(clap::Args)]
@@ -21,6 +22,8 @@ pub struct Args {
     n_predict: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    grammar: GrammarArgs,
     /// System message (chat mode).
     #[arg(long)]
     system: Option<String>,
@@ -98,8 +101,10 @@ fn parse_bias(s: &str) -> kiln::Result<(u32, f32)> {
 pub fn run(a: Args) -> kiln::Result<()> {
     let prompt = a.text.require()?;
     let params = a.sampling.params()?;
+    let grammar = a.grammar.grammar()?;
     let engine = a.model.load()?;
     params.validate(engine.config().n_vocab)?;
+    grammar::check(&engine, &grammar)?;
     let ids = prompt_ids(&engine, &prompt, a.system.as_deref(), a.raw)?;
     let mut session = engine.session(SessionOptions::default())?;
     session.append_tokens(&ids)?;
@@ -109,6 +114,9 @@ pub fn run(a: Args) -> kiln::Result<()> {
         .with_ignore_eos(a.sampling.ignore_eos);
     if a.n_predict >= 0 {
         opts = opts.with_max_tokens(a.n_predict as usize);
+    }
+    if let Some(g) = grammar {
+        opts = opts.with_grammar(g);
     }
     let stream = !a.json;
     let summary = session.generate(&opts, |ev| {

@@ -27,6 +27,7 @@
 mod constraint;
 mod env;
 mod gbnf;
+mod json;
 
 pub use constraint::{Constraint, ConstraintStats};
 pub use env::GrammarEnv;
@@ -39,16 +40,13 @@ use serde_json::{json, Value};
 
 use crate::error::{KilnError, Result};
 
-/// JSON whitespace allowed at each place JSON allows it: nothing, one space, or one or two
-/// newlines and an indent of up to 20 blanks (llama.cpp's `space` rule). Bounded, so a
-/// model cannot pad with newlines until `max_tokens`; pretty-printed output still fits.
-const JSON_WHITESPACE: &str = r"( |\n{1,2}[ \t]{0,20})";
-
 /// What the output must match.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Grammar {
     /// A JSON schema (the draft 2020-12 keywords llguidance implements; any other keyword
-    /// it knows of is an error naming it). Properties come in the schema's order.
+    /// it knows of is an error naming it). Properties come in the schema's order; an object
+    /// that lists `properties` without `additionalProperties` allows no others (as in
+    /// llama.cpp); whitespace is bounded.
     JsonSchema(Value),
     /// Any JSON object.
     JsonObject,
@@ -136,9 +134,9 @@ impl GrammarEnv {
         let g = &spec.grammar;
         let what = g.kind();
         let top = match g {
-            Grammar::JsonSchema(schema) => TopLevelGrammar::from_json_schema(with_json_options(schema)?),
+            Grammar::JsonSchema(schema) => TopLevelGrammar::from_json_schema(json::with_defaults(schema)?),
             Grammar::JsonObject => {
-                TopLevelGrammar::from_json_schema(with_json_options(&json!({"type": "object"}))?)
+                TopLevelGrammar::from_json_schema(json::with_defaults(&json!({"type": "object"}))?)
             }
             Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
@@ -165,35 +163,6 @@ impl gbnf::TokenLookup for GrammarEnv {
     }
     fn token_named(&self, text: &str) -> Option<u32> {
         GrammarEnv::token_named(self, text)
-    }
-}
-
-/// Adds kiln's JSON whitespace rule to a schema that does not set its own (`x-guidance`).
-fn with_json_options(schema: &Value) -> Result<Value> {
-    let mut s = schema.clone();
-    match &mut s {
-        Value::Object(map) => {
-            map.entry("x-guidance").or_insert_with(|| json!({ "whitespace_pattern": JSON_WHITESPACE }));
-        }
-        Value::Bool(_) => {}
-        other => {
-            return Err(KilnError::Grammar(format!(
-                "JSON schema: a schema is an object or a boolean, not {}",
-                json_type(other)
-            )))
-        }
-    }
-    Ok(s)
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
