@@ -10,7 +10,7 @@ mod scheduler;
 mod state;
 mod stream;
 
-use std::future::IntoFuture;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,6 +57,17 @@ pub fn model_id(model: &str, alias: Option<&str>) -> String {
 
 /// Runs the server until SIGTERM or Ctrl-C, then drains (within 5 s) and returns.
 pub fn serve(opts: ServerOptions) -> Result<()> {
+    serve_until(opts, |_| {}, shutdown_signal())
+}
+
+/// [`serve`] for a host program (kiln's Python package): `on_ready` gets the bound address
+/// once the model is loaded, and the server drains and returns when `shutdown` completes
+/// (no signal handlers are installed).
+pub fn serve_until(
+    opts: ServerOptions,
+    on_ready: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
     if opts.parallel == 0 || opts.queue == 0 {
         return Err(KilnError::invalid("--parallel and --queue must be at least 1"));
     }
@@ -65,12 +76,17 @@ pub fn serve(opts: ServerOptions) -> Result<()> {
         .enable_all()
         .build()
         .map_err(|e| KilnError::io("tokio runtime", e))?;
-    let r = rt.block_on(run(opts));
+    let r = rt.block_on(run(opts, on_ready, shutdown));
     rt.shutdown_timeout(Duration::from_millis(200));
     r
 }
 
-async fn run(opts: ServerOptions) -> Result<()> {
+async fn run(
+    opts: ServerOptions,
+    on_ready: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
     let addr = format!("{}:{}", opts.host, opts.port);
     let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| KilnError::io(&addr, e))?;
     let local: SocketAddr = listener.local_addr().map_err(|e| KilnError::io(&addr, e))?;
@@ -91,15 +107,16 @@ async fn run(opts: ServerOptions) -> Result<()> {
     let load = tokio::task::spawn_blocking(move || load_engine(&model, eopts, parallel));
     let (engine, n_ctx) = tokio::select! {
         r = load => r.map_err(|e| KilnError::invalid(format!("loading failed: {e}")))??,
-        _ = shutdown_signal() => {
+        _ = &mut shutdown => {
             stop.notify_one();
             return Ok(());
         }
     };
     let worker = start(&app, engine, parallel, opts.queue, n_ctx, opts.engine.n_batch)?;
     eprintln!("kiln: listening on http://{local}");
+    on_ready(local);
 
-    shutdown_signal().await;
+    shutdown.await;
     eprintln!("kiln: draining");
     app.shared.draining.store(true, Ordering::SeqCst);
     // The scheduler finishes or cancels what runs within its grace period, then exits;

@@ -132,12 +132,16 @@ impl FinishReason {
 }
 
 /// One streamed step: the sampled token and the text it completes (valid UTF-8, possibly
-/// empty while a character or a possible stop string is incomplete).
+/// empty while a character or a possible stop string is incomplete). After the last token,
+/// one more event with `flush` set may release text held back until the end.
 #[non_exhaustive]
 #[derive(Debug)]
 pub struct Event<'a> {
-    /// The sampled token.
+    /// The sampled token (with `flush`: the last one, already reported).
     pub token: u32,
+    /// This event samples no token: it releases the text held back at the end (a partial
+    /// stop string that never completed, or an incomplete character).
+    pub flush: bool,
     /// Text released by this step.
     pub text: &'a str,
     /// Log-probability of `token` (with `GenerateOptions::logprobs`).
@@ -470,7 +474,7 @@ impl Session {
             let piece = detok.push(id);
             let (safe, matched) = stop.push(&piece);
             text.push_str(&safe);
-            let flow = on_event(&Event { token: id, text: &safe, logprob, top_logprobs: &top });
+            let flow = on_event(&Event { token: id, flush: false, text: &safe, logprob, top_logprobs: &top });
             if matched {
                 break FinishReason::Stop;
             }
@@ -502,6 +506,7 @@ impl Session {
                 text.push_str(&flushed);
                 let ev = Event {
                     token: *ids.last().unwrap_or(&0),
+                    flush: true,
                     text: &flushed,
                     logprob: None,
                     top_logprobs: &[],

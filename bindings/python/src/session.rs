@@ -1,0 +1,143 @@
+//! `kiln.Session`: one conversation on an engine, kept between calls (its KV cache too).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kiln::CancelHandle;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::convert::from_json;
+use crate::errors::OrRaise;
+use crate::generate::{generate, Job, Target};
+use crate::sampling;
+use crate::worker;
+
+/// A conversation: its tokens, chat history and KV cache. Appends evaluate only what the
+/// cache lacks. Calls on one session take turns; `cancel()` works from any thread.
+#[pyclass(module = "kiln", frozen)]
+pub struct Session {
+    inner: Arc<Mutex<kiln::Session>>,
+    cancel: CancelHandle,
+    n_vocab: usize,
+}
+
+impl Session {
+    pub fn new(s: kiln::Session) -> PyResult<Self> {
+        Ok(Session {
+            cancel: s.cancel_handle(),
+            n_vocab: s.engine().config().n_vocab,
+            inner: Arc::new(Mutex::new(s)),
+        })
+    }
+
+    /// Runs `f` on the session in a worker (it may wait for another call to finish).
+    fn with<T: Send + 'static>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut kiln::Session) -> kiln::Result<T> + Send + 'static,
+    ) -> PyResult<T> {
+        let inner = self.inner.clone();
+        worker::run(py, Some(self.cancel.clone()), move || f(&mut lock(&inner)))?.or_raise()
+    }
+
+    /// Reads the session on this thread, waiting with the GIL released if it is busy.
+    fn read<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&kiln::Session) -> T + Send) -> T {
+        let inner = &self.inner;
+        py.detach(move || f(&lock(inner)))
+    }
+}
+
+fn lock(m: &Mutex<kiln::Session>) -> MutexGuard<'_, kiln::Session> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[pymethods]
+impl Session {
+    /// Tokenizes `text` (BOS first when the session is empty and the model wants one;
+    /// special tokens parsed), appends and evaluates it. Returns the new token ids.
+    fn append_text(&self, py: Python<'_>, text: String) -> PyResult<Vec<u32>> {
+        self.with(py, move |s| s.append_text(&text))
+    }
+
+    /// Appends token ids and evaluates them.
+    fn append_tokens(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<()> {
+        self.with(py, move |s| s.append_tokens(&ids))
+    }
+
+    /// Adds messages to the chat history, renders it with the model's chat template and
+    /// evaluates what the cache lacks. Returns the whole rendered conversation's ids.
+    #[pyo3(signature = (messages, tools=None))]
+    fn append_chat(
+        &self,
+        py: Python<'_>,
+        messages: &Bound<'_, PyAny>,
+        tools: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<u32>> {
+        let msgs = crate::convert::messages(messages)?;
+        if tools.is_some_and(|t| !t.is_none()) {
+            return Err(pyo3::exceptions::PyNotImplementedError::new_err(
+                "tools need structured output, which this build of kiln lacks",
+            ));
+        }
+        self.with(py, move |s| s.append_chat(&msgs))
+    }
+
+    /// Generates from where the conversation stands (after an append_chat, the reply joins
+    /// the history). Takes the sampling keywords of Engine.complete; returns a Completion,
+    /// or with stream=True a Stream of Pieces.
+    #[pyo3(signature = (**sampling))]
+    fn generate(&self, py: Python<'_>, sampling: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+        let s = sampling::parse(sampling, self.n_vocab)?;
+        let job = Job {
+            target: Target::Shared(self.inner.clone()),
+            prepare: Box::new(|s| Ok(s.tokens())),
+            opts: s.opts,
+            cancel: self.cancel.clone(),
+        };
+        generate(py, job, s.stream)
+    }
+
+    /// Stops this session's running append or generate (from any thread) at its next
+    /// forward: a generation ends with finish_reason "cancelled". A request made while
+    /// nothing runs applies to the next call.
+    fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Forgets the conversation.
+    fn reset(&self, py: Python<'_>) {
+        let inner = &self.inner;
+        py.detach(move || lock(inner).reset());
+    }
+
+    /// Writes the conversation (tokens and chat history) to `path`, bound to the model file.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        self.with(py, move |s| s.save(&path))
+    }
+
+    /// Replaces the conversation with one saved by `save` (same model) and evaluates it.
+    fn restore(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        self.with(py, move |s| s.restore(&path))
+    }
+
+    /// Every token of the conversation so far.
+    #[getter]
+    fn tokens(&self, py: Python<'_>) -> Vec<u32> {
+        self.read(py, |s| s.tokens())
+    }
+
+    /// The chat history: append_chat's messages and the replies generated after them.
+    #[getter]
+    fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let json = self.read(py, |s| serde_json::to_value(s.history()));
+        let json = json.map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        from_json(py, &json)?.cast_into::<PyList>().map_err(Into::into)
+    }
+
+    /// Tokens run through the model so far (those reused from a cache are not counted).
+    #[getter]
+    fn n_evaluated(&self, py: Python<'_>) -> usize {
+        self.read(py, |s| s.n_evaluated())
+    }
+}
