@@ -110,6 +110,7 @@ impl Engine {
             target: Target::Owned(session),
             prepare: Box::new(move |s| s.append_tokens(&ids).map(|()| ids)),
             opts: s.opts,
+            stream_open: None,
         };
         generate(py, job, s.stream)
     }
@@ -138,6 +139,7 @@ impl Engine {
             target: Target::Owned(session),
             prepare: Box::new(move |s| s.append_chat(&msgs)),
             opts: s.opts,
+            stream_open: None,
         };
         generate(py, job, s.stream)
     }

@@ -3,6 +3,7 @@
 //! `Piece`s fed by the worker through a bounded channel).
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +34,9 @@ pub struct Job {
     pub prepare: Prepare,
     pub opts: GenerateOptions,
     pub cancel: CancelHandle,
+    /// A Python `Session`'s flag, set while a stream from it can be read: the stream
+    /// clears it when it ends, is cancelled or dropped.
+    pub stream_open: Option<Arc<AtomicBool>>,
 }
 
 impl Job {
@@ -73,8 +77,9 @@ enum Msg {
 }
 
 /// Starts `job` streaming.
-pub fn stream(job: Job) -> PyResult<Stream> {
+pub fn stream(mut job: Job) -> PyResult<Stream> {
     let canceller = Canceller::new(Some(job.cancel.clone()));
+    let open = job.stream_open.take();
     let rx = spawn(STREAM_AHEAD, &canceller, move |tx: &SyncSender<Msg>| {
         let out = job.execute(|ev| match tx.send(Msg::Piece(Piece::from_event(ev))) {
             Ok(()) => ControlFlow::Continue(()),
@@ -83,7 +88,7 @@ pub fn stream(job: Job) -> PyResult<Stream> {
         });
         let _ = tx.send(Msg::Done(out));
     })?;
-    Ok(Stream { rx: Mutex::new(Some(rx)), canceller, result: Mutex::new(None) })
+    Ok(Stream { rx: Mutex::new(Some(rx)), canceller, result: Mutex::new(None), open })
 }
 
 /// Runs `job` to the end, or streams it.
@@ -102,6 +107,17 @@ pub struct Stream {
     rx: Mutex<Option<Receiver<Msg>>>,
     canceller: Canceller,
     result: Mutex<Option<Py<Completion>>>,
+    open: Option<Arc<AtomicBool>>,
+}
+
+impl Stream {
+    /// The stream will be read no more: its session takes other calls (they wait for the
+    /// worker to wind down).
+    fn close(&self) {
+        if let Some(o) = &self.open {
+            o.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 #[pymethods]
@@ -115,7 +131,11 @@ impl Stream {
             .rx
             .try_lock()
             .map_err(|_| PyRuntimeError::new_err("this stream is being read by another thread"))?;
-        match recv(py, &mut rx, || self.canceller.cancel())? {
+        let msg = recv(py, &mut rx, || self.canceller.cancel());
+        if !matches!(msg, Ok(Some(Msg::Piece(_)))) {
+            self.close();
+        }
+        match msg? {
             Some(Msg::Piece(p)) => Ok(Some(p)),
             Some(Msg::Done(out)) => {
                 *rx = None;
@@ -138,6 +158,7 @@ impl Stream {
     /// "cancelled".
     fn cancel(&self) {
         self.canceller.cancel();
+        self.close();
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -145,12 +166,13 @@ impl Stream {
     }
 
     fn __exit__(&self, _ty: Py<PyAny>, _value: Py<PyAny>, _tb: Py<PyAny>) {
-        self.canceller.cancel();
+        self.cancel();
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
         self.canceller.cancel();
+        self.close();
     }
 }

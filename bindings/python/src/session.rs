@@ -1,9 +1,11 @@
 //! `kiln.Session`: one conversation on an engine, kept between calls (its KV cache too).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kiln::CancelHandle;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -14,11 +16,15 @@ use crate::sampling;
 use crate::worker;
 
 /// A conversation: its tokens, chat history and KV cache. Appends evaluate only what the
-/// cache lacks. Calls on one session take turns; `cancel()` works from any thread.
+/// cache lacks. Calls on one session take turns (a call waits for the running one);
+/// `cancel()` works from any thread. While a stream from the session is unfinished, other
+/// calls raise `RuntimeError` (waiting for it could deadlock the thread reading it).
 #[pyclass(module = "kiln", frozen)]
 pub struct Session {
     inner: Arc<Mutex<kiln::Session>>,
     cancel: CancelHandle,
+    /// Set while a stream from this session can still be read.
+    stream_open: Arc<AtomicBool>,
     n_vocab: usize,
 }
 
@@ -28,23 +34,39 @@ impl Session {
             cancel: s.cancel_handle(),
             n_vocab: s.engine().config().n_vocab,
             inner: Arc::new(Mutex::new(s)),
+            stream_open: Arc::default(),
         })
     }
 
-    /// Runs `f` on the session in a worker (it may wait for another call to finish).
+    fn no_open_stream(&self) -> PyResult<()> {
+        if self.stream_open.load(Ordering::SeqCst) {
+            return Err(PyRuntimeError::new_err(
+                "a stream from this session is unfinished: read it to the end, cancel it or drop it first",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the session in a worker, once any running call has ended.
     fn with<T: Send + 'static>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut kiln::Session) -> kiln::Result<T> + Send + 'static,
     ) -> PyResult<T> {
+        self.no_open_stream()?;
         let inner = self.inner.clone();
         worker::run(py, Some(self.cancel.clone()), move || f(&mut lock(&inner)))?.or_raise()
     }
 
-    /// Reads the session on this thread, waiting with the GIL released if it is busy.
-    fn read<T: Send>(&self, py: Python<'_>, f: impl FnOnce(&kiln::Session) -> T + Send) -> T {
-        let inner = &self.inner;
-        py.detach(move || f(&lock(inner)))
+    /// Reads the session, once any running call has ended.
+    fn read<T: Send + 'static>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&kiln::Session) -> T + Send + 'static,
+    ) -> PyResult<T> {
+        self.no_open_stream()?;
+        let inner = self.inner.clone();
+        worker::run(py, None, move || f(&lock(&inner)))
     }
 }
 
@@ -89,11 +111,19 @@ impl Session {
     #[pyo3(signature = (**sampling))]
     fn generate(&self, py: Python<'_>, sampling: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
         let s = sampling::parse(sampling, self.n_vocab)?;
+        self.no_open_stream()?;
+        let open = s.stream.then(|| self.stream_open.clone());
+        if let Some(o) = &open {
+            if o.swap(true, Ordering::SeqCst) {
+                return Err(PyRuntimeError::new_err("a stream from this session is unfinished"));
+            }
+        }
         let job = Job {
             target: Target::Shared(self.inner.clone()),
             prepare: Box::new(|s| Ok(s.tokens())),
             opts: s.opts,
             cancel: self.cancel.clone(),
+            stream_open: open,
         };
         generate(py, job, s.stream)
     }
@@ -106,9 +136,11 @@ impl Session {
     }
 
     /// Forgets the conversation.
-    fn reset(&self, py: Python<'_>) {
-        let inner = &self.inner;
-        py.detach(move || lock(inner).reset());
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |s| {
+            s.reset();
+            Ok(())
+        })
     }
 
     /// Writes the conversation (tokens and chat history) to `path`, bound to the model file.
@@ -123,21 +155,21 @@ impl Session {
 
     /// Every token of the conversation so far.
     #[getter]
-    fn tokens(&self, py: Python<'_>) -> Vec<u32> {
+    fn tokens(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
         self.read(py, |s| s.tokens())
     }
 
     /// The chat history: append_chat's messages and the replies generated after them.
     #[getter]
     fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let json = self.read(py, |s| serde_json::to_value(s.history()));
-        let json = json.map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        let json = self.read(py, |s| serde_json::to_value(s.history()))?;
+        let json = json.map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         from_json(py, &json)?.cast_into::<PyList>().map_err(Into::into)
     }
 
     /// Tokens run through the model so far (those reused from a cache are not counted).
     #[getter]
-    fn n_evaluated(&self, py: Python<'_>) -> usize {
+    fn n_evaluated(&self, py: Python<'_>) -> PyResult<usize> {
         self.read(py, |s| s.n_evaluated())
     }
 }

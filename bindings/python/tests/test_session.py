@@ -65,3 +65,27 @@ def test_context_full_and_shift(engine):
     shifting.append_text("Once upon a time")
     r = shifting.generate(temperature=0, ignore_eos=True, max_tokens=100)
     assert r.finish_reason == "length" and len(r.ids) == 100
+
+
+def test_calls_wait_but_not_for_an_open_stream(engine):
+    s = engine.session()
+    s.append_text("Once upon a time")
+    stream = s.generate(max_tokens=8, temperature=0, stream=True)
+    next(stream)
+    with pytest.raises(RuntimeError, match="a stream from this session is unfinished"):
+        s.tokens
+    with pytest.raises(RuntimeError, match="a stream from this session is unfinished"):
+        s.generate(max_tokens=1)
+    rest = list(stream)
+    assert len(s.tokens) == len(engine.tokenize("Once upon a time")) + 1 + len(rest)
+    s.generate(max_tokens=10**5, ignore_eos=True, stream=True).cancel()  # abandoned: frees it
+    assert s.generate(max_tokens=1).finish_reason == "length"
+    # A call from another thread waits for the running one.
+    import threading
+
+    results = []
+    t = threading.Thread(target=lambda: results.append(s.generate(max_tokens=40, temperature=0, ignore_eos=True)))
+    t.start()
+    more = s.generate(max_tokens=5, temperature=0)
+    t.join()
+    assert len(results[0].ids) == 40 and len(more.ids) == 5

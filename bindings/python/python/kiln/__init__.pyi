@@ -263,8 +263,9 @@ class Engine:
 
 class Session:
     """One conversation on an Engine: its tokens, chat history and KV cache. Appends
-    evaluate only what the cache lacks. Calls on one session take turns; cancel() works
-    from any thread."""
+    evaluate only what the cache lacks. Calls on one session take turns (a call waits for
+    the running one); cancel() works from any thread. While a stream from the session is
+    unfinished, other calls raise RuntimeError (waiting could deadlock its reader)."""
 
     @property
     def tokens(self) -> list[int]: ...
