@@ -145,19 +145,18 @@ pub fn parse(kw: Option<&Bound<'_, PyDict>>, n_vocab: usize) -> PyResult<Samplin
         }
         opts = opts.with_stop(list);
     }
-    match kw.get_item("logprobs")?.filter(|v| !v.is_none()) {
-        None => {}
-        Some(v) if v.is_instance_of::<PyBool>() => {
-            if v.extract::<bool>()? {
-                opts = opts.with_logprobs(0);
-            }
-        }
-        Some(_) => {
+    if let Some(v) = kw.get_item("logprobs")?.filter(|v| !v.is_none()) {
+        let top = if v.is_instance_of::<PyBool>() {
+            v.extract::<bool>()?.then_some(0)
+        } else {
             let n = integer(kw, "logprobs")?.unwrap_or(0);
             if !(0..=20).contains(&n) {
                 return Err(invalid(format!("logprobs must be between 0 and 20, got {n}")));
             }
-            opts = opts.with_logprobs(n as usize);
+            Some(n as usize)
+        };
+        if let Some(n) = top {
+            opts = opts.with_logprobs(n);
         }
     }
     if let Some(b) = get::<bool>(kw, "ignore_eos", "a bool")? {
