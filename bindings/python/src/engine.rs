@@ -127,10 +127,17 @@ impl Engine {
         sampling: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
         let msgs = crate::convert::messages(messages)?;
-        let s = sampling::parse(sampling, self.inner.config().n_vocab)?;
-        if tools.is_some_and(|t| !t.is_none()) || response_format.is_some_and(|r| !r.is_none()) {
+        let kw = match sampling {
+            Some(d) => d.copy()?,
+            None => PyDict::new(py),
+        };
+        if let Some(rf) = response_format {
+            kw.set_item("response_format", rf)?;
+        }
+        let s = sampling::parse(Some(&kw), self.inner.config().n_vocab)?;
+        if tools.is_some_and(|t| !t.is_none()) {
             return Err(PyNotImplementedError::new_err(
-                "tools and response_format need structured output, which this build of kiln lacks",
+                "tools need tool calling, which this build of kiln lacks",
             ));
         }
         let session = self.inner.session(SessionOptions::default()).or_raise()?;

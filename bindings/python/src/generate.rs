@@ -44,6 +44,10 @@ impl Job {
     fn execute(self, mut on_event: impl FnMut(&Event) -> ControlFlow<()>) -> kiln::Result<Outcome> {
         let Job { target, prepare, opts, .. } = self;
         let run = |session: &mut Session| {
+            // A grammar that does not compile is an error before anything changes.
+            if let Some(g) = &opts.grammar {
+                session.engine().compile_grammar(g)?;
+            }
             let prompt_ids = prepare(session)?;
             let mut logprobs = opts.logprobs.map(|_| Logprobs::default());
             let summary = session.generate(&opts, |ev| {

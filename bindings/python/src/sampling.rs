@@ -1,18 +1,21 @@
-//! Sampling keywords (OpenAI's names plus llama.cpp's `top_k`, `min_p`, `repeat_penalty`)
-//! → `GenerateOptions`. One list of keywords, shared by `complete`, `chat` and
+//! Sampling keywords (OpenAI's names plus llama.cpp's `top_k`, `min_p`, `repeat_penalty`
+//! and `grammar`) → `GenerateOptions`. One list of keywords, shared by `complete`, `chat` and
 //! `Session.generate`; unknown keywords and wrong types raise `TypeError`, values out of
 //! range `kiln.InvalidArgumentError`.
 
+use kiln::grammar::Grammar;
 use kiln::sample::SamplerParams;
 use kiln::GenerateOptions;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString};
+use serde_json::Value;
 
+use crate::convert::to_json;
 use crate::errors::{invalid, OrRaise};
 
 /// Every keyword the generating methods take besides their own arguments.
-pub const KEYWORDS: [&str; 14] = [
+pub const KEYWORDS: [&str; 16] = [
     "max_tokens",
     "temperature",
     "top_p",
@@ -26,6 +29,8 @@ pub const KEYWORDS: [&str; 14] = [
     "logit_bias",
     "logprobs",
     "ignore_eos",
+    "response_format",
+    "grammar",
     "stream",
 ];
 
@@ -162,6 +167,40 @@ pub fn parse(kw: Option<&Bound<'_, PyDict>>, n_vocab: usize) -> PyResult<Samplin
     if let Some(b) = get::<bool>(kw, "ignore_eos", "a bool")? {
         opts = opts.with_ignore_eos(b);
     }
+    let format = match kw.get_item("response_format")?.filter(|v| !v.is_none()) {
+        Some(v) => response_format(&to_json(&v, "response_format")?)?,
+        None => None,
+    };
+    let gbnf = get::<String>(kw, "grammar", "a string (GBNF)")?;
+    match (format, gbnf) {
+        (Some(_), Some(_)) => return Err(invalid("give response_format or grammar, not both")),
+        (Some(g), None) => opts = opts.with_grammar(g),
+        (None, Some(text)) => opts = opts.with_grammar(Grammar::Gbnf(text)),
+        (None, None) => {}
+    }
     let stream = get::<bool>(kw, "stream", "a bool")?.unwrap_or(false);
     Ok(Sampling { opts, stream })
+}
+
+/// OpenAI's `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`
+/// (any JSON object) or `{"type": "json_schema", "json_schema": {"schema": {...}, ...}}`.
+fn response_format(v: &Value) -> PyResult<Option<Grammar>> {
+    let bad = |m: &str| invalid(format!("response_format: {m}"));
+    let Value::Object(o) = v else { return Err(PyTypeError::new_err("response_format must be a dict")) };
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Grammar::JsonObject)),
+        Some("json_schema") => {
+            let spec = o
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| bad("'json_schema' must be a dict"))?;
+            match spec.get("schema") {
+                Some(schema @ Value::Object(_)) => Ok(Some(Grammar::JsonSchema(schema.clone()))),
+                Some(_) => Err(bad("'json_schema.schema' must be a dict")),
+                None => Ok(Some(Grammar::JsonObject)),
+            }
+        }
+        _ => Err(bad("'type' must be 'text', 'json_object' or 'json_schema'")),
+    }
 }

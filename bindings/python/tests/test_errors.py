@@ -97,6 +97,6 @@ def test_bad_prompts_and_messages(engine):
     assert engine.complete("Hi", max_tokens=2).finish_reason == "length"
 
 
-def test_tools_wait_for_structured_output(engine):
+def test_tools_wait_for_tool_calling(engine):
     with pytest.raises(NotImplementedError):
-        engine.chat([{"role": "user", "content": "Hi"}], response_format={"type": "json_object"})
+        engine.chat([{"role": "user", "content": "Hi"}], tools=[{"type": "function", "function": {"name": "f"}}])

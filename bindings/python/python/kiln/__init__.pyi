@@ -36,7 +36,8 @@ Message = Mapping[str, Any]
 reach the chat template as they are."""
 
 class Sampling(TypedDict, total=False):
-    """Sampling keywords: OpenAI's names, plus llama.cpp's top_k, min_p, repeat_penalty.
+    """Sampling keywords: OpenAI's names, plus llama.cpp's top_k, min_p, repeat_penalty and
+    grammar.
     Defaults are llama.cpp's (kiln run's): temperature 0.8, top_k 40, top_p 0.95,
     min_p 0.05, no penalties, a random seed. None means the default."""
 
@@ -60,6 +61,12 @@ class Sampling(TypedDict, total=False):
     """True: report each sampled token's log-probability; N: also the N most likely (<= 20)."""
     ignore_eos: Optional[bool]
     """Keep generating past end-of-generation tokens."""
+    response_format: Optional[Mapping[str, Any]]
+    """OpenAI's: {"type": "text"}, {"type": "json_object"} (the output is a JSON object) or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} (it matches the
+    schema). Generation is constrained, so the output always parses."""
+    grammar: Optional[str]
+    """A GBNF grammar (llama.cpp's format, start symbol `root`) the output must match."""
 
 class StreamingSampling(Sampling, total=False):
     stream: bool
@@ -190,7 +197,7 @@ class Engine:
         self,
         messages: Sequence[Message],
         tools: None = None,
-        response_format: None = None,
+        response_format: Optional[Mapping[str, Any]] = None,
         *,
         stream: Literal[False] = False,
         **sampling: Unpack[Sampling],
@@ -200,7 +207,7 @@ class Engine:
         self,
         messages: Sequence[Message],
         tools: None = None,
-        response_format: None = None,
+        response_format: Optional[Mapping[str, Any]] = None,
         *,
         stream: Literal[True],
         **sampling: Unpack[Sampling],
@@ -209,12 +216,12 @@ class Engine:
         self,
         messages: Sequence[Message],
         tools: None = None,
-        response_format: None = None,
+        response_format: Optional[Mapping[str, Any]] = None,
         **sampling: Unpack[StreamingSampling],
     ) -> Union[Completion, Stream]:
         """A reply to `messages` with the model's chat template applied (as `kiln run` and
-        /v1/chat/completions). `tools` and `response_format` are reserved for structured
-        output and raise NotImplementedError in this build."""
+        /v1/chat/completions). `response_format` constrains the reply (see Sampling);
+        `tools` raises NotImplementedError in this build."""
     @overload
     def embed(
         self,
