@@ -148,9 +148,9 @@ fn kv_bytes_per_token(cfg: &kiln::model::ModelConfig, n_past: usize, n_gen: usiz
             (0..cfg.n_layer)
                 .map(|l| {
                     let keys = pos as u64 + 1;
-                    match cfg.sliding_window {
-                        Some(w) if cfg.swa_layers.get(l).copied().unwrap_or(false) => keys.min(w as u64),
-                        _ => keys,
+                    match cfg.window(l) {
+                        Some(w) => keys.min(w as u64),
+                        None => keys,
                     }
                 })
                 .sum::<u64>()

@@ -38,6 +38,24 @@ pub struct RopeParams {
     pub freq_factors: Option<Arc<Vec<f32>>>,
 }
 
+impl RopeParams {
+    /// No dimension rotated: the identity (layers without RoPE).
+    pub fn identity() -> Self {
+        RopeParams {
+            n_rot: 0,
+            neox: false,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: 0,
+            freq_factors: None,
+        }
+    }
+}
+
 /// Which keys each query token of a batch attends to. Sequences are stored in the KV
 /// pool as block tables; token `i` sits at position `pos[i]` of sequence `seq[i]` and sees
 /// positions `pos[i] - window + 1 ..= pos[i]` of its own sequence (all earlier ones when

@@ -4,9 +4,11 @@
 
 use std::sync::Arc;
 
+use super::block::attention::{self, AttnScratch, Batch};
+use super::block::ffn::{self, FfnScratch};
 use super::config::ModelConfig;
 use super::weights::Weights;
-use crate::backend::{AttnPlan, Backend, IdsTicket, RopeParams};
+use crate::backend::{Backend, IdsTicket, RopeParams};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kv::{KvPool, BLOCK_SIZE};
@@ -16,8 +18,8 @@ pub struct Model<B: Backend> {
     pub cfg: ModelConfig,
     pub weights: Weights<B::Weight>,
     pub backend: B,
-    /// RoPE parameters of each layer (the base differs on sliding-window layers).
-    rope: Vec<RopeParams>,
+    /// Each layer's rotation with the file's frequency factors (`None`: not rotated).
+    rope: Vec<Option<RopeParams>>,
 }
 
 /// One micro-batch: entry `i` is token `tokens[i]` at position `pos[i]` of sequence
@@ -44,17 +46,14 @@ pub enum OutputKind {
 /// Activation buffers for up to `n_ubatch` tokens, made once per runner.
 pub struct Scratch<B: Backend> {
     n_ubatch: usize,
+    /// The residual stream.
     x: B::Buf,
+    /// A block's normed input (and the post-norm's output).
     h: B::Buf,
-    q: B::Buf,
-    k: B::Buf,
-    /// Second K buffer for the per-head k norm (in-place ops take distinct buffers).
-    k_normed: B::Buf,
-    v: B::Buf,
-    att: B::Buf,
+    /// A block's output.
     o: B::Buf,
-    gate: B::Buf,
-    up: B::Buf,
+    attn: AttnScratch<B>,
+    ffn: FfnScratch<B>,
     out_rows: B::Buf,
     /// Grown on demand: most calls want one row of logits, perplexity wants hundreds.
     logits: B::Buf,
@@ -68,14 +67,9 @@ impl<B: Backend> Scratch<B> {
             n_ubatch,
             x: b.alloc(n * cfg.n_embd)?,
             h: b.alloc(n * cfg.n_embd)?,
-            q: b.alloc(n * cfg.q_dim())?,
-            k: b.alloc(n * cfg.kv_dim())?,
-            k_normed: b.alloc(n * cfg.kv_dim())?,
-            v: b.alloc(n * cfg.kv_dim())?,
-            att: b.alloc(n * cfg.q_dim())?,
             o: b.alloc(n * cfg.n_embd.max(cfg.q_dim()))?,
-            gate: b.alloc(n * cfg.n_ff)?,
-            up: b.alloc(n * cfg.n_ff)?,
+            attn: AttnScratch::new(b, cfg, n)?,
+            ffn: FfnScratch::new(b, cfg, n)?,
             out_rows: b.alloc(n * cfg.n_embd)?,
             logits: b.alloc(cfg.n_vocab)?,
             logits_rows: 1,
@@ -89,9 +83,10 @@ impl<B: Backend> Scratch<B> {
 
 impl<B: Backend> Model<B> {
     /// Layer `il`'s RoPE as a pure rotation (no YaRN magnitude scaling), for moving cached
-    /// keys to other positions in a context shift.
+    /// keys to other positions in a context shift; no dimension rotated where the layer
+    /// has no RoPE.
     pub fn shift_rope(&self, il: usize) -> RopeParams {
-        let mut r = self.rope[il].clone();
+        let Some(mut r) = self.rope[il].clone() else { return RopeParams::identity() };
         r.attn_factor = if r.ext_factor != 0.0 { 1.0 / (1.0 + 0.1 * (1.0 / r.freq_scale).ln()) } else { 1.0 };
         r
     }
@@ -100,19 +95,10 @@ impl<B: Backend> Model<B> {
         let cfg = ModelConfig::from_gguf(gguf)?;
         let weights = Weights::load(gguf, &cfg, &backend)?;
         let freq_factors = weights.rope_freqs.clone().map(Arc::new);
-        let rope = (0..cfg.n_layer)
-            .map(|il| RopeParams {
-                n_rot: cfg.n_rot,
-                neox: cfg.rope_neox,
-                freq_base: if cfg.swa_layers[il] { cfg.rope_freq_base_swa } else { cfg.rope_freq_base },
-                freq_scale: cfg.rope_freq_scale,
-                ext_factor: cfg.yarn_ext_factor,
-                attn_factor: cfg.yarn_attn_factor,
-                beta_fast: cfg.yarn_beta_fast,
-                beta_slow: cfg.yarn_beta_slow,
-                n_ctx_orig: cfg.rope_n_ctx_orig,
-                freq_factors: freq_factors.clone(),
-            })
+        let rope = cfg
+            .layers
+            .iter()
+            .map(|l| l.attn.rope.clone().map(|r| RopeParams { freq_factors: freq_factors.clone(), ..r }))
             .collect();
         Ok(Model { cfg, weights, backend, rope })
     }
@@ -224,66 +210,33 @@ impl<B: Backend> Model<B> {
         } else {
             b.embed(&w.token_embd, ub.tokens, cfg.embd_scale, &mut s.x)?;
         }
-        b.rms_norm(&s.x, &w.layers[0].attn_norm, cfg.norm_eps, n, d, &mut s.h);
-        for (il, lw) in w.layers.iter().enumerate() {
-            // Attention block (its norm was applied with the previous residual add).
-            let biases = [lw.bq.as_ref(), lw.bk.as_ref(), lw.bv.as_ref()];
-            let qkv = &mut [&mut s.q, &mut s.k, &mut s.v];
-            b.matmul_many(&[&lw.wq, &lw.wk, &lw.wv], &biases, &s.h, n, qkv);
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                b.rms_norm(&s.q, qn, cfg.norm_eps, n * cfg.n_head, cfg.head_dim, &mut s.att);
-                std::mem::swap(&mut s.q, &mut s.att);
-                b.rms_norm(&s.k, kn, cfg.norm_eps, n * cfg.n_head_kv, cfg.head_dim, &mut s.k_normed);
-                std::mem::swap(&mut s.k, &mut s.k_normed);
-            }
+        let batch = Batch { pos: ub.pos, seq: ub.seq, slots: &slots, tables };
+        if let Some(norm) = w.layers[0].attn_pre_norm() {
+            b.rms_norm(&s.x, norm, cfg.norm_eps, n, d, &mut s.h);
+        }
+        for (il, (layer, lw)) in cfg.layers.iter().zip(&w.layers).enumerate() {
+            // Each block reads its pre-norm's output (applied with the last residual add),
+            // else the residual stream itself.
+            let x = if layer.attn.norms.pre { &s.h } else { &s.x };
             let (kc, vc) = &mut kv.layers[il];
-            let (n_head, n_head_kv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-            b.rope_kv_store(
-                &mut s.q,
-                &mut s.k,
-                &s.v,
-                kc,
-                vc,
-                ub.pos,
-                &slots,
-                n_head,
-                n_head_kv,
-                hd,
-                &self.rope[il],
+            let rope = self.rope[il].as_ref();
+            attention::forward(
+                b,
+                cfg,
+                &layer.attn,
+                &lw.attn,
+                rope,
+                x,
+                &batch,
+                (kc, vc),
+                &mut s.attn,
+                &mut s.o,
             );
-            let plan = AttnPlan {
-                pos: ub.pos,
-                seq: ub.seq,
-                tables,
-                block_size: BLOCK_SIZE,
-                n_head: cfg.n_head,
-                n_head_kv: cfg.n_head_kv,
-                head_dim: cfg.head_dim,
-                scale: cfg.attn_scale,
-                window: if cfg.swa_layers[il] { cfg.sliding_window } else { None },
-            };
-            b.attention(&s.q, kc, vc, &plan, &mut s.att);
-            b.matmul(&lw.wo, &s.att, n, &mut s.o);
-            if let Some(pn) = &lw.attn_post_norm {
-                b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
-                std::mem::swap(&mut s.o, &mut s.h);
-            }
-            // Feed-forward block.
-            b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, &lw.ffn_norm, cfg.norm_eps, n, d, &mut s.h);
-            b.matmul_many(&[&lw.ffn_gate, &lw.ffn_up], &[], &s.h, n, &mut [&mut s.gate, &mut s.up]);
-            b.glu(&mut s.gate, &s.up, cfg.activation, n * cfg.n_ff);
-            b.matmul(&lw.ffn_down, &s.gate, n, &mut s.o);
-            if let Some(pn) = &lw.ffn_post_norm {
-                b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
-                std::mem::swap(&mut s.o, &mut s.h);
-            }
-            match w.layers.get(il + 1) {
-                Some(next) => {
-                    let eps = cfg.norm_eps;
-                    b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, &next.attn_norm, eps, n, d, &mut s.h);
-                }
-                None => b.add(&mut s.x, &s.o, cfg.residual_scale, n * d),
-            }
+            self.residual(s, n, lw.attn.norms.post.as_ref(), lw.ffn.norms().pre.as_ref());
+            let x = if layer.ffn.norms().pre { &s.h } else { &s.x };
+            ffn::forward(b, &layer.ffn, &lw.ffn, x, n, &mut s.ffn, &mut s.o);
+            let next = w.layers.get(il + 1).and_then(|l| l.attn_pre_norm());
+            self.residual(s, n, lw.ffn.norms().post.as_ref(), next);
         }
 
         let n_out = ub.outputs.len();
@@ -293,5 +246,21 @@ impl<B: Backend> Model<B> {
         b.gather_rows(&s.x, ub.outputs, d, &mut s.h);
         b.rms_norm(&s.h, &w.output_norm, cfg.norm_eps, n_out, d, &mut s.out_rows);
         Ok(())
+    }
+
+    /// A block's output `s.o` (after its post-norm, if any) added to the residual stream,
+    /// then the next block's pre-norm of it (if any) into `s.h`.
+    fn residual(&self, s: &mut Scratch<B>, n: usize, post: Option<&B::Weight>, next: Option<&B::Weight>) {
+        let (cfg, b, d) = (&self.cfg, &self.backend, self.cfg.n_embd);
+        if let Some(pn) = post {
+            b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
+            std::mem::swap(&mut s.o, &mut s.h);
+        }
+        match next {
+            Some(norm) => {
+                b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, norm, cfg.norm_eps, n, d, &mut s.h)
+            }
+            None => b.add(&mut s.x, &s.o, cfg.residual_scale, n * d),
+        }
     }
 }

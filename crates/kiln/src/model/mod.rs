@@ -1,19 +1,22 @@
-//! Model definitions: config from GGUF metadata, weights, one forward for every family.
+//! Model definitions: each architecture's file (`arch/`) reads its GGUF metadata into a
+//! `ModelConfig` of shared blocks (`block/`); the weights follow from the blocks, and one
+//! batch-first forward runs them all.
 
+pub mod arch;
+pub mod block;
 mod config;
 mod forward;
 mod runner;
 pub mod synth;
 mod weights;
 
-pub use config::{Arch, ModelConfig, RopeScaling};
+pub use block::{Layer, LayerWeights};
+pub use config::{Hparams, Meta, ModelConfig, RopeScaling};
 pub use forward::{Model, OutputKind, Scratch, UBatch};
 pub use runner::{Entry, ModelRunner, Runner, SeqId};
-pub use weights::{LayerWeights, Weights};
+pub use weights::{Loader, Weights};
 
-/// Architectures kiln can run.
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "granite"];
-
+/// Whether kiln runs architecture `arch` (`general.architecture`).
 pub fn is_supported_architecture(arch: &str) -> bool {
-    Arch::from_name(arch).is_some()
+    arch::find(arch).is_some()
 }

@@ -1,32 +1,14 @@
-//! The tensors of a model, looked up by their GGUF names and checked against the config.
+//! The tensors of a model, looked up by their GGUF names and checked against the config:
+//! the model-wide ones here, each layer's by its blocks (`block/`).
 
 use std::sync::Arc;
 
+use super::block::LayerWeights;
 use super::config::ModelConfig;
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
-
-pub struct LayerWeights<W> {
-    pub attn_norm: W,
-    pub wq: W,
-    pub wk: W,
-    pub wv: W,
-    pub bq: Option<W>,
-    pub bk: Option<W>,
-    pub bv: Option<W>,
-    pub wo: W,
-    /// Per-head RMSNorm of q and k (qwen3, gemma3).
-    pub q_norm: Option<W>,
-    pub k_norm: Option<W>,
-    pub attn_post_norm: Option<W>,
-    pub ffn_norm: W,
-    pub ffn_gate: W,
-    pub ffn_up: W,
-    pub ffn_down: W,
-    pub ffn_post_norm: Option<W>,
-}
 
 pub struct Weights<W> {
     pub token_embd: W,
@@ -38,19 +20,24 @@ pub struct Weights<W> {
     pub rope_freqs: Option<Vec<f32>>,
 }
 
-struct Loader<'a, B: Backend> {
-    g: &'a Arc<GgufFile>,
+/// Looks tensors up in a file, checks their shapes and loads them on a backend.
+pub struct Loader<'a, B: Backend> {
+    pub g: &'a Arc<GgufFile>,
+    pub cfg: &'a ModelConfig,
     backend: &'a B,
+}
+
+fn missing(name: &str) -> KilnError {
+    KilnError::Tensor { name: name.into(), msg: "missing from the file".into() }
 }
 
 impl<B: Backend> Loader<'_, B> {
     /// Loads `name`, checking its shape is `[cols, rows]` (ggml order).
-    fn get(&self, name: &str, cols: usize, rows: usize) -> Result<B::Weight> {
-        self.opt(name, cols, rows)?
-            .ok_or_else(|| KilnError::Tensor { name: name.into(), msg: "missing from the file".into() })
+    pub fn get(&self, name: &str, cols: usize, rows: usize) -> Result<B::Weight> {
+        self.opt(name, cols, rows)?.ok_or_else(|| missing(name))
     }
 
-    fn opt(&self, name: &str, cols: usize, rows: usize) -> Result<Option<B::Weight>> {
+    pub fn opt(&self, name: &str, cols: usize, rows: usize) -> Result<Option<B::Weight>> {
         match self.info(name, cols, rows)? {
             Some(t) => self.backend.load_weight(self.g, t).map(Some),
             None => Ok(None),
@@ -58,7 +45,7 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     /// The tensor `name`, checked to be `[cols, rows]`.
-    fn info(&self, name: &str, cols: usize, rows: usize) -> Result<Option<&TensorInfo>> {
+    pub fn info(&self, name: &str, cols: usize, rows: usize) -> Result<Option<&TensorInfo>> {
         let Some(t) = self.g.tensor(name) else { return Ok(None) };
         let (r, c) = t.rows_cols();
         if (r, c) != (rows, cols) || t.dims.len() > 2 {
@@ -71,65 +58,71 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     /// Weights of one input (q/k/v; gate/up), loaded together: `N` `(name, cols, rows)`.
-    fn group<const N: usize>(&self, specs: [(String, usize, usize); N]) -> Result<[B::Weight; N]> {
+    pub fn group<const N: usize>(&self, specs: [(String, usize, usize); N]) -> Result<[B::Weight; N]> {
         let mut ts = Vec::with_capacity(N);
         for (name, cols, rows) in &specs {
-            let t = self.info(name, *cols, *rows)?;
-            ts.push(t.ok_or_else(|| KilnError::Tensor {
-                name: name.clone(),
-                msg: "missing from the file".into(),
-            })?);
+            ts.push(self.info(name, *cols, *rows)?.ok_or_else(|| missing(name))?.clone());
         }
-        let ws = self.backend.load_weights(self.g, &ts)?;
+        self.load_together(&ts)
+    }
+
+    /// A fused tensor (`attn_qkv`, phi3's `ffn_up`) of `cols` columns split by rows into
+    /// parts of `rows[i]` rows, loaded together as weights of one input. Its rows are
+    /// contiguous, so each part is a view of the file: the same dots as separate tensors.
+    pub fn split<const N: usize>(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: [usize; N],
+    ) -> Result<Option<[B::Weight; N]>> {
+        let Some(t) = self.info(name, cols, rows.iter().sum())? else { return Ok(None) };
+        let row_size = t.ty.row_size(cols)? as u64;
+        let mut offset = t.offset;
+        let parts: Vec<TensorInfo> = rows
+            .iter()
+            .map(|&r| {
+                let part = TensorInfo {
+                    name: t.name.clone(),
+                    dims: vec![cols as u64, r as u64],
+                    ty: t.ty,
+                    offset,
+                    size: row_size * r as u64,
+                };
+                offset += part.size;
+                part
+            })
+            .collect();
+        self.load_together(&parts).map(Some)
+    }
+
+    fn load_together<const N: usize>(&self, ts: &[TensorInfo]) -> Result<[B::Weight; N]> {
+        let refs: Vec<&TensorInfo> = ts.iter().collect();
+        let ws = self.backend.load_weights(self.g, &refs)?;
         ws.try_into().map_err(|_| KilnError::Backend("load_weights returned a wrong count".into()))
     }
 }
 
 impl<W> Weights<W> {
     pub fn load<B: Backend<Weight = W>>(g: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B) -> Result<Self> {
-        let l = Loader { g, backend };
-        let (d, q, kv, ff, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.head_dim);
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let [wq, wk, wv] = l.group([
-                (n("attn_q.weight"), d, q),
-                (n("attn_k.weight"), d, kv),
-                (n("attn_v.weight"), d, kv),
-            ])?;
-            let [ffn_gate, ffn_up] = l.group([(n("ffn_gate.weight"), d, ff), (n("ffn_up.weight"), d, ff)])?;
-            layers.push(LayerWeights {
-                attn_norm: l.get(&n("attn_norm.weight"), d, 1)?,
-                wq,
-                wk,
-                wv,
-                bq: l.opt(&n("attn_q.bias"), q, 1)?,
-                bk: l.opt(&n("attn_k.bias"), kv, 1)?,
-                bv: l.opt(&n("attn_v.bias"), kv, 1)?,
-                wo: l.get(&n("attn_output.weight"), q, d)?,
-                q_norm: l.opt(&n("attn_q_norm.weight"), hd, 1)?,
-                k_norm: l.opt(&n("attn_k_norm.weight"), hd, 1)?,
-                attn_post_norm: l.opt(&n("post_attention_norm.weight"), d, 1)?,
-                ffn_norm: l.get(&n("ffn_norm.weight"), d, 1)?,
-                ffn_gate,
-                ffn_up,
-                ffn_down: l.get(&n("ffn_down.weight"), ff, d)?,
-                ffn_post_norm: l.opt(&n("post_ffw_norm.weight"), d, 1)?,
-            });
-        }
-        if cfg.post_norms && layers.iter().any(|l| l.attn_post_norm.is_none() || l.ffn_post_norm.is_none()) {
-            return Err(KilnError::Tensor { name: "blk.*.post_*_norm.weight".into(), msg: "missing".into() });
-        }
+        let l = Loader { g, cfg, backend };
+        let d = cfg.n_embd;
+        let layers = cfg
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, layer)| LayerWeights::load(&l, il, layer))
+            .collect::<Result<_>>()?;
+        let n_rot = cfg.layers.iter().find_map(|l| l.attn.rope.as_ref()).map_or(0, |r| r.n_rot);
         let rope_freqs = match g.tensor("rope_freqs.weight") {
             None => None,
             Some(t) => {
-                if t.n_elements() as usize != cfg.n_rot / 2 {
+                if t.n_elements() as usize != n_rot / 2 {
                     return Err(KilnError::Tensor {
                         name: t.name.clone(),
-                        msg: format!("{} values, expected n_rot/2 = {}", t.n_elements(), cfg.n_rot / 2),
+                        msg: format!("{} values, expected n_rot/2 = {}", t.n_elements(), n_rot / 2),
                     });
                 }
-                let mut v = vec![0.0; cfg.n_rot / 2];
+                let mut v = vec![0.0; n_rot / 2];
                 quant::dequantize_row(t.ty, g.tensor_data(t), &mut v)?;
                 Some(v)
             }

@@ -1,0 +1,172 @@
+//! The attention block: q, k, v projections (separate `attn_q/k/v` or one fused
+//! `attn_qkv`, optional biases), optional RMSNorm of q and k, RoPE, causal attention over
+//! the KV cache (optionally within a sliding window), the output projection `attn_output`.
+
+use super::{blk, NormWeights, Norms};
+use crate::backend::{AttnPlan, Backend, RopeParams};
+use crate::error::Result;
+use crate::kv::BLOCK_SIZE;
+use crate::model::config::ModelConfig;
+use crate::model::weights::Loader;
+
+/// One layer's attention, as its architecture defines it.
+#[derive(Clone, Debug)]
+pub struct Attention {
+    pub norms: Norms,
+    pub qk_norm: QkNorm,
+    /// The rotation of q and k; `None`: positions are not rotated (NoPE layers).
+    pub rope: Option<RopeParams>,
+    /// Each token sees only the last `window` positions (sliding-window layers).
+    pub window: Option<u32>,
+    /// Scale of q·k.
+    pub scale: f32,
+}
+
+/// RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Each head on its own, one weight of `head_dim` shared by the heads (qwen3, gemma3).
+    PerHead,
+}
+
+impl Attention {
+    /// Llama's attention: pre-norm, no q/k norm, `rope` at every position, full context.
+    pub fn new(rope: RopeParams, scale: f32) -> Self {
+        Attention { norms: Norms::PRE, qk_norm: QkNorm::None, rope: Some(rope), window: None, scale }
+    }
+}
+
+pub struct AttnWeights<W> {
+    pub norms: NormWeights<W>,
+    pub wq: W,
+    pub wk: W,
+    pub wv: W,
+    pub bq: Option<W>,
+    pub bk: Option<W>,
+    pub bv: Option<W>,
+    pub wo: W,
+    pub q_norm: Option<W>,
+    pub k_norm: Option<W>,
+}
+
+impl<W> AttnWeights<W> {
+    pub(crate) fn load<B: Backend<Weight = W>>(l: &Loader<B>, il: usize, a: &Attention) -> Result<Self> {
+        let c = l.cfg;
+        let (d, q, kv, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+        let n = |s: &str| blk(il, s);
+        let [wq, wk, wv] = match l.split(&n("attn_qkv.weight"), d, [q, kv, kv])? {
+            Some(w) => w,
+            None => l.group([
+                (n("attn_q.weight"), d, q),
+                (n("attn_k.weight"), d, kv),
+                (n("attn_v.weight"), d, kv),
+            ])?,
+        };
+        let (q_norm, k_norm) = match a.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead => {
+                (Some(l.get(&n("attn_q_norm.weight"), hd, 1)?), Some(l.get(&n("attn_k_norm.weight"), hd, 1)?))
+            }
+        };
+        Ok(AttnWeights {
+            norms: NormWeights::load(l, il, a.norms, "attn_norm.weight", "post_attention_norm.weight")?,
+            wq,
+            wk,
+            wv,
+            bq: l.opt(&n("attn_q.bias"), q, 1)?,
+            bk: l.opt(&n("attn_k.bias"), kv, 1)?,
+            bv: l.opt(&n("attn_v.bias"), kv, 1)?,
+            wo: l.get(&n("attn_output.weight"), q, d)?,
+            q_norm,
+            k_norm,
+        })
+    }
+}
+
+/// Where a micro-batch's tokens are: entry `i` is at position `pos[i]` of sequence
+/// `seq[i]` (an index into `tables`), its K and V go to KV slot `slots[i]`.
+pub struct Batch<'a> {
+    pub pos: &'a [u32],
+    pub seq: &'a [u32],
+    pub slots: &'a [u32],
+    pub tables: &'a [&'a [u32]],
+}
+
+/// The attention block's activations, `n_ubatch` rows each.
+pub struct AttnScratch<B: Backend> {
+    q: B::Buf,
+    k: B::Buf,
+    /// A second K buffer for the k norm (in-place ops take distinct buffers).
+    k_normed: B::Buf,
+    v: B::Buf,
+    att: B::Buf,
+}
+
+impl<B: Backend> AttnScratch<B> {
+    pub fn new(b: &B, cfg: &ModelConfig, n: usize) -> Result<Self> {
+        Ok(AttnScratch {
+            q: b.alloc(n * cfg.q_dim())?,
+            k: b.alloc(n * cfg.kv_dim())?,
+            k_normed: b.alloc(n * cfg.kv_dim())?,
+            v: b.alloc(n * cfg.kv_dim())?,
+            att: b.alloc(n * cfg.q_dim())?,
+        })
+    }
+}
+
+/// The block on `n` rows of `x` (already normed): K and V to the layer's cache, the
+/// projected output to `out`. `rope` is `a.rope` with the file's frequency factors.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<B: Backend>(
+    b: &B,
+    cfg: &ModelConfig,
+    a: &Attention,
+    w: &AttnWeights<B::Weight>,
+    rope: Option<&RopeParams>,
+    x: &B::Buf,
+    batch: &Batch,
+    (kc, vc): (&mut B::Kv, &mut B::Kv),
+    s: &mut AttnScratch<B>,
+    out: &mut B::Buf,
+) {
+    let n = batch.pos.len();
+    let (n_head, n_head_kv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+    let biases = [w.bq.as_ref(), w.bk.as_ref(), w.bv.as_ref()];
+    b.matmul_many(&[&w.wq, &w.wk, &w.wv], &biases, x, n, &mut [&mut s.q, &mut s.k, &mut s.v]);
+    if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+        b.rms_norm(&s.q, qn, cfg.norm_eps, n * n_head, hd, &mut s.att);
+        std::mem::swap(&mut s.q, &mut s.att);
+        b.rms_norm(&s.k, kn, cfg.norm_eps, n * n_head_kv, hd, &mut s.k_normed);
+        std::mem::swap(&mut s.k, &mut s.k_normed);
+    }
+    match rope {
+        Some(rope) => b.rope_kv_store(
+            &mut s.q,
+            &mut s.k,
+            &s.v,
+            kc,
+            vc,
+            batch.pos,
+            batch.slots,
+            n_head,
+            n_head_kv,
+            hd,
+            rope,
+        ),
+        None => b.kv_store(kc, vc, &s.k, &s.v, batch.slots, n_head_kv * hd),
+    }
+    let plan = AttnPlan {
+        pos: batch.pos,
+        seq: batch.seq,
+        tables: batch.tables,
+        block_size: BLOCK_SIZE,
+        n_head,
+        n_head_kv,
+        head_dim: hd,
+        scale: a.scale,
+        window: a.window,
+    };
+    b.attention(&s.q, kc, vc, &plan, &mut s.att);
+    b.matmul(&w.wo, &s.att, n, out);
+}
