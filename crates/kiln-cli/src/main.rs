@@ -1,5 +1,6 @@
 //! The `kiln` command. The contract (flags, output, exit codes) is `docs/cli.md`.
 
+mod argv;
 mod cmd;
 
 use std::process::ExitCode;
@@ -15,7 +16,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     restore_sigpipe();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(argv::rewrite(std::env::args_os()));
     // A panic is a bug, but the contract says exit 1 with one `error:` line, never 101.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error: {info}");

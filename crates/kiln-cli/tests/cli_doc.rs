@@ -8,6 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
+#[path = "../src/argv.rs"]
+#[allow(dead_code)]
+mod argv;
+
 /// A flag as `(short, long)`: `("-m", "--model")`, `("", "--device")`.
 type Flag = (String, String);
 
@@ -85,12 +89,33 @@ fn sections(doc: &str) -> Vec<Section> {
 }
 
 /// The flags of a section's tables: rows whose first cell is a code span starting with `-`.
+/// A multi-letter single-dash word (`-hf`) must be one the argv rewriter turns into that
+/// row's long flag; it is then compared as the long flag alone, as `--help` shows it.
 fn table_flags(body: &str) -> BTreeSet<Flag> {
     body.lines()
         .filter_map(|l| l.strip_prefix("| `"))
         .filter(|l| l.starts_with('-'))
-        .map(|l| parse_flag(l.split('`').next().unwrap()))
+        .map(|l| {
+            let (short, long) = parse_flag(l.split('`').next().unwrap());
+            if short.len() > 2 {
+                assert!(
+                    argv::WORDS.contains(&(short.as_str(), long.as_str())),
+                    "{short} is not a word the argv rewriter turns into {long}"
+                );
+                return (String::new(), long);
+            }
+            (short, long)
+        })
         .collect()
+}
+
+/// Every word of the rewriter stands for a long flag some command has.
+#[test]
+fn rewriter_words_name_real_flags() {
+    let all: BTreeSet<String> = subcommands().iter().flat_map(|c| help_flags(c)).map(|(_, l)| l).collect();
+    for (word, long) in argv::WORDS {
+        assert!(all.contains(*long), "{word} stands for {long}, which no command has");
+    }
 }
 
 /// GitHub's anchor of a heading: lowercase, spaces to dashes, punctuation dropped.

@@ -42,10 +42,14 @@ pub struct ServerOptions {
     pub api_key: Option<String>,
 }
 
-/// The id `/v1/models` reports: the alias, else the catalog name, else the file stem.
+/// The id `/v1/models` reports: the alias, else the catalog name, else a Hub name without
+/// `hf://` (`ORG/REPO:QUANT`), else the file stem.
 pub fn model_id(model: &str, alias: Option<&str>) -> String {
     if let Some(a) = alias {
         return a.to_string();
+    }
+    if let Some(name) = model.strip_prefix(kiln::hub::hf::SCHEME) {
+        return name.to_string();
     }
     if kiln::hub::find(model).is_some() {
         return model.to_string();

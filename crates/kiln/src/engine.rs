@@ -289,7 +289,7 @@ impl Engine {
         if let Some(h) = self.inner.sha256.get() {
             return Ok(h.clone());
         }
-        let h = sha256_file(&self.inner.path)?;
+        let h = sha256_files(&self.inner.gguf.paths())?;
         Ok(self.inner.sha256.get_or_init(|| h).clone())
     }
 
@@ -317,18 +317,21 @@ impl Engine {
     }
 }
 
-fn sha256_file(path: &Path) -> Result<String> {
+/// The sha256 of the model's bytes: its file's, or a split model's parts' in order.
+fn sha256_files(paths: &[&Path]) -> Result<String> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| KilnError::io(path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| KilnError::io(path, e))?;
-        if n == 0 {
-            break;
+    for path in paths {
+        let mut f = std::fs::File::open(path).map_err(|e| KilnError::io(path, e))?;
+        loop {
+            let n = f.read(&mut buf).map_err(|e| KilnError::io(path, e))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
         }
-        h.update(&buf[..n]);
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

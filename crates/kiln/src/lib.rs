@@ -57,6 +57,7 @@ pub mod grammar;
 pub mod hub;
 pub mod kv;
 pub mod model;
+pub mod progress;
 pub mod quant;
 pub mod sample;
 pub mod session;

@@ -5,12 +5,14 @@ use std::io::Read;
 use kiln::engine::{Device, Engine, EngineOptions};
 use kiln::KilnError;
 
-/// `-m/-t/-c/-b/--device`, as every computing command takes them (docs/cli.md).
+/// `-m/-hf/-t/-c/-b/--device`, as every computing command takes them (docs/cli.md).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// A .gguf path or a catalog name.
+    /// A .gguf path, a catalog name or a Hub name (hf://ORG/REPO[:QUANT], hf://ORG/REPO/PATH.gguf).
     #[arg(short = 'm', long, default_value = kiln::hub::DEFAULT_MODEL)]
     pub model: String,
+    #[arg(help = HF_REPO_HELP, long = "hf-repo", value_name = "REPO[:QUANT]", conflicts_with = "model")]
+    pub hf_repo: Option<String>,
     /// Threads (default: the number of cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
@@ -25,7 +27,25 @@ pub struct ModelArgs {
     pub device: Option<String>,
 }
 
+/// The help of `-hf, --hf-repo` wherever a model is taken.
+pub const HF_REPO_HELP: &str =
+    "A Hugging Face repository, ORG/REPO[:QUANT] (the quant tag picks the file; default Q4_K_M); also -hf";
+
+/// The model name `-m MODEL` or `-hf REPO` gives (`hf://REPO` for the latter).
+pub fn model_name(model: &str, hf_repo: Option<&str>) -> String {
+    match hf_repo {
+        Some(r) if r.starts_with(kiln::hub::hf::SCHEME) => r.to_string(),
+        Some(r) => format!("{}{r}", kiln::hub::hf::SCHEME),
+        None => model.to_string(),
+    }
+}
+
 impl ModelArgs {
+    /// The model to load: `-m`, or `hf://REPO` for `-hf REPO`.
+    pub fn name(&self) -> String {
+        model_name(&self.model, self.hf_repo.as_deref())
+    }
+
     pub fn device(&self) -> kiln::Result<Device> {
         match (&self.device, std::env::var("KILN_DEVICE")) {
             (Some(d), _) => d.parse(),
@@ -52,7 +72,7 @@ impl ModelArgs {
     }
 
     pub fn load(&self) -> kiln::Result<Engine> {
-        Engine::load(&self.model, self.engine_options()?)
+        Engine::load(self.name(), self.engine_options()?)
     }
 }
 

@@ -5,17 +5,20 @@ use serde_json::{json, Map};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A .gguf path or a catalog name.
-    #[arg(value_name = "MODEL", conflicts_with = "model")]
+    /// A .gguf path, a catalog name or a Hub name (hf://...).
+    #[arg(value_name = "MODEL", conflicts_with_all = ["model", "hf_repo"])]
     model_pos: Option<String>,
     #[arg(short = 'm', long)]
     model: Option<String>,
+    #[arg(help = super::common::HF_REPO_HELP, long = "hf-repo", value_name = "REPO[:QUANT]", conflicts_with = "model")]
+    hf_repo: Option<String>,
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> kiln::Result<()> {
     let spec = a.model_pos.or(a.model).unwrap_or_else(|| kiln::hub::DEFAULT_MODEL.to_string());
+    let spec = super::common::model_name(&spec, a.hf_repo.as_deref());
     let path = kiln::hub::resolve_model(&spec)?;
     let g = GgufFile::open(&path)?;
     let arch = g.architecture().unwrap_or("").to_string();
@@ -31,7 +34,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
             .iter()
             .map(|t| {
                 json!({"name": t.name, "type": t.ty.name(), "shape": t.dims,
-                       "offset": g.data_offset + t.offset, "supported": t.ty.is_supported()})
+                       "offset": g.tensor_start(t).1, "supported": t.ty.is_supported()})
             })
             .collect();
         let out = json!({
@@ -53,7 +56,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
     println!("tensors ({}):", g.tensors.len());
     for t in &g.tensors {
         let flag = if t.ty.is_supported() { "" } else { "  (unsupported type)" };
-        println!("  {:<40} {:<7} {:?} @ {}{flag}", t.name, t.ty.name(), t.dims, g.data_offset + t.offset);
+        println!("  {:<40} {:<7} {:?} @ {}{flag}", t.name, t.ty.name(), t.dims, g.tensor_start(t).1);
     }
     println!("supported:    {}", arch_ok && all_types_ok);
     Ok(())

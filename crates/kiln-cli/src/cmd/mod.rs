@@ -30,7 +30,7 @@ pub enum Command {
     Inspect(inspect::Args),
     /// Turn text into token ids.
     Tokenize(tokenize::Args),
-    /// Fetch a catalog model into the cache; print its path.
+    /// Fetch a model into its cache; print its path.
     Pull(pull::Args),
     /// Talk with a model, turn by turn.
     Chat(chat::Args),

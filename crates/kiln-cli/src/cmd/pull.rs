@@ -1,12 +1,17 @@
-//! `kiln pull NAME` / `kiln pull --list`: fetch a catalog model into the cache.
+//! `kiln pull NAME` / `kiln pull -hf ORG/REPO[:QUANT]` / `kiln pull --list`: fetch a model
+//! into its cache and print its path.
 
 use kiln::hub;
 
+use super::common::{model_name, HF_REPO_HELP};
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// A catalog name (see `--list`).
-    #[arg(value_name = "NAME", required_unless_present_any = ["list", "llama_cpp_source"])]
+    /// A catalog name (see `--list`) or a Hub name (hf://ORG/REPO[:QUANT], hf://ORG/REPO/PATH.gguf).
+    #[arg(value_name = "NAME", required_unless_present_any = ["list", "llama_cpp_source", "hf_repo"])]
     name: Option<String>,
+    #[arg(help = HF_REPO_HELP, long = "hf-repo", value_name = "REPO[:QUANT]", conflicts_with_all = ["name", "list"])]
+    hf_repo: Option<String>,
     /// Print the catalog: name, size, architecture, and whether it is cached.
     #[arg(long, conflicts_with_all = ["name", "llama_cpp_source"])]
     list: bool,
@@ -35,7 +40,8 @@ pub fn run(a: Args) -> kiln::Result<()> {
         println!("{}", hub::llama_cpp_source()?.display());
         return Ok(());
     }
-    let path = hub::pull(a.name.as_deref().unwrap_or_default())?;
+    let name = model_name(a.name.as_deref().unwrap_or_default(), a.hf_repo.as_deref());
+    let path = hub::pull(&name)?;
     println!("{}", path.display());
     Ok(())
 }

@@ -35,7 +35,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let api_key = a.api_key.or_else(|| std::env::var("KILN_API_KEY").ok()).filter(|k| !k.is_empty());
     serve(ServerOptions {
         engine: a.model.engine_options()?,
-        model: a.model.model.clone(),
+        model: a.model.name(),
         host: a.host,
         port: a.port,
         alias: a.alias,

@@ -10,9 +10,11 @@ use kiln::KilnError;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A .gguf path or a catalog name.
+    /// A .gguf path, a catalog name or a Hub name (hf://...).
     #[arg(short = 'm', long, default_value = kiln::hub::DEFAULT_MODEL)]
     model: String,
+    #[arg(help = super::common::HF_REPO_HELP, long = "hf-repo", value_name = "REPO[:QUANT]", conflicts_with = "model")]
+    hf_repo: Option<String>,
     /// The text (verbatim).
     #[arg(short = 'p', long = "prompt", value_name = "TEXT", conflicts_with_all = ["text", "file"])]
     prompt: Option<OsString>,
@@ -35,7 +37,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> kiln::Result<()> {
     let text = read_text(&a)?;
-    let path = kiln::hub::resolve_model(&a.model)?;
+    let path = kiln::hub::resolve_model(&super::common::model_name(&a.model, a.hf_repo.as_deref()))?;
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path)?)?;
     let mut ids = tok.encode(&text, true, !a.no_parse_special)?;
     if a.no_bos && tok.add_bos() && !ids.is_empty() && tok.bos() == Some(ids[0]) {

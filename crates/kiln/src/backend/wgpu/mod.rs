@@ -419,11 +419,7 @@ impl GpuBackend {
         let mut data = Vec::with_capacity(ts.iter().map(|t| t.size as usize).sum());
         let mut ws = Vec::with_capacity(ts.len());
         for t in ts {
-            let start = (gguf.data_offset + t.offset) as usize;
-            let raw = gguf.bytes().get(start..start + t.size as usize).ok_or_else(|| KilnError::Tensor {
-                name: t.name.clone(),
-                msg: "data out of bounds".into(),
-            })?;
+            let raw = gguf.tensor_data(t);
             let (rows, cols) = t.rows_cols();
             let row_size = t.ty.row_size(cols)?;
             // A weight starts at a whole row of its own format (padding where the format
@@ -780,11 +776,7 @@ impl Backend for GpuBackend {
             return Err(err(format!("unsupported tensor type {}", t.ty.name())));
         }
         let (rows, cols) = t.rows_cols();
-        let start = (gguf.data_offset + t.offset) as usize;
-        let raw = gguf
-            .bytes()
-            .get(start..start + t.size as usize)
-            .ok_or_else(|| err("data out of bounds".into()))?;
+        let raw = gguf.tensor_data(t);
         // Vectors go up as f32; matrices in their own format when a kernel reads it, else f16.
         let (ty, data): (GgmlType, std::borrow::Cow<[u8]>) = if rows == 1 && t.ty != GgmlType::F32 {
             let mut v = vec![0f32; cols];
