@@ -1,6 +1,7 @@
 //! The `kiln` command. The contract (flags, output, exit codes) is `docs/cli.md`.
 
 mod argv;
+mod bars;
 mod cmd;
 
 use std::process::ExitCode;

@@ -11,6 +11,7 @@ use crate::error::{KilnError, Result};
 use crate::gguf::GgufFile;
 use crate::grammar::{CompiledGrammar, GrammarEnv, GrammarSpec};
 use crate::model::{Model, ModelConfig, ModelRunner, Runner};
+use crate::progress::{ProgressFn, Stage};
 use crate::session::{Session, SessionOptions};
 use crate::tokenizer::Tokenizer;
 
@@ -68,6 +69,8 @@ pub struct EngineOptions {
     /// waits for the host between steps, at the price of one step of work at the end of each
     /// generation. On by default; off gives one step at a time (for measurements).
     pub greedy_lookahead: bool,
+    /// Where progress of downloading, loading and uploading the model goes (none by default).
+    pub progress: Option<ProgressFn>,
 }
 
 impl Default for EngineOptions {
@@ -81,6 +84,7 @@ impl Default for EngineOptions {
             prefix_cache_tokens: None,
             attn_arith: AttnArith::default(),
             greedy_lookahead: true,
+            progress: None,
         }
     }
 }
@@ -114,6 +118,11 @@ impl EngineOptions {
     /// The CPU attention's arithmetic (see [`EngineOptions::attn_arith`]).
     pub fn with_attn_arith(mut self, a: AttnArith) -> Self {
         self.attn_arith = a;
+        self
+    }
+    /// Reports progress of downloading, loading and uploading the model to `f`.
+    pub fn with_progress(mut self, f: ProgressFn) -> Self {
+        self.progress = Some(f);
         self
     }
     /// Whether greedy steps are recorded ahead (see [`EngineOptions::greedy_lookahead`]).
@@ -189,7 +198,7 @@ impl Engine {
     /// Loads a `.gguf` path or a catalog name (fetched on first use).
     pub fn load(model: impl AsRef<str>, opts: EngineOptions) -> Result<Engine> {
         let t0 = Instant::now();
-        let path = crate::hub::resolve_model(model.as_ref())?;
+        let path = crate::hub::resolve_model_with(model.as_ref(), opts.progress.as_ref())?;
         let gguf = Arc::new(GgufFile::open(&path)?);
         let cfg = ModelConfig::from_gguf(&gguf)?;
         let n_ctx = opts.n_ctx.unwrap_or(cfg.n_ctx_train.min(4096));
@@ -214,15 +223,18 @@ impl Engine {
         let n_threads = opts.n_threads.unwrap_or_else(default_threads).max(1);
         let (n_slots, n_ubatch) = (n_ctx * opts.n_seq, opts.n_batch.min(n_ctx));
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
+        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label.as_str()));
         let runner: Box<dyn Runner> = match gpu_backend(opts.device)? {
             #[cfg(feature = "gpu")]
             Some(gpu) => boxed(
-                ModelRunner::new(Model::load(&gguf, gpu)?, n_slots, n_ubatch)?,
+                ModelRunner::new(Model::load_with(&gguf, gpu, progress(Stage::Upload))?, n_slots, n_ubatch)?,
                 prefix_blocks,
                 opts.greedy_lookahead,
             ),
             _ => {
-                let model = Model::load(&gguf, CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith))?;
+                let backend = CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith);
+                let model = Model::load_with(&gguf, backend, progress(Stage::Load))?;
                 boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks, opts.greedy_lookahead)
             }
         };

@@ -1,6 +1,7 @@
 //! Progress of the steps that can take a while — downloads, loading weights, uploading
 //! them to a GPU, evaluating a long prompt — reported to a callback the caller supplies
-//! (the `kiln` command draws bars on a terminal from it). The library itself draws nothing.
+//! ([`crate::EngineOptions::with_progress`], [`crate::SessionOptions::with_progress`]; the
+//! `kiln` command draws bars on a terminal from it). The library itself draws nothing.
 
 use std::sync::Arc;
 
@@ -18,7 +19,8 @@ pub enum Stage {
     Prompt,
 }
 
-/// One update: `done` of `total` units of `stage`; `label` names the file or model.
+/// One update: `done` of `total` units of `stage`; `label` names the file or model. A
+/// step's last update has `done == total`.
 #[derive(Clone, Copy, Debug)]
 pub struct Progress<'a> {
     pub stage: Stage,
@@ -27,13 +29,31 @@ pub struct Progress<'a> {
     pub total: u64,
 }
 
-/// The callback progress goes to. It is called often (per MiB, per tensor, per batch), so it
-/// should be quick.
-pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
+/// The callback progress goes to. It is called often (per MiB, per layer, per batch), so
+/// it should be quick.
+#[derive(Clone)]
+pub struct ProgressFn(Arc<dyn Fn(&Progress) + Send + Sync>);
 
-/// Reports `done` of `total` to `f`, if there is one.
+impl ProgressFn {
+    pub fn new(f: impl Fn(&Progress) + Send + Sync + 'static) -> Self {
+        ProgressFn(Arc::new(f))
+    }
+
+    /// Reports `done` of `total` units of `stage`.
+    pub fn report(&self, stage: Stage, label: &str, done: u64, total: u64) {
+        (self.0)(&Progress { stage, label, done, total });
+    }
+}
+
+impl std::fmt::Debug for ProgressFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressFn")
+    }
+}
+
+/// Reports to `f`, if there is one.
 pub(crate) fn report(f: Option<&ProgressFn>, stage: Stage, label: &str, done: u64, total: u64) {
     if let Some(f) = f {
-        f(&Progress { stage, label, done, total });
+        f.report(stage, label, done, total);
     }
 }

@@ -25,6 +25,7 @@ use crate::engine::Engine;
 use crate::error::{KilnError, Result};
 use crate::grammar::GrammarSpec;
 use crate::model::{Entry, OutputKind, SeqId};
+use crate::progress::{report, ProgressFn, Stage};
 use crate::sample::{Sampler, SamplerParams, StopMatcher};
 use crate::tokenizer::Detokenizer;
 
@@ -39,12 +40,19 @@ pub struct SessionOptions {
     /// `Some(n_keep)` shifts the context as llama.cpp does, keeping the first `n_keep`
     /// tokens and dropping half of the rest.
     pub context_shift: Option<usize>,
+    /// Where progress of evaluating prompts goes (tokens, per micro-batch; none by default).
+    pub progress: Option<ProgressFn>,
 }
 
 impl SessionOptions {
     /// Shift the context when it fills, keeping the first `n_keep` tokens.
     pub fn with_context_shift(mut self, n_keep: usize) -> Self {
         self.context_shift = Some(n_keep);
+        self
+    }
+    /// Reports progress of evaluating prompts to `f`.
+    pub fn with_progress(mut self, f: ProgressFn) -> Self {
+        self.progress = Some(f);
         self
     }
 }
@@ -373,6 +381,13 @@ impl Session {
             let out = runner.decode(&entries, OutputKind::Logits)?;
             self.n_evaluated += end - at;
             self.timings.prompt_n += end - at;
+            report(
+                self.opts.progress.as_ref(),
+                Stage::Prompt,
+                "prompt",
+                (end - kept) as u64,
+                (n - kept) as u64,
+            );
             if end == n {
                 self.logits = Some(out);
                 self.next_id = None;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kiln::chat::Message;
-use kiln::session::{GenerateOptions, Session, SessionOptions};
+use kiln::session::{GenerateOptions, Session};
 use kiln::KilnError;
 
 use super::common::{print_out, ModelArgs};
@@ -64,7 +64,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let engine = a.model.load()?;
     params.validate(engine.config().n_vocab)?;
     grammar::check(&engine, &grammar)?;
-    let mut sopts = SessionOptions::default();
+    let mut sopts = super::common::session_options();
     if let Some(n) = a.context_shift {
         sopts = sopts.with_context_shift(n);
     }
@@ -176,6 +176,7 @@ fn turn(
         })
     })();
     GENERATING.store(false, Ordering::SeqCst);
+    crate::bars::clear();
     let summary = result?;
     print_out("\n");
     let t = &summary.timings;

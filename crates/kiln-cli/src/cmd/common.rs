@@ -31,6 +31,20 @@ pub struct ModelArgs {
 pub const HF_REPO_HELP: &str =
     "A Hugging Face repository, ORG/REPO[:QUANT] (the quant tag picks the file; default Q4_K_M); also -hf";
 
+/// The file of a model name, fetched (with progress bars) if need be.
+pub fn resolve(name: &str) -> kiln::Result<std::path::PathBuf> {
+    kiln::hub::resolve_model_with(name, crate::bars::sink().as_ref())
+}
+
+/// Session options with prompt progress bars where they are drawn.
+pub fn session_options() -> kiln::session::SessionOptions {
+    let o = kiln::session::SessionOptions::default();
+    match crate::bars::sink() {
+        Some(f) => o.with_progress(f),
+        None => o,
+    }
+}
+
 /// The model name `-m MODEL` or `-hf REPO` gives (`hf://REPO` for the latter).
 pub fn model_name(model: &str, hf_repo: Option<&str>) -> String {
     match hf_repo {
@@ -56,6 +70,9 @@ impl ModelArgs {
 
     pub fn engine_options(&self) -> kiln::Result<EngineOptions> {
         let mut o = EngineOptions::default().with_device(self.device()?);
+        if let Some(f) = crate::bars::sink() {
+            o = o.with_progress(f);
+        }
         if let Some(n) = self.threads {
             if n == 0 {
                 return Err(KilnError::invalid("--threads must be at least 1"));

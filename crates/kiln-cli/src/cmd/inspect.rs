@@ -19,7 +19,7 @@ pub struct Args {
 pub fn run(a: Args) -> kiln::Result<()> {
     let spec = a.model_pos.or(a.model).unwrap_or_else(|| kiln::hub::DEFAULT_MODEL.to_string());
     let spec = super::common::model_name(&spec, a.hf_repo.as_deref());
-    let path = kiln::hub::resolve_model(&spec)?;
+    let path = super::common::resolve(&spec)?;
     let g = GgufFile::open(&path)?;
     let arch = g.architecture().unwrap_or("").to_string();
     let arch_ok = kiln::model::is_supported_architecture(&arch);

@@ -41,7 +41,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
         return Ok(());
     }
     let name = model_name(a.name.as_deref().unwrap_or_default(), a.hf_repo.as_deref());
-    let path = hub::pull(&name)?;
+    let path = hub::pull_with(&name, crate::bars::sink().as_ref())?;
     println!("{}", path.display());
     Ok(())
 }

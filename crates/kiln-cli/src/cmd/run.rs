@@ -3,7 +3,7 @@
 use std::ops::ControlFlow;
 
 use kiln::sample::SamplerParams;
-use kiln::session::{GenerateOptions, SessionOptions};
+use kiln::session::GenerateOptions;
 use kiln::KilnError;
 use serde_json::json;
 
@@ -106,8 +106,10 @@ pub fn run(a: Args) -> kiln::Result<()> {
     params.validate(engine.config().n_vocab)?;
     grammar::check(&engine, &grammar)?;
     let ids = prompt_ids(&engine, &prompt, a.system.as_deref(), a.raw)?;
-    let mut session = engine.session(SessionOptions::default())?;
-    session.append_tokens(&ids)?;
+    let mut session = engine.session(super::common::session_options())?;
+    let appended = session.append_tokens(&ids);
+    crate::bars::clear();
+    appended?;
     let mut opts = GenerateOptions::default()
         .with_sampler(params)
         .with_stop(a.sampling.stop.clone())

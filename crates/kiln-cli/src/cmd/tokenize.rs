@@ -37,7 +37,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> kiln::Result<()> {
     let text = read_text(&a)?;
-    let path = kiln::hub::resolve_model(&super::common::model_name(&a.model, a.hf_repo.as_deref()))?;
+    let path = super::common::resolve(&super::common::model_name(&a.model, a.hf_repo.as_deref()))?;
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path)?)?;
     let mut ids = tok.encode(&text, true, !a.no_parse_special)?;
     if a.no_bos && tok.add_bos() && !ids.is_empty() && tok.bos() == Some(ids[0]) {

@@ -92,8 +92,17 @@ impl<B: Backend> Model<B> {
     }
 
     pub fn load(gguf: &Arc<GgufFile>, backend: B) -> Result<Self> {
+        Self::load_with(gguf, backend, None)
+    }
+
+    /// [`Self::load`], reporting the bytes of weights loaded as `stage` of `label`.
+    pub fn load_with(
+        gguf: &Arc<GgufFile>,
+        backend: B,
+        progress: Option<(&crate::progress::ProgressFn, crate::progress::Stage, &str)>,
+    ) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;
-        let weights = Weights::load(gguf, &cfg, &backend)?;
+        let weights = Weights::load(gguf, &cfg, &backend, progress)?;
         let freq_factors = weights.rope_freqs.clone().map(Arc::new);
         let rope = cfg
             .layers

@@ -8,6 +8,7 @@ use super::config::ModelConfig;
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::progress::{ProgressFn, Stage};
 use crate::quant;
 
 pub struct Weights<W> {
@@ -104,14 +105,31 @@ impl<B: Backend> Loader<'_, B> {
 }
 
 impl<W> Weights<W> {
-    pub fn load<B: Backend<Weight = W>>(g: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B) -> Result<Self> {
+    /// Loads every weight; `progress` hears the bytes of the layers loaded so far.
+    pub fn load<B: Backend<Weight = W>>(
+        g: &Arc<GgufFile>,
+        cfg: &ModelConfig,
+        backend: &B,
+        progress: Option<(&ProgressFn, Stage, &str)>,
+    ) -> Result<Self> {
         let l = Loader { g, cfg, backend };
         let d = cfg.n_embd;
+        let total: u64 = g.tensors.iter().map(|t| t.size).sum();
+        let mut done = 0;
         let layers = cfg
             .layers
             .iter()
             .enumerate()
-            .map(|(il, layer)| LayerWeights::load(&l, il, layer))
+            .map(|(il, layer)| {
+                let w = LayerWeights::load(&l, il, layer)?;
+                if let Some((f, stage, label)) = progress {
+                    let prefix = format!("blk.{il}.");
+                    done +=
+                        g.tensors.iter().filter(|t| t.name.starts_with(&prefix)).map(|t| t.size).sum::<u64>();
+                    f.report(stage, label, done.min(total), total);
+                }
+                Ok(w)
+            })
             .collect::<Result<_>>()?;
         let n_rot = cfg.layers.iter().find_map(|l| l.attn.rope.as_ref()).map_or(0, |r| r.n_rot);
         let rope_freqs = match g.tensor("rope_freqs.weight") {
@@ -128,12 +146,16 @@ impl<W> Weights<W> {
                 Some(v)
             }
         };
-        Ok(Weights {
+        let weights = Weights {
             token_embd: l.get("token_embd.weight", d, cfg.n_vocab)?,
             output_norm: l.get("output_norm.weight", d, 1)?,
             output: l.opt("output.weight", d, cfg.n_vocab)?,
             layers,
             rope_freqs,
-        })
+        };
+        if let Some((f, stage, label)) = progress {
+            f.report(stage, label, total, total);
+        }
+        Ok(weights)
     }
 }
