@@ -99,7 +99,8 @@ pub struct Completion {
     /// "eog", "stop", "length", "context_full" or "cancelled".
     pub finish_reason: &'static str,
     pub timings: Py<Timings>,
-    /// With `logprobs`: each sampled token's log-probability.
+    /// With `logprobs`: each sampled token's log-probability (a final end-of-generation
+    /// token has none).
     pub logprobs: Option<Vec<f32>>,
     /// With `logprobs=N`: each step's N most likely `(id, logprob)`, best first.
     pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,

@@ -100,7 +100,8 @@ class Completion:
     finish_reason: FinishReason
     timings: Timings
     logprobs: Optional[list[float]]
-    """With logprobs: each sampled token's log-probability."""
+    """With logprobs: each sampled token's log-probability (a final end-of-generation
+    token has none)."""
     top_logprobs: Optional[list[list[tuple[int, float]]]]
     """With logprobs=N: each step's N most likely (id, logprob), best first."""
     def __str__(self) -> str: ...
