@@ -23,8 +23,8 @@ pub struct Engine {
 
 #[pymethods]
 impl Engine {
-    /// Loads `model`: a .gguf path or a catalog name such as "smollm2-135m" (fetched into
-    /// the cache on first use).
+    /// Loads `model`: a .gguf path, a catalog name such as "smollm2-135m" (fetched into
+    /// the cache on first use) or a Hugging Face name (hf://ORG/REPO[:QUANT]).
     #[new]
     #[pyo3(signature = (model, *, n_ctx=None, device="auto", threads=None, n_batch=None, n_seq=1))]
     fn new(

@@ -155,8 +155,9 @@ class Engine:
         n_batch: Optional[int] = None,
         n_seq: int = 1,
     ) -> None:
-        """Load `model`: a .gguf path or a catalog name such as "smollm2-135m" (fetched
-        into $KILN_HOME on first use).
+        """Load `model`: a .gguf path, a catalog name such as "smollm2-135m" (fetched into
+        $KILN_HOME on first use), or a Hugging Face name, hf://ORG/REPO[:QUANT] or
+        hf://ORG/REPO/PATH.gguf (fetched into the Hugging Face cache).
 
         n_ctx: context per sequence (default min(the model's trained context, 4096)).
         device: "auto" (a hardware GPU when there is one, else the CPU), "cpu" or "gpu".
