@@ -1,7 +1,9 @@
 //! kiln's OpenAI-compatible HTTP server (`kiln serve`): axum routes in front of a
 //! continuous-batching scheduler thread that owns the model. Routes, flags, errors and
-//! metrics are the contract of docs/cli.md.
+//! metrics are the contract of docs/cli.md. `conn` serves the sockets: timeouts and a cap
+//! on open connections.
 
+mod conn;
 mod error;
 mod metrics;
 mod params;
@@ -10,7 +12,7 @@ mod scheduler;
 mod state;
 mod stream;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use kiln::gguf::GgufFile;
 use kiln::model::ModelConfig;
 use kiln::{KilnError, Result};
 
+pub use conn::{default_max_connections, fit_max_connections, serve_connections, ConnLimits};
 pub use error::ApiError;
 pub use routes::router;
 pub use state::App;
@@ -40,6 +43,10 @@ pub struct ServerOptions {
     /// Most requests waiting for a slot.
     pub queue: usize,
     pub api_key: Option<String>,
+    /// Timeouts and the cap on open connections.
+    pub limits: ConnLimits,
+    /// Most prompt or input tokens one request may ask to evaluate; `None`: 8 × `n_ctx`.
+    pub max_request_tokens: Option<usize>,
 }
 
 /// The id `/v1/models` reports: the alias, else the catalog name, else a Hub name without
@@ -95,14 +102,14 @@ async fn run(
     let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| KilnError::io(&addr, e))?;
     let local: SocketAddr = listener.local_addr().map_err(|e| KilnError::io(&addr, e))?;
     eprintln!("kiln: loading {} (port bound: http://{local})", opts.model);
-    let app = Arc::new(App::new(model_id(&opts.model, opts.alias.as_deref()), opts.api_key.clone()));
+    let mut app = App::new(model_id(&opts.model, opts.alias.as_deref()), opts.api_key.clone());
+    app.max_request_tokens = opts.max_request_tokens;
+    let app = Arc::new(app);
     let stop = Arc::new(tokio::sync::Notify::new());
     let stop2 = stop.clone();
-    let server = tokio::spawn(
-        axum::serve(listener, router(app.clone()))
-            .with_graceful_shutdown(async move { stop2.notified().await })
-            .into_future(),
-    );
+    let server = tokio::spawn(serve_connections(listener, router(app.clone()), opts.limits, async move {
+        stop2.notified().await
+    }));
 
     // /health answers 503 while this loads.
     let model = opts.model.clone();
@@ -156,7 +163,9 @@ pub fn start(
         .name("kiln-scheduler".into())
         .spawn(move || sched.run())
         .map_err(|e| KilnError::io("scheduler thread", e))?;
-    if app.ready.set(state::Ready { engine, jobs: tx, n_ctx }).is_err() {
+    let max_request_tokens = app.max_request_tokens.unwrap_or(8 * n_ctx);
+    let ready = state::Ready { engine, jobs: tx, n_ctx, queue: queue.max(1), max_request_tokens };
+    if app.ready.set(ready).is_err() {
         return Err(KilnError::invalid("the server already has a model"));
     }
     Ok(worker)

@@ -29,6 +29,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .fallback(fallback)
+        .layer(axum::middleware::map_response(crate::error::shape))
         .with_state(app)
 }
 
@@ -120,9 +121,13 @@ async fn generate(
     let o = params::object(body)?;
     app.check_model(params::model(&o)?)?;
     let req = params::parse_generation(&o, kind, &ready.engine, ready.n_ctx)?;
+    let jobs = req.prompts.len().saturating_mul(req.n);
+    let tokens = req.prompts.iter().map(Vec::len).sum::<usize>().saturating_mul(req.n);
+    let what = if kind == Kind::Chat { "messages" } else { "prompt" };
+    admissible(ready, jobs, if req.n > 1 { "n" } else { what }, tokens, what)?;
     let (tx, rx) = unbounded_channel::<Event>();
     let enqueued = Instant::now();
-    let mut index = 0;
+    let mut jobs = Vec::with_capacity(req.prompts.len() * req.n);
     for prompt in &req.prompts {
         let prompt = Arc::new(prompt.clone());
         let max_tokens = req.max_tokens.unwrap_or(ready.n_ctx - prompt.len());
@@ -137,15 +142,15 @@ async fn generate(
                 stop: req.stop.clone(),
                 ignore_eos: req.ignore_eos,
                 logprobs: req.logprobs,
-                index,
+                index: jobs.len(),
                 events: tx.clone(),
                 enqueued,
             };
-            // On failure the jobs already queued see their channel close and are skipped.
-            app.submit(ready, Job::Gen(job))?;
-            index += 1;
+            jobs.push(Job::Gen(job));
         }
     }
+    let index = jobs.len();
+    app.submit(ready, jobs)?;
     drop(tx);
     let reply =
         Reply::new(app.clone(), kind, index, req.include_usage, req.logprobs.is_some(), &req.prompts, req.n);
@@ -154,6 +159,35 @@ async fn generate(
     } else {
         collect(reply, rx).await
     }
+}
+
+/// 400 for a request that could never be served whole: more jobs than the queue holds
+/// (`param` names the field that makes them), or more tokens to evaluate than
+/// `--max-request-tokens`. Checked before anything is queued, so a 429 only ever means
+/// load that will clear.
+fn admissible(
+    ready: &crate::state::Ready,
+    jobs: usize,
+    param: &str,
+    tokens: usize,
+    tokens_param: &str,
+) -> Result<(), ApiError> {
+    if jobs > ready.queue {
+        let message = format!(
+            "this request makes {jobs} jobs (prompts x n); the server queues at most {} (--queue)",
+            ready.queue
+        );
+        return Err(ApiError::too_large(param, message));
+    }
+    if tokens > ready.max_request_tokens {
+        let message = format!(
+            "this request asks to evaluate {tokens} tokens; the server takes at most {} per request \
+             (--max-request-tokens)",
+            ready.max_request_tokens
+        );
+        return Err(ApiError::too_large(tokens_param, message));
+    }
+    Ok(())
 }
 
 async fn embeddings(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -203,8 +237,9 @@ async fn embed(app: &Arc<App>, headers: &HeaderMap, body: &[u8]) -> Result<Respo
         ));
     }
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
+    admissible(ready, 1, "input", n_tokens, "input")?;
     let (reply, rx) = tokio::sync::oneshot::channel();
-    app.submit(ready, Job::Embed(EmbedJob { inputs, reply }))?;
+    app.submit(ready, vec![Job::Embed(EmbedJob { inputs, reply })])?;
     let vectors = rx
         .await
         .map_err(|_| ApiError::unavailable("the server is shutting down"))?

@@ -25,6 +25,10 @@ pub struct Ready {
     pub jobs: SyncSender<Job>,
     /// Context per request (the user's `-c`).
     pub n_ctx: usize,
+    /// Most jobs waiting (`--queue`): the channel's capacity.
+    pub queue: usize,
+    /// Most prompt or input tokens one request may ask to evaluate.
+    pub max_request_tokens: usize,
 }
 
 pub struct App {
@@ -34,13 +38,27 @@ pub struct App {
     pub api_key: Option<String>,
     /// Unix seconds when the server started (`created` of `/v1/models`).
     pub created: u64,
+    /// `--max-request-tokens`; `None`: 8 contexts.
+    pub max_request_tokens: Option<usize>,
 }
 
 impl App {
     pub fn new(model_id: String, api_key: Option<String>) -> Self {
         let created =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        App { shared: Arc::new(Shared::default()), ready: OnceLock::new(), model_id, api_key, created }
+        App {
+            shared: Arc::new(Shared::default()),
+            ready: OnceLock::new(),
+            model_id,
+            api_key,
+            created,
+            max_request_tokens: None,
+        }
+    }
+
+    pub fn with_max_request_tokens(mut self, n: usize) -> Self {
+        self.max_request_tokens = Some(n);
+        self
     }
 
     pub fn draining(&self) -> bool {
@@ -80,19 +98,27 @@ impl App {
         }
     }
 
-    /// Queues `job` for the scheduler; 429 when the queue is full.
-    pub fn submit(&self, ready: &Ready, job: Job) -> Result<(), ApiError> {
-        let m = &self.shared.metrics;
-        m.waiting.fetch_add(1, Ordering::Relaxed);
-        match ready.jobs.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                m.waiting.fetch_sub(1, Ordering::Relaxed);
-                Err(match e {
+    /// Queues a request's jobs for the scheduler, all or none: 429 when the queue has not
+    /// room for all of them now (the caller has checked that it could ever hold them).
+    pub fn submit(&self, ready: &Ready, jobs: Vec<Job>) -> Result<(), ApiError> {
+        let waiting = &self.shared.metrics.waiting;
+        let n = jobs.len();
+        // `waiting` counts the jobs sent and not yet received: the channel never holds more,
+        // so a reservation below its capacity makes every send below succeed.
+        waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| (w + n <= ready.queue).then_some(w + n))
+            .map_err(|_| ApiError::queue_full())?;
+        for (i, job) in jobs.into_iter().enumerate() {
+            if let Err(e) = ready.jobs.try_send(job) {
+                // Only when the scheduler has stopped; the jobs already sent see their
+                // channel close and are skipped.
+                waiting.fetch_sub(n - i, Ordering::SeqCst);
+                return Err(match e {
                     TrySendError::Full(_) => ApiError::queue_full(),
                     TrySendError::Disconnected(_) => ApiError::unavailable("the scheduler has stopped"),
-                })
+                });
             }
         }
+        Ok(())
     }
 }
