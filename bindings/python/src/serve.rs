@@ -124,6 +124,8 @@ pub fn serve(
         parallel,
         queue,
         api_key: api_key.filter(|k| !k.is_empty()),
+        limits: kiln_server::ConnLimits::default(),
+        max_request_tokens: None,
     };
     let stop = Arc::new(Notify::new());
     let (ready_tx, ready_rx) = sync_channel(1);

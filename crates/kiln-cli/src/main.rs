@@ -17,6 +17,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    quiet_device_select();
     let cli = Cli::parse_from(argv::rewrite(std::env::args_os()));
     // A panic is a bug, but the contract says exit 1 with one `error:` line, never 101.
     std::panic::set_hook(Box::new(|info| {
@@ -29,6 +30,19 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
         Err(_) => ExitCode::from(1),
+    }
+}
+
+/// Mesa's Vulkan device-select layer, which only reorders adapters (kiln ranks them
+/// itself), asks libwayland for a display while adapters are listed, and libwayland prints
+/// an "error:" line about XDG_RUNTIME_DIR each time when it is unset. Without that variable
+/// the layer is turned off, through the variable the layer's manifest names for it. Called
+/// first in `main`, before any thread could read the environment.
+fn quiet_device_select() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|v| v.is_empty())
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+    {
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }
 

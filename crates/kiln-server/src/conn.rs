@@ -51,9 +51,15 @@ pub struct ConnLimits {
     pub max_connections: usize,
 }
 
+impl Default for ConnLimits {
+    /// 30 s to send a request, 60 s idle, the cap [`default_max_connections`] gives.
+    fn default() -> Self {
+        Self::new(default_max_connections())
+    }
+}
+
 impl ConnLimits {
-    /// The defaults: 30 s to send a request, 60 s idle, and the cap
-    /// `default_max_connections` gives.
+    /// The default timeouts with a cap of `max_connections`.
     pub fn new(max_connections: usize) -> Self {
         ConnLimits {
             header_timeout: Duration::from_secs(30),

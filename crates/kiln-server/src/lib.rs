@@ -28,6 +28,11 @@ pub use error::ApiError;
 pub use routes::router;
 pub use state::App;
 
+/// The most sequences decoded together and requests waiting: bounds on input, far above
+/// what a machine serves (the queue's slots are allocated up front).
+pub const MAX_PARALLEL: usize = 4096;
+pub const MAX_QUEUE: usize = 65536;
+
 /// `kiln serve`'s settings.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -79,8 +84,10 @@ pub fn serve_until(
     on_ready: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    if opts.parallel == 0 || opts.queue == 0 {
-        return Err(KilnError::invalid("--parallel and --queue must be at least 1"));
+    if !(1..=MAX_PARALLEL).contains(&opts.parallel) || !(1..=MAX_QUEUE).contains(&opts.queue) {
+        return Err(KilnError::invalid(format!(
+            "--parallel must be between 1 and {MAX_PARALLEL}, --queue between 1 and {MAX_QUEUE}"
+        )));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -184,23 +191,29 @@ fn load_engine(model: &str, opts: EngineOptions, parallel: usize) -> Result<(Eng
     Ok((engine, n_ctx))
 }
 
+/// Completes at the first SIGTERM or Ctrl-C. Both are listened for from the first poll,
+/// which `run` makes while the model loads: one future serves the whole run, so no signal
+/// falls between two listeners.
 async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, Signal, SignalKind};
+        async fn recv(s: Option<Signal>) {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+        let (term, int) = (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok());
+        tokio::select! {
+            _ = recv(term) => {},
+            _ = recv(int) => {},
+        }
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -188,6 +188,9 @@ fn boxed<B: crate::backend::Backend>(
     })
 }
 
+/// The most CPU threads an engine starts: a bound on input, far above any machine's cores.
+pub const MAX_THREADS: usize = 1024;
+
 /// A loaded model. Cloning is cheap (an `Arc`); sessions hold one.
 #[derive(Clone)]
 pub struct Engine {
@@ -211,6 +214,12 @@ impl Engine {
         if opts.n_batch == 0 || opts.n_seq == 0 {
             return Err(KilnError::invalid("batch size and sequence count must be at least 1"));
         }
+        if opts.n_threads.is_some_and(|n| n > MAX_THREADS) {
+            return Err(KilnError::invalid(format!("at most {MAX_THREADS} threads")));
+        }
+        let n_slots = n_ctx.checked_mul(opts.n_seq).filter(|&n| n <= u32::MAX as usize).ok_or_else(|| {
+            KilnError::invalid(format!("{} sequences of {n_ctx} tokens are too many", opts.n_seq))
+        })?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
         if tokenizer.n_vocab() != cfg.n_vocab {
             return Err(KilnError::Metadata(format!(
@@ -221,7 +230,7 @@ impl Engine {
         }
         let template = ChatTemplate::from_gguf(&gguf)?;
         let n_threads = opts.n_threads.unwrap_or_else(default_threads).max(1);
-        let (n_slots, n_ubatch) = (n_ctx * opts.n_seq, opts.n_batch.min(n_ctx));
+        let n_ubatch = opts.n_batch.min(n_ctx);
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
         let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label.as_str()));

@@ -60,20 +60,27 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
         tests.extend(pp.iter().filter(|&&p| p > 0).map(|&p| Test { n_prompt: p, n_gen: 0, n_depth: d }));
         tests.extend(tg.iter().filter(|&&n| n > 0).map(|&n| Test { n_prompt: 0, n_gen: n, n_depth: d }));
     }
-    let need = tests.iter().map(|t| t.n_depth + t.n_prompt + t.n_gen).max().unwrap_or(1);
+    let need =
+        tests.iter().map(|t| t.n_depth.saturating_add(t.n_prompt).saturating_add(t.n_gen)).max().unwrap_or(1);
     a.model.ctx_size.get_or_insert(need.max(1));
     let engine = a.model.load()?;
+    if need > engine.n_ctx() {
+        return Err(KilnError::invalid(format!(
+            "a test needs {need} tokens of context (-d + -p + -n); the context is {}",
+            engine.n_ctx()
+        )));
+    }
     let g = engine.gguf();
     let model_size: u64 = g.tensors.iter().map(|t| t.size).sum();
     let bytes_per_token = weight_bytes_per_token(&engine);
-    let n_threads = a.model.threads.unwrap_or_else(kiln::backend::cpu::default_threads);
+    let n_threads = a.model.threads.unwrap_or(usize::MAX).min(kiln::backend::cpu::default_threads());
     let file = engine.path().file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let mut rows = Vec::new();
     let mut rng = Lcg(1234);
     for t in &tests {
         let n_tok = t.n_prompt + t.n_gen;
         run_once(&engine, t, &mut rng)?; // warm-up
-        let mut ns = Vec::with_capacity(a.reps);
+        let mut ns = Vec::with_capacity(a.reps.min(1024));
         for _ in 0..a.reps {
             ns.push(run_once(&engine, t, &mut rng)?);
         }

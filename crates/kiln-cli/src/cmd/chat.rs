@@ -141,10 +141,12 @@ pub fn run(a: Args) -> kiln::Result<()> {
             continue;
         }
         if let Err(e) = turn(&mut session, msg, a.system.as_deref(), chat_mode, &opts) {
-            eprintln!("error: {e}");
+            // Piped input stops at the first failed turn (main prints the error once); at a
+            // terminal the conversation goes on.
             if !tty {
                 return Err(e);
             }
+            eprintln!("error: {e}");
         }
     }
 }

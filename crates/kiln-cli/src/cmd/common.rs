@@ -68,16 +68,28 @@ impl ModelArgs {
         }
     }
 
+    /// `-t`, clamped to the cores of this machine (with a note): more threads than cores
+    /// only wait on each other.
+    pub fn threads(&self) -> kiln::Result<usize> {
+        let cores = kiln::backend::cpu::default_threads();
+        match self.threads {
+            None => Ok(cores),
+            Some(0) => Err(KilnError::invalid("--threads must be at least 1")),
+            Some(n) if n > cores => {
+                eprintln!("note: --threads {n} is more than the {cores} cores here; using {cores}");
+                Ok(cores)
+            }
+            Some(n) => Ok(n),
+        }
+    }
+
     pub fn engine_options(&self) -> kiln::Result<EngineOptions> {
         let mut o = EngineOptions::default().with_device(self.device()?);
         if let Some(f) = crate::bars::sink() {
             o = o.with_progress(f);
         }
-        if let Some(n) = self.threads {
-            if n == 0 {
-                return Err(KilnError::invalid("--threads must be at least 1"));
-            }
-            o = o.with_threads(n);
+        if self.threads.is_some() {
+            o = o.with_threads(self.threads()?);
         }
         if let Some(c) = self.ctx_size {
             o = o.with_n_ctx(c);

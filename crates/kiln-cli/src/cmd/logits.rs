@@ -29,7 +29,9 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let ids = prompt_ids(&engine, &prompt, None, a.raw)?;
     let mut session = engine.session(SessionOptions::default())?;
     session.append_tokens(&ids)?;
-    let logits = session.logits().expect("a non-empty prompt leaves logits");
+    let logits = session
+        .logits()
+        .ok_or_else(|| kiln::KilnError::invalid("the prompt has no tokens: there are no logits to print"))?;
     let top = kiln::eval::top_k(logits, a.top);
     let out = json!({
         "prompt_ids": ids, "n_vocab": logits.len(),

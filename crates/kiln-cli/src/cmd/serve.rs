@@ -51,9 +51,6 @@ pub struct Args {
 const MAX_TIMEOUT: u64 = 86_400;
 
 pub fn run(a: Args) -> kiln::Result<()> {
-    if a.parallel == 0 || a.queue == 0 {
-        return Err(KilnError::invalid("--parallel and --queue must be at least 1"));
-    }
     for (flag, secs) in [("--header-timeout", a.header_timeout), ("--idle-timeout", a.idle_timeout)] {
         if !(1..=MAX_TIMEOUT).contains(&secs) {
             return Err(KilnError::invalid(format!("{flag} must be between 1 and {MAX_TIMEOUT} seconds")));

@@ -92,6 +92,34 @@ impl std::fmt::Debug for GgufFile {
     }
 }
 
+/// Refuses anything but a regular file (a directory, device, FIFO or socket), naming it.
+fn regular_file(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    let kind = if t.is_dir() {
+        "a directory"
+    } else {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if t.is_fifo() {
+                "a FIFO"
+            } else if t.is_socket() {
+                "a socket"
+            } else if t.is_char_device() || t.is_block_device() {
+                "a device"
+            } else {
+                "something other than a regular file"
+            }
+        }
+        #[cfg(not(unix))]
+        "something other than a regular file"
+    };
+    Err(KilnError::invalid(format!("{}: is {kind}, not a GGUF model file", path.display())))
+}
+
 impl GgufFile {
     /// Memory-maps and parses `path`; the first part of a split model brings the others.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -101,7 +129,11 @@ impl GgufFile {
 
     /// Memory-maps and parses one file.
     pub(super) fn open_one(path: &Path) -> Result<Self> {
+        // Checked before opening: opening a FIFO for reading waits for a writer.
+        let meta = std::fs::metadata(path).map_err(|e| KilnError::io(path, e))?;
+        regular_file(path, &meta)?;
         let file = std::fs::File::open(path).map_err(|e| KilnError::io(path, e))?;
+        regular_file(path, &file.metadata().map_err(|e| KilnError::io(path, e))?)?;
         // SAFETY: the map is read-only; like every mmap-based loader we rely on the file
         // not being truncated while it is open.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| KilnError::io(path, e))?;

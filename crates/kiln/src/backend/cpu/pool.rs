@@ -59,15 +59,16 @@ impl ThreadPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let workers = (1..n_threads.max(1))
-            .map(|i| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("kiln-cpu-{i}"))
-                    .spawn(move || worker(&shared))
-                    .expect("spawn worker thread")
-            })
-            .collect();
+        let mut workers = Vec::with_capacity(n_threads.saturating_sub(1));
+        for i in 1..n_threads.max(1) {
+            let shared = shared.clone();
+            match std::thread::Builder::new().name(format!("kiln-cpu-{i}")).spawn(move || worker(&shared)) {
+                Ok(w) => workers.push(w),
+                // The system has no more threads to give: run on those started (the caller
+                // takes tasks too, so even none works).
+                Err(_) => break,
+            }
+        }
         ThreadPool { shared, workers, run_lock: Mutex::new(()) }
     }
 
