@@ -150,11 +150,14 @@ struct Outcome {
     timed_out: bool,
 }
 
-/// Runs `kiln ARGS` with "hi" on stdin; a server is stopped with SIGTERM once it listens.
+/// Runs `kiln ARGS` with "hi" on stdin, offline; a server is stopped with SIGTERM once it
+/// listens.
 fn run(args: &[String], serve: bool, timeout: Duration) -> Outcome {
     let mut child = Command::new(KILN)
         .args(args)
         .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        // Hub names never reach the network: only the cache answers.
+        .env("HF_HUB_OFFLINE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
