@@ -19,13 +19,13 @@ const SIDECARS: [&str; 6] = ["mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", 
 pub fn split_parts(path: &str) -> Option<(&str, u32, u32)> {
     let stem = strip_suffix_ci(path, ".gguf")?;
     let b = stem.as_bytes();
-    // "-00001-of-00003" is 15 bytes.
+    // "-00001-of-00003" is 15 ASCII bytes (checked byte by byte: the stem may be any UTF-8).
     if b.len() > 15 {
-        let tail = &stem[stem.len() - 15..];
-        let t = tail.as_bytes();
+        let t = &b[b.len() - 15..];
         let digits = |r: std::ops::Range<usize>| t[r].iter().all(u8::is_ascii_digit);
-        if t[0] == b'-' && digits(1..6) && tail[6..10].eq_ignore_ascii_case("-of-") && digits(10..15) {
-            let (no, count) = (tail[1..6].parse().ok()?, tail[10..15].parse().ok()?);
+        if t[0] == b'-' && digits(1..6) && t[6..10].eq_ignore_ascii_case(b"-of-") && digits(10..15) {
+            let num = |r: std::ops::Range<usize>| t[r].iter().fold(0u32, |n, d| n * 10 + (d - b'0') as u32);
+            let (no, count) = (num(1..6), num(10..15));
             if (1..=count).contains(&no) {
                 return Some((&stem[..stem.len() - 15], no, count));
             }
@@ -160,6 +160,9 @@ mod tests {
         assert_eq!(split_parts("M-Q4_K_M.GGUF"), Some(("M-Q4_K_M", 1, 1)));
         assert_eq!(split_parts("M-00004-of-00003.gguf"), Some(("M-00004-of-00003", 1, 1)));
         assert_eq!(split_parts("README.md"), None);
+        // Found by fuzzing: a multi-byte character where the numbering would be.
+        assert_eq!(split_parts("M-00001-of\u{3bd}0003.Gguf"), Some(("M-00001-of\u{3bd}0003", 1, 1)));
+        assert_eq!(split_parts("\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}.gguf").map(|p| p.1), Some(1));
         assert_eq!(part_name("x/M-00001-of-00003.gguf", 3, 3), "x/M-00003-of-00003.gguf");
         assert_eq!(tag_of("M-q4_k_m-00001-of-00002.gguf").as_deref(), Some("Q4_K_M"));
         assert_eq!(tag_of("qwen2.5-0.5b-instruct-q8_0.gguf").as_deref(), Some("Q8_0"));
