@@ -162,7 +162,10 @@ mod tests {
         assert_eq!(split_parts("README.md"), None);
         // Found by fuzzing: a multi-byte character where the numbering would be.
         assert_eq!(split_parts("M-00001-of\u{3bd}0003.Gguf"), Some(("M-00001-of\u{3bd}0003", 1, 1)));
-        assert_eq!(split_parts("\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}.gguf").map(|p| p.1), Some(1));
+        assert_eq!(
+            split_parts("\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}\u{3bd}.gguf").map(|p| p.1),
+            Some(1)
+        );
         assert_eq!(part_name("x/M-00001-of-00003.gguf", 3, 3), "x/M-00003-of-00003.gguf");
         assert_eq!(tag_of("M-q4_k_m-00001-of-00002.gguf").as_deref(), Some("Q4_K_M"));
         assert_eq!(tag_of("qwen2.5-0.5b-instruct-q8_0.gguf").as_deref(), Some("Q8_0"));
