@@ -9,9 +9,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use kiln::backend::cpu::{k_rows, set_k_rows, AttnArith, CpuBackend, KvBuf};
-use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuKv, GpuWeight};
-use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
+use kiln::backend::cpu::{k_rows, set_k_rows, AttnArith, CpuBackend, CpuExperts, KvBuf};
+use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuExperts, GpuKv, GpuWeight};
+use kiln::backend::{Activation, AttnPlan, Backend, RopeParams, Routing};
 use kiln::gguf::{GgufFile, TensorInfo};
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
 use kiln::Result;
@@ -99,12 +99,24 @@ impl Backend for Mirror {
     type Weight = (<CpuBackend as Backend>::Weight, GpuWeight);
     type Buf = (Vec<f32>, GpuBuf);
     type Kv = (KvBuf, GpuKv);
+    type Experts = (CpuExperts, GpuExperts);
 
     fn name(&self) -> String {
         format!("mirror of {}", self.gpu.name())
     }
     fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Self::Weight> {
         Ok((self.cpu.load_weight(gguf, t)?, self.gpu.load_weight(gguf, t)?))
+    }
+    fn load_experts(
+        &self,
+        gguf: &Arc<GgufFile>,
+        t: &TensorInfo,
+        n_expert: usize,
+        parts: &[usize],
+    ) -> Result<Vec<Self::Experts>> {
+        let c = self.cpu.load_experts(gguf, t, n_expert, parts)?;
+        let g = self.gpu.load_experts(gguf, t, n_expert, parts)?;
+        Ok(c.into_iter().zip(g).collect())
     }
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize) {
         self.gpu.weight_shape(&w.1)
@@ -258,6 +270,54 @@ impl Backend for Mirror {
             self.gpu.attention(&q.1, &kc.1, &vc.1, plan, &mut out.1);
         }
         self.check("attention", out, plan.pos.len() * plan.n_head * plan.head_dim);
+    }
+    fn moe_route(&self, logits: &Self::Buf, rows: usize, r: &Routing, ids: &mut Self::Buf, w: &mut Self::Buf) {
+        self.sync(logits);
+        self.cpu.moe_route(&logits.0, rows, r, &mut ids.0, &mut w.0);
+        self.gpu.moe_route(&logits.1, rows, r, &mut ids.1, &mut w.1);
+        self.check("moe_route ids", ids, rows * r.k);
+        self.check("moe_route weights", w, rows * r.k);
+    }
+    fn matmul_id(
+        &self,
+        ws: &[&Self::Experts],
+        x: &Self::Buf,
+        per_slot: bool,
+        ids: &Self::Buf,
+        rows: usize,
+        k: usize,
+        outs: &mut [&mut Self::Buf],
+    ) {
+        self.sync(x);
+        self.sync(ids);
+        let (cw, gw): (Vec<_>, Vec<_>) = ws.iter().map(|w| (&w.0, &w.1)).unzip();
+        let mut co: Vec<&mut Vec<f32>> = Vec::new();
+        let mut go: Vec<&mut GpuBuf> = Vec::new();
+        for o in outs.iter_mut() {
+            let (c, g) = (&mut o.0, &mut o.1);
+            co.push(c);
+            go.push(g);
+        }
+        self.cpu.matmul_id(&cw, &x.0, per_slot, &ids.0, rows, k, &mut co);
+        self.gpu.matmul_id(&gw, &x.1, per_slot, &ids.1, rows, k, &mut go);
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            self.check("matmul_id", o, rows * k * w.0.rows);
+        }
+    }
+    fn moe_sum(&self, y: &Self::Buf, w: &Self::Buf, rows: usize, k: usize, dim: usize, out: &mut Self::Buf) {
+        self.sync(y);
+        self.sync(w);
+        self.cpu.moe_sum(&y.0, &w.0, rows, k, dim, &mut out.0);
+        self.gpu.moe_sum(&y.1, &w.1, rows, k, dim, &mut out.1);
+        self.check("moe_sum", out, rows * dim);
+    }
+    fn add_sigmoid_gated(&self, x: &mut Self::Buf, y: &Self::Buf, g: &Self::Buf, rows: usize, dim: usize) {
+        self.sync(x);
+        self.sync(y);
+        self.sync(g);
+        self.cpu.add_sigmoid_gated(&mut x.0, &y.0, &g.0, rows, dim);
+        self.gpu.add_sigmoid_gated(&mut x.1, &y.1, &g.1, rows, dim);
+        self.check("add_sigmoid_gated", x, rows * dim);
     }
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: Activation, len: usize) {
         self.sync(gate);

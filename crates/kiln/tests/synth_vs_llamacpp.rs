@@ -73,3 +73,23 @@ fn llama_yarn() {
 fn gemma3_sliding_window() {
     check("gemma3-tiny");
 }
+#[test]
+fn qwen3moe() {
+    check("qwen3moe-tiny");
+}
+#[test]
+fn qwen2moe_shared_expert() {
+    check("qwen2moe-tiny");
+}
+#[test]
+fn mixtral() {
+    check("mixtral-tiny");
+}
+#[test]
+fn olmoe() {
+    check("olmoe-tiny");
+}
+#[test]
+fn granitemoe_shared_expert() {
+    check("granitemoe-tiny");
+}

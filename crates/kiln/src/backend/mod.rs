@@ -19,6 +19,28 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// How a mixture-of-experts router turns its logits into expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts (ggml's `soft_max`).
+    Softmax,
+    /// Each expert's logistic sigmoid on its own.
+    Sigmoid,
+}
+
+/// Mixture-of-experts routing: each token goes to the `k` experts (of `n_expert`) with the
+/// highest scores, weighted by their scores (divided by their sum where `norm`, then times
+/// `scale`). Experts are ordered by score, highest first (the lowest index on ties); their
+/// outputs are added in that order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Routing {
+    pub n_expert: usize,
+    pub k: usize,
+    pub gating: Gating,
+    pub norm: bool,
+    pub scale: f32,
+}
+
 /// Rotary embedding parameters of one layer (ggml's `rope_ext` arguments).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
@@ -104,6 +126,8 @@ pub trait Backend: Send + Sync + 'static {
     type Weight: Send + Sync;
     type Buf: Send + Sync;
     type Kv: Send + Sync;
+    /// A stack of expert matrices of one shape (a 3-D tensor `[cols, rows, n_expert]`).
+    type Experts: Send + Sync;
 
     /// A short description of the device.
     fn name(&self) -> String;
@@ -115,6 +139,16 @@ pub trait Backend: Send + Sync + 'static {
     fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<Self::Weight>> {
         ts.iter().map(|t| self.load_weight(gguf, t)).collect()
     }
+    /// The 3-D expert tensor `t` (`[cols, n_expert * sum(parts)]` rows, ggml order) as
+    /// stacks of `n_expert` matrices: each expert's rows split into `parts` (one part, or
+    /// a fused gate and up), one stack per part, loaded together (weights of one input).
+    fn load_experts(
+        &self,
+        gguf: &Arc<GgufFile>,
+        t: &TensorInfo,
+        n_expert: usize,
+        parts: &[usize],
+    ) -> Result<Vec<Self::Experts>>;
     /// `rows`, `cols` of a loaded weight (`cols` = `dims[0]`).
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
@@ -216,6 +250,45 @@ pub trait Backend: Send + Sync + 'static {
         plan: &AttnPlan,
         out: &mut Self::Buf,
     );
+    /// Routes each of `rows` rows of router logits (`r.n_expert` wide): the chosen experts'
+    /// ids to `ids` and their weights to `weights`, `r.k` per row, in routing order. Ids
+    /// are stored as f32 (exact).
+    fn moe_route(
+        &self,
+        logits: &Self::Buf,
+        rows: usize,
+        r: &Routing,
+        ids: &mut Self::Buf,
+        weights: &mut Self::Buf,
+    );
+    /// `outs[i][t * k + j] = x[t] · ws[i][ids[t * k + j]]ᵀ` for each of `rows` tokens `t` and
+    /// slots `j < k` (`x` row `t * k + j` where `per_slot`): experts of one input (gate and
+    /// up, or down), each token's row through the same dot as a dense matmul's.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_id(
+        &self,
+        ws: &[&Self::Experts],
+        x: &Self::Buf,
+        per_slot: bool,
+        ids: &Self::Buf,
+        rows: usize,
+        k: usize,
+        outs: &mut [&mut Self::Buf],
+    );
+    /// `out[t] = Σ_j weights[t * k + j] · y[t * k + j]` over rows of `dim`, each product
+    /// rounded, then added in slot order (ggml's `mul` then `add`s).
+    fn moe_sum(
+        &self,
+        y: &Self::Buf,
+        weights: &Self::Buf,
+        rows: usize,
+        k: usize,
+        dim: usize,
+        out: &mut Self::Buf,
+    );
+    /// `x[t] += y[t] · σ(g[t])` over rows of `dim`, `σ(g)` as ggml's `silu(g) / g` (a
+    /// shared expert's gate).
+    fn add_sigmoid_gated(&self, x: &mut Self::Buf, y: &Self::Buf, g: &Self::Buf, rows: usize, dim: usize);
     /// `gate = act(gate) * up` over `len` values.
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: Activation, len: usize);
     /// `x += y * scale` over `len` values.

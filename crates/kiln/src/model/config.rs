@@ -5,7 +5,7 @@
 
 use super::arch;
 use super::block::Layer;
-use crate::backend::RopeParams;
+use crate::backend::{Gating, RopeParams, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, Value};
 
@@ -109,6 +109,24 @@ impl Meta<'_> {
             }
             Some(_) => self.g.get_usize(&key),
         }
+    }
+
+    /// The experts' routing (`expert_count`, `expert_used_count`), `None` where the model
+    /// has no experts. llama.cpp's limits: at most 512 experts, 1 to all of them used.
+    pub fn routing(&self, gating: Gating, norm: bool) -> Result<Option<Routing>> {
+        let n_expert = self.usize("expert_count")?.unwrap_or(0);
+        if n_expert == 0 {
+            return Ok(None);
+        }
+        let k = self.uniform("expert_used_count")?.unwrap_or(0);
+        if n_expert > 512 || k == 0 || k > n_expert {
+            return Err(KilnError::Metadata(format!(
+                "{} = {n_expert} with {} = {k}: 1 to 512 experts, at least one used, at most all",
+                self.key("expert_count"),
+                self.key("expert_used_count")
+            )));
+        }
+        Ok(Some(Routing { n_expert, k, gating, norm, scale: 1.0 }))
     }
 
     /// Which of `n_layer` layers use the sliding window: `attention.sliding_window_pattern`

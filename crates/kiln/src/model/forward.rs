@@ -16,7 +16,7 @@ use crate::kv::{KvPool, BLOCK_SIZE};
 /// A model's config and weights on one backend.
 pub struct Model<B: Backend> {
     pub cfg: ModelConfig,
-    pub weights: Weights<B::Weight>,
+    pub weights: Weights<B>,
     pub backend: B,
     /// Each layer's rotation with the file's frequency factors (`None`: not rotated).
     rope: Vec<Option<RopeParams>>,

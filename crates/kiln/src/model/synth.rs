@@ -27,8 +27,16 @@ pub struct SynthSpec {
     /// Per-tensor overrides of the matrix type: (name suffix, type), e.g. ("ffn_down", Q6_K).
     pub type_overrides: Vec<(String, GgmlType)>,
     pub tied_output: bool,
+    /// Multiplies the output matrix (`token_embd` where tied): the logits' spread. A gain
+    /// of 3-4 makes a random model's predictions peaked, so a text it wrote has a
+    /// perplexity far below the vocabulary size, and changes to the model move it.
+    pub output_gain: f32,
     pub qkv_bias: bool,
     pub qk_norm: bool,
+    /// With `qk_norm`: one norm over all of q (and of k) instead of one per head (olmoe).
+    pub qk_norm_whole: bool,
+    /// A mixture of experts in place of the dense FFN.
+    pub experts: Option<SynthExperts>,
     pub post_norms: bool,
     pub rope_freqs: bool,
     /// Extra metadata, keys without the `{arch}.` prefix.
@@ -55,8 +63,11 @@ impl Default for SynthSpec {
             embd_type: GgmlType::F16,
             type_overrides: Vec::new(),
             tied_output: false,
+            output_gain: 1.0,
             qkv_bias: false,
             qk_norm: false,
+            qk_norm_whole: false,
+            experts: None,
             post_norms: false,
             rope_freqs: false,
             metadata: Vec::new(),
@@ -64,6 +75,21 @@ impl Default for SynthSpec {
             random_blocks: false,
         }
     }
+}
+
+/// The experts of a synthetic mixture-of-experts model.
+#[derive(Clone, Debug)]
+pub struct SynthExperts {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Each expert's hidden width (written as `expert_feed_forward_length` where
+    /// `ff_key`, else as the model's `feed_forward_length`).
+    pub n_ff: usize,
+    pub ff_key: bool,
+    /// A shared expert of this width (`expert_shared_feed_forward_length`).
+    pub shared_ff: Option<usize>,
+    /// The shared expert's sigmoid gate (`ffn_gate_inp_shexp`).
+    pub shared_gate: bool,
 }
 
 /// splitmix64: a reproducible stream of values, the same on every machine.
@@ -146,7 +172,24 @@ impl SynthSpec {
         w.set(a("context_length"), Value::U32(self.n_ctx_train as u32));
         w.set(a("embedding_length"), Value::U32(self.n_embd as u32));
         w.set(a("block_count"), Value::U32(self.n_layer as u32));
-        w.set(a("feed_forward_length"), Value::U32(self.n_ff as u32));
+        match &self.experts {
+            Some(x) => {
+                w.set(a("expert_count"), Value::U32(x.n_expert as u32));
+                w.set(a("expert_used_count"), Value::U32(x.n_used as u32));
+                if x.ff_key {
+                    w.set(a("feed_forward_length"), Value::U32(self.n_ff as u32));
+                    w.set(a("expert_feed_forward_length"), Value::U32(x.n_ff as u32));
+                } else {
+                    w.set(a("feed_forward_length"), Value::U32(x.n_ff as u32));
+                }
+                if let Some(n) = x.shared_ff {
+                    w.set(a("expert_shared_feed_forward_length"), Value::U32(n as u32));
+                }
+            }
+            None => {
+                w.set(a("feed_forward_length"), Value::U32(self.n_ff as u32));
+            }
+        }
         w.set(a("attention.head_count"), Value::U32(self.n_head as u32));
         w.set(a("attention.head_count_kv"), Value::U32(self.n_head_kv as u32));
         w.set(a("attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
@@ -161,10 +204,19 @@ impl SynthSpec {
 
         let mut rng = Rng(self.seed);
         let (d, q, kv, ff) = (self.n_embd, self.n_head * head_dim, self.n_head_kv * head_dim, self.n_ff);
-        self.matrix(&mut w, &mut rng, "token_embd.weight", d, self.n_vocab, self.embd_type, 1.0)?;
+        let embd_gain = if self.tied_output { self.output_gain } else { 1.0 };
+        self.matrix(&mut w, &mut rng, "token_embd.weight", d, self.n_vocab, self.embd_type, embd_gain)?;
         self.vector(&mut w, &mut rng, "output_norm.weight", d, 1.0, 0.1)?;
         if !self.tied_output {
-            self.matrix(&mut w, &mut rng, "output.weight", d, self.n_vocab, self.embd_type, 1.0)?;
+            self.matrix(
+                &mut w,
+                &mut rng,
+                "output.weight",
+                d,
+                self.n_vocab,
+                self.embd_type,
+                self.output_gain,
+            )?;
         }
         if self.rope_freqs {
             let n_rot = head_dim / 2;
@@ -183,8 +235,9 @@ impl SynthSpec {
                 self.vector(&mut w, &mut rng, &n("attn_v.bias"), kv, 0.0, 0.2)?;
             }
             if self.qk_norm {
-                self.vector(&mut w, &mut rng, &n("attn_q_norm.weight"), head_dim, 1.0, 0.1)?;
-                self.vector(&mut w, &mut rng, &n("attn_k_norm.weight"), head_dim, 1.0, 0.1)?;
+                let (qn, kn) = if self.qk_norm_whole { (q, kv) } else { (head_dim, head_dim) };
+                self.vector(&mut w, &mut rng, &n("attn_q_norm.weight"), qn, 1.0, 0.1)?;
+                self.vector(&mut w, &mut rng, &n("attn_k_norm.weight"), kn, 1.0, 0.1)?;
             }
             self.matrix(&mut w, &mut rng, &n("attn_output.weight"), q, d, self.matrix_type, 1.0)?;
             if self.post_norms {
@@ -192,11 +245,36 @@ impl SynthSpec {
                 self.vector(&mut w, &mut rng, &n("post_ffw_norm.weight"), d, 1.0, 0.1)?;
             }
             self.vector(&mut w, &mut rng, &n("ffn_norm.weight"), d, 1.0, 0.1)?;
-            self.matrix(&mut w, &mut rng, &n("ffn_gate.weight"), d, ff, self.matrix_type, 1.0)?;
-            self.matrix(&mut w, &mut rng, &n("ffn_up.weight"), d, ff, self.matrix_type, 1.0)?;
-            self.matrix(&mut w, &mut rng, &n("ffn_down.weight"), ff, d, self.matrix_type, 1.0)?;
+            match &self.experts {
+                None => {
+                    self.matrix(&mut w, &mut rng, &n("ffn_gate.weight"), d, ff, self.matrix_type, 1.0)?;
+                    self.matrix(&mut w, &mut rng, &n("ffn_up.weight"), d, ff, self.matrix_type, 1.0)?;
+                    self.matrix(&mut w, &mut rng, &n("ffn_down.weight"), ff, d, self.matrix_type, 1.0)?;
+                }
+                Some(x) => self.experts(&mut w, &mut rng, il, x)?,
+            }
         }
         Ok(w)
+    }
+
+    /// Layer `il`'s mixture of experts: the router (F32, as llama-quantize leaves it, with
+    /// a gain of 4 so routing is decisive), the experts as 3-D tensors, the shared expert.
+    fn experts(&self, w: &mut GgufWriter, rng: &mut Rng, il: usize, x: &SynthExperts) -> Result<()> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (d, ff, ne, ty) = (self.n_embd, x.n_ff, x.n_expert, self.matrix_type);
+        self.matrix(w, rng, &n("ffn_gate_inp.weight"), d, ne, GgmlType::F32, 4.0)?;
+        self.matrix3(w, rng, &n("ffn_gate_exps.weight"), d, ff, ne, ty)?;
+        self.matrix3(w, rng, &n("ffn_up_exps.weight"), d, ff, ne, ty)?;
+        self.matrix3(w, rng, &n("ffn_down_exps.weight"), ff, d, ne, ty)?;
+        if let Some(sf) = x.shared_ff {
+            if x.shared_gate {
+                self.matrix(w, rng, &n("ffn_gate_inp_shexp.weight"), d, 1, GgmlType::F32, 1.0)?;
+            }
+            self.matrix(w, rng, &n("ffn_gate_shexp.weight"), d, sf, ty, 1.0)?;
+            self.matrix(w, rng, &n("ffn_up_shexp.weight"), d, sf, ty, 1.0)?;
+            self.matrix(w, rng, &n("ffn_down_shexp.weight"), sf, d, ty, 1.0)?;
+        }
+        Ok(())
     }
 
     /// A byte-level BPE vocabulary with no merges: 256 byte tokens, BOS, EOS, then filler
@@ -254,14 +332,45 @@ impl SynthSpec {
         ty: GgmlType,
         gain: f32,
     ) -> Result<()> {
+        self.tensor(w, rng, name, &[cols, rows], ty, gain)
+    }
+
+    /// `n` matrices of `[cols, rows]` as one 3-D tensor `[cols, rows, n]`.
+    #[allow(clippy::too_many_arguments)]
+    fn matrix3(
+        &self,
+        w: &mut GgufWriter,
+        rng: &mut Rng,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        n: usize,
+        ty: GgmlType,
+    ) -> Result<()> {
+        self.tensor(w, rng, name, &[cols, rows, n], ty, 1.0)
+    }
+
+    /// A tensor of `dims` (ggml order), its rows as `matrix` makes them.
+    fn tensor(
+        &self,
+        w: &mut GgufWriter,
+        rng: &mut Rng,
+        name: &str,
+        dims: &[usize],
+        ty: GgmlType,
+        gain: f32,
+    ) -> Result<()> {
         let ty = self.matrix_type_of(name, ty);
+        let cols = dims[0];
+        let rows: usize = dims[1..].iter().product();
+        let dims: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         let amp = gain * (3.0 / cols as f32).sqrt();
         let row_size = ty.row_size(cols)?;
         let mut data = vec![0u8; row_size * rows];
         if self.random_blocks {
             if let Some(scales) = scale_fields(ty) {
                 random_blocks(&mut data, ty.type_size(), scales, amp, rng);
-                w.add_tensor(name, ty, &[cols as u64, rows as u64], data)?;
+                w.add_tensor(name, ty, &dims, data)?;
                 return Ok(());
             }
         }
@@ -270,7 +379,7 @@ impl SynthSpec {
             vals.iter_mut().for_each(|v| *v = rng.next_f32() * amp);
             quant::quantize_row(ty, &vals, &mut data[r * row_size..(r + 1) * row_size])?;
         }
-        w.add_tensor(name, ty, &[cols as u64, rows as u64], data)?;
+        w.add_tensor(name, ty, &dims, data)?;
         Ok(())
     }
 
@@ -301,7 +410,100 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
     // and the output; Q4_K elsewhere. Here: every layer's attn_v and ffn_down.
     let q4_k_m =
         vec![("attn_v+".to_string(), Q6_K), ("ffn_down+".to_string(), Q6_K), ("output".to_string(), Q6_K)];
+    let q4_k_m_moe = [&q4_k_m[..], &[("ffn_down_exps+".to_string(), Q6_K)]].concat();
+    let moe = |n_expert, n_used, n_ff| SynthExperts {
+        n_expert,
+        n_used,
+        n_ff,
+        ff_key: false,
+        shared_ff: None,
+        shared_gate: false,
+    };
+    // The architectures added with mixtures of experts: peaked predictions (see
+    // `output_gain`), 3 layers.
+    let peaked = SynthSpec { n_layer: 3, output_gain: 3.5, ..base.clone() };
     Some(match name {
+        "qwen3moe-tiny" => SynthSpec {
+            arch: "qwen3moe".into(),
+            head_dim: Some(32),
+            qk_norm: true,
+            experts: Some(SynthExperts { ff_key: true, ..moe(8, 2, 32) }),
+            metadata: vec![f("rope.freq_base", 1e6)],
+            ..peaked
+        },
+        "qwen2moe-tiny" => SynthSpec {
+            arch: "qwen2moe".into(),
+            qkv_bias: true,
+            experts: Some(SynthExperts {
+                ff_key: true,
+                shared_ff: Some(64),
+                shared_gate: true,
+                ..moe(8, 2, 32)
+            }),
+            metadata: vec![f("rope.freq_base", 1e6)],
+            ..peaked
+        },
+        "mixtral-tiny" => {
+            SynthSpec { experts: Some(moe(4, 2, 64)), metadata: vec![f("rope.freq_base", 1e6)], ..peaked }
+        }
+        "olmoe-tiny" => SynthSpec {
+            arch: "olmoe".into(),
+            // llama.cpp's olmoe has no grouped-query attention (its k norm is n_embd wide).
+            n_head_kv: 4,
+            qk_norm: true,
+            qk_norm_whole: true,
+            experts: Some(moe(16, 4, 32)),
+            ..peaked
+        },
+        "granitemoe-tiny" => SynthSpec {
+            arch: "granitemoe".into(),
+            experts: Some(SynthExperts { shared_ff: Some(48), ..moe(8, 2, 32) }),
+            metadata: vec![
+                f("embedding_scale", 12.0),
+                f("residual_scale", 0.22),
+                f("attention.scale", 0.015625),
+                f("logit_scale", 8.0),
+                f("rope.freq_base", 1e4),
+            ],
+            // The logits are divided by logit_scale.
+            output_gain: 3.5 * 8.0,
+            ..peaked
+        },
+        "olmoe-1b-7b-q4_k_m" => SynthSpec {
+            arch: "olmoe".into(),
+            n_vocab: 50304,
+            n_embd: 2048,
+            n_layer: 16,
+            n_head: 16,
+            n_head_kv: 16,
+            qk_norm: true,
+            qk_norm_whole: true,
+            experts: Some(moe(64, 8, 1024)),
+            matrix_type: Q4_K,
+            embd_type: Q4_K,
+            type_overrides: q4_k_m_moe.clone(),
+            random_blocks: true,
+            ..base
+        },
+        "qwen3-30b-a3b-q4_k_m" => SynthSpec {
+            arch: "qwen3moe".into(),
+            n_vocab: 151936,
+            n_embd: 2048,
+            n_layer: 48,
+            n_head: 32,
+            n_head_kv: 4,
+            head_dim: Some(128),
+            n_ff: 6144,
+            n_ctx_train: 40960,
+            qk_norm: true,
+            experts: Some(SynthExperts { ff_key: true, ..moe(128, 8, 768) }),
+            matrix_type: Q4_K,
+            embd_type: Q4_K,
+            type_overrides: q4_k_m_moe,
+            metadata: vec![f("rope.freq_base", 1e6)],
+            random_blocks: true,
+            ..base
+        },
         "qwen3-tiny" => SynthSpec {
             arch: "qwen3".into(),
             head_dim: Some(32),
@@ -432,6 +634,11 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
 
 /// The preset names, small ones first.
 pub const PRESETS: &[&str] = &[
+    "qwen3moe-tiny",
+    "qwen2moe-tiny",
+    "mixtral-tiny",
+    "olmoe-tiny",
+    "granitemoe-tiny",
     "qwen3-tiny",
     "qwen2-tiny",
     "granite-tiny",
@@ -443,4 +650,6 @@ pub const PRESETS: &[&str] = &[
     "qwen2.5-7b-q4_k_m",
     "llama3-8b-q4_k_m",
     "qwen2.5-1.5b-q4_k_m",
+    "olmoe-1b-7b-q4_k_m",
+    "qwen3-30b-a3b-q4_k_m",
 ];

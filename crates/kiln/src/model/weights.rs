@@ -11,12 +11,12 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::progress::{ProgressFn, Stage};
 use crate::quant;
 
-pub struct Weights<W> {
-    pub token_embd: W,
-    pub output_norm: W,
+pub struct Weights<B: Backend> {
+    pub token_embd: B::Weight,
+    pub output_norm: B::Weight,
     /// `None`: tied to `token_embd`.
-    pub output: Option<W>,
-    pub layers: Vec<LayerWeights<W>>,
+    pub output: Option<B::Weight>,
+    pub layers: Vec<LayerWeights<B>>,
     /// llama-3 `rope_freqs` (divisors of theta per dimension pair).
     pub rope_freqs: Option<Vec<f32>>,
 }
@@ -97,6 +97,26 @@ impl<B: Backend> Loader<'_, B> {
         self.load_together(&parts).map(Some)
     }
 
+    /// The 3-D expert tensor `name`, checked to be `[cols, sum(parts), n_expert]`, as one
+    /// stack per part (`Backend::load_experts`).
+    pub fn experts(
+        &self,
+        name: &str,
+        cols: usize,
+        parts: &[usize],
+        n_expert: usize,
+    ) -> Result<Option<Vec<B::Experts>>> {
+        let Some(t) = self.g.tensor(name) else { return Ok(None) };
+        let want = [cols as u64, parts.iter().sum::<usize>() as u64, n_expert as u64];
+        if t.dims != want {
+            return Err(KilnError::Tensor {
+                name: name.into(),
+                msg: format!("shape {:?}, expected {want:?}", t.dims),
+            });
+        }
+        self.backend.load_experts(self.g, t, n_expert, parts).map(Some)
+    }
+
     fn load_together<const N: usize>(&self, ts: &[TensorInfo]) -> Result<[B::Weight; N]> {
         let refs: Vec<&TensorInfo> = ts.iter().collect();
         let ws = self.backend.load_weights(self.g, &refs)?;
@@ -104,9 +124,9 @@ impl<B: Backend> Loader<'_, B> {
     }
 }
 
-impl<W> Weights<W> {
+impl<B: Backend> Weights<B> {
     /// Loads every weight; `progress` hears the bytes of the layers loaded so far.
-    pub fn load<B: Backend<Weight = W>>(
+    pub fn load(
         g: &Arc<GgufFile>,
         cfg: &ModelConfig,
         backend: &B,

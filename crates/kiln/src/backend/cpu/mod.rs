@@ -7,6 +7,7 @@ mod expf;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;
 mod kv_buf;
+mod moe;
 mod ops;
 pub use attention::AttnArith;
 pub(crate) use ops::gelu_table;
@@ -16,13 +17,14 @@ mod vexp;
 mod weight;
 use kv_buf::k_index;
 pub use kv_buf::{k_rows, set_k_rows, KvBuf};
+pub use moe::CpuExperts;
 pub use weight::CpuWeight;
 
 use std::sync::Arc;
 
 use half::f16;
 
-use super::{Activation, AttnPlan, Backend, RopeParams};
+use super::{Activation, AttnPlan, Backend, RopeParams, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
@@ -93,6 +95,7 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type Buf = Vec<f32>;
     type Kv = KvBuf;
+    type Experts = CpuExperts;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", self.n_threads())
@@ -106,6 +109,22 @@ impl Backend for CpuBackend {
             });
         }
         CpuWeight::load(gguf, self.arena(gguf), t)
+    }
+
+    fn load_experts(
+        &self,
+        gguf: &Arc<GgufFile>,
+        t: &TensorInfo,
+        n_expert: usize,
+        parts: &[usize],
+    ) -> Result<Vec<CpuExperts>> {
+        if !t.ty.is_supported() {
+            return Err(KilnError::Tensor {
+                name: t.name.clone(),
+                msg: format!("unsupported tensor type {}", t.ty.name()),
+            });
+        }
+        moe::load(gguf, self.arena(gguf), t, n_expert, parts)
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -192,6 +211,47 @@ impl Backend for CpuBackend {
 
     fn attention(&self, q: &Vec<f32>, kc: &KvBuf, vc: &KvBuf, plan: &AttnPlan, out: &mut Vec<f32>) {
         attention::attention(&self.pool, q, kc, vc, plan, self.attn, out);
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Vec<f32>,
+        rows: usize,
+        r: &Routing,
+        ids: &mut Vec<f32>,
+        weights: &mut Vec<f32>,
+    ) {
+        moe::route(logits, rows, r, ids, weights);
+    }
+
+    fn matmul_id(
+        &self,
+        ws: &[&CpuExperts],
+        x: &Vec<f32>,
+        per_slot: bool,
+        ids: &Vec<f32>,
+        rows: usize,
+        k: usize,
+        outs: &mut [&mut Vec<f32>],
+    ) {
+        let mut act = self.act_buf.lock().unwrap_or_else(|e| e.into_inner());
+        moe::matmul_id(&self.pool, ws, x, per_slot, ids, rows, k, outs, &mut act);
+    }
+
+    fn moe_sum(
+        &self,
+        y: &Vec<f32>,
+        weights: &Vec<f32>,
+        rows: usize,
+        k: usize,
+        dim: usize,
+        out: &mut Vec<f32>,
+    ) {
+        moe::sum(&self.pool, y, weights, rows, k, dim, out);
+    }
+
+    fn add_sigmoid_gated(&self, x: &mut Vec<f32>, y: &Vec<f32>, g: &Vec<f32>, rows: usize, dim: usize) {
+        moe::add_sigmoid_gated(x, y, g, rows, dim);
     }
 
     fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, act: Activation, len: usize) {

@@ -4,19 +4,21 @@
 
 mod context;
 pub mod kernels;
+mod moe;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ::wgpu;
 
-use super::{Activation, AttnPlan, Backend, IdsTicket, RopeParams};
+use super::{Activation, AttnPlan, Backend, IdsTicket, RopeParams, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
 pub use context::AdapterPolicy;
 use context::{Context, Recorder};
 use kernels::{Input, Kernel, Pipelines};
+pub use moe::GpuExperts;
 
 /// Rows of a weight stored in one buffer (weights over the binding limit are split).
 struct Part {
@@ -762,6 +764,7 @@ impl Backend for GpuBackend {
     type Weight = GpuWeight;
     type Buf = GpuBuf;
     type Kv = GpuKv;
+    type Experts = GpuExperts;
 
     fn name(&self) -> String {
         let i = &self.ctx.info;
@@ -808,6 +811,41 @@ impl Backend for GpuBackend {
             parts.push(Part { buf, row0, rows: n, first: 0 });
         }
         Ok(GpuWeight { parts, ty, rows, cols, row_size })
+    }
+
+    fn load_experts(
+        &self,
+        gguf: &Arc<GgufFile>,
+        t: &TensorInfo,
+        n_expert: usize,
+        parts: &[usize],
+    ) -> Result<Vec<GpuExperts>> {
+        self.load_experts_impl(gguf, t, n_expert, parts)
+    }
+
+    fn moe_route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
+        self.moe_route_impl(logits, rows, r, ids, weights);
+    }
+
+    fn matmul_id(
+        &self,
+        ws: &[&GpuExperts],
+        x: &GpuBuf,
+        per_slot: bool,
+        ids: &GpuBuf,
+        rows: usize,
+        k: usize,
+        outs: &mut [&mut GpuBuf],
+    ) {
+        self.matmul_id_impl(ws, x, per_slot, ids, rows, k, outs);
+    }
+
+    fn moe_sum(&self, y: &GpuBuf, weights: &GpuBuf, rows: usize, k: usize, dim: usize, out: &mut GpuBuf) {
+        self.moe_sum_impl(y, weights, rows, k, dim, out);
+    }
+
+    fn add_sigmoid_gated(&self, x: &mut GpuBuf, y: &GpuBuf, g: &GpuBuf, rows: usize, dim: usize) {
+        self.add_sigmoid_gated_impl(x, y, g, rows, dim);
     }
 
     fn weight_shape(&self, w: &GpuWeight) -> (usize, usize) {

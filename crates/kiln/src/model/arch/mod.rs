@@ -9,8 +9,11 @@
 mod gemma3;
 mod granite;
 mod llama;
+mod olmoe;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
+mod qwen3moe;
 
 use super::config::{Meta, ModelConfig};
 use crate::error::Result;
@@ -25,6 +28,10 @@ const ARCHS: &[(&str, Config)] = &[
     ("qwen3", qwen3::config),
     ("gemma3", gemma3::config),
     ("granite", granite::config),
+    ("granitemoe", granite::config),
+    ("qwen3moe", qwen3moe::config),
+    ("qwen2moe", qwen2moe::config),
+    ("olmoe", olmoe::config),
 ];
 
 /// The architecture named `name`: its name (static) and how to read its config.

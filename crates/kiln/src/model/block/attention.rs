@@ -28,6 +28,9 @@ pub enum QkNorm {
     None,
     /// Each head on its own, one weight of `head_dim` shared by the heads (qwen3, gemma3).
     PerHead,
+    /// All of a token's q (and of its k) as one vector, weights of `q_dim` and `kv_dim`
+    /// (olmoe, olmo2).
+    Whole,
 }
 
 impl Attention {
@@ -67,6 +70,9 @@ impl<W> AttnWeights<W> {
             QkNorm::None => (None, None),
             QkNorm::PerHead => {
                 (Some(l.get(&n("attn_q_norm.weight"), hd, 1)?), Some(l.get(&n("attn_k_norm.weight"), hd, 1)?))
+            }
+            QkNorm::Whole => {
+                (Some(l.get(&n("attn_q_norm.weight"), q, 1)?), Some(l.get(&n("attn_k_norm.weight"), kv, 1)?))
             }
         };
         Ok(AttnWeights {
@@ -135,9 +141,13 @@ pub fn forward<B: Backend>(
     let biases = [w.bq.as_ref(), w.bk.as_ref(), w.bv.as_ref()];
     b.matmul_many(&[&w.wq, &w.wk, &w.wv], &biases, x, n, &mut [&mut s.q, &mut s.k, &mut s.v]);
     if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-        b.rms_norm(&s.q, qn, cfg.norm_eps, n * n_head, hd, &mut s.att);
+        // Rows of a head, or of all of a token's heads.
+        let per_head = a.qk_norm == QkNorm::PerHead;
+        let (q_rows, qd) = if per_head { (n * n_head, hd) } else { (n, n_head * hd) };
+        let (k_rows, kd) = if per_head { (n * n_head_kv, hd) } else { (n, n_head_kv * hd) };
+        b.rms_norm(&s.q, qn, cfg.norm_eps, q_rows, qd, &mut s.att);
         std::mem::swap(&mut s.q, &mut s.att);
-        b.rms_norm(&s.k, kn, cfg.norm_eps, n * n_head_kv, hd, &mut s.k_normed);
+        b.rms_norm(&s.k, kn, cfg.norm_eps, k_rows, kd, &mut s.k_normed);
         std::mem::swap(&mut s.k, &mut s.k_normed);
     }
     match rope {

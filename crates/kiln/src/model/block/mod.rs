@@ -5,9 +5,11 @@
 
 pub mod attention;
 pub mod ffn;
+pub mod moe;
 
 pub use attention::{Attention, AttnWeights, QkNorm};
-pub use ffn::{Ffn, FfnWeights};
+pub use ffn::{Ffn, FfnWeights, Glu};
+pub use moe::{Moe, SharedExpert};
 
 use super::weights::Loader;
 use crate::backend::Backend;
@@ -60,13 +62,13 @@ impl<W> NormWeights<W> {
 }
 
 /// A layer's tensors.
-pub struct LayerWeights<W> {
-    pub attn: AttnWeights<W>,
-    pub ffn: FfnWeights<W>,
+pub struct LayerWeights<B: Backend> {
+    pub attn: AttnWeights<B::Weight>,
+    pub ffn: FfnWeights<B>,
 }
 
-impl<W> LayerWeights<W> {
-    pub(super) fn load<B: Backend<Weight = W>>(l: &Loader<B>, il: usize, layer: &Layer) -> Result<Self> {
+impl<B: Backend> LayerWeights<B> {
+    pub(super) fn load(l: &Loader<B>, il: usize, layer: &Layer) -> Result<Self> {
         Ok(LayerWeights {
             attn: AttnWeights::load(l, il, &layer.attn)?,
             ffn: FfnWeights::load(l, il, &layer.ffn)?,
@@ -74,7 +76,7 @@ impl<W> LayerWeights<W> {
     }
 
     /// The norm on the residual stream before the attention block, if any.
-    pub fn attn_pre_norm(&self) -> Option<&W> {
+    pub fn attn_pre_norm(&self) -> Option<&B::Weight> {
         self.attn.norms.pre.as_ref()
     }
 }
