@@ -31,6 +31,10 @@ pub struct SynthSpec {
     /// of 3-4 makes a random model's predictions peaked, so a text it wrote has a
     /// perplexity far below the vocabulary size, and changes to the model move it.
     pub output_gain: f32,
+    /// The output rows of every token but printable ASCII (bytes 32-126) are zero: their
+    /// logits are 0, far below a peaked model's best, so it writes plain text (greedy and
+    /// sampled text round-trips through any tool's tokenizer).
+    pub printable_output: bool,
     pub qkv_bias: bool,
     pub qk_norm: bool,
     /// With `qk_norm`: one norm over all of q (and of k) instead of one per head (olmoe).
@@ -64,6 +68,7 @@ impl Default for SynthSpec {
             type_overrides: Vec::new(),
             tied_output: false,
             output_gain: 1.0,
+            printable_output: false,
             qkv_bias: false,
             qk_norm: false,
             qk_norm_whole: false,
@@ -374,9 +379,14 @@ impl SynthSpec {
                 return Ok(());
             }
         }
+        let output = name == if self.tied_output { "token_embd.weight" } else { "output.weight" };
+        let silent = |r: usize| self.printable_output && output && !(32..127).contains(&r);
         let mut vals = vec![0.0f32; cols];
         for r in 0..rows {
             vals.iter_mut().for_each(|v| *v = rng.next_f32() * amp);
+            if silent(r) {
+                vals.fill(0.0);
+            }
             quant::quantize_row(ty, &vals, &mut data[r * row_size..(r + 1) * row_size])?;
         }
         w.add_tensor(name, ty, &dims, data)?;
@@ -419,9 +429,9 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
         shared_ff: None,
         shared_gate: false,
     };
-    // The architectures added with mixtures of experts: peaked predictions (see
-    // `output_gain`), 3 layers.
-    let peaked = SynthSpec { n_layer: 3, output_gain: 3.5, ..base.clone() };
+    // The architectures added with mixtures of experts and after: peaked predictions of
+    // plain text (see `output_gain`, `printable_output`), 3 layers.
+    let peaked = SynthSpec { n_layer: 3, output_gain: 3.5, printable_output: true, ..base.clone() };
     Some(match name {
         "qwen3moe-tiny" => SynthSpec {
             arch: "qwen3moe".into(),
