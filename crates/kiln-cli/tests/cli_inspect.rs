@@ -135,6 +135,42 @@ fn json_shape_on_a_written_model() {
     assert_eq!(t["offset"].as_u64().unwrap(), j["tensors"][0]["offset"].as_u64().unwrap() + 32);
 }
 
+/// A mixture of experts: its experts, and the parameters a token uses counted from the
+/// tensors' shapes (a 3-D expert tensor `[cols, rows, n_expert]` contributes `k` experts).
+#[test]
+fn experts_and_active_parameters() {
+    for (preset, count, used, shared) in [
+        ("olmoe-tiny", 16, 4, Json::Null),
+        ("qwen2moe-tiny", 8, 2, serde_json::json!({"n_ff": 64, "gated": true})),
+        ("granitemoe-tiny", 8, 2, serde_json::json!({"n_ff": 48, "gated": false})),
+    ] {
+        let path = tmp(&format!("inspect-{preset}.gguf"));
+        kiln::model::synth::preset(preset).unwrap().build().unwrap().write_file(&path).unwrap();
+        let out = kiln(&["inspect", "--json", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let j = one_json_line(&out);
+        assert_eq!(j["experts"], serde_json::json!({"count": count, "used": used, "shared": shared}));
+        let (mut total, mut active) = (0, 0);
+        for t in j["tensors"].as_array().unwrap() {
+            let dims: Vec<u64> = t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+            let n: u64 = dims.iter().product();
+            total += n;
+            active +=
+                if t["name"].as_str().unwrap().ends_with("_exps.weight") { n / count * used } else { n };
+        }
+        assert_eq!(j["parameters"], total, "{preset}");
+        assert_eq!(j["active_parameters"], active, "{preset}");
+        assert!(active < total);
+        let text = String::from_utf8(kiln(&["inspect", path.to_str().unwrap()]).stdout).unwrap();
+        let want = format!("experts:      {count} per layer, {used} used per token");
+        assert!(text.contains(&want), "{preset}: {text}");
+    }
+    let path = tmp("inspect-dense.gguf");
+    kiln::model::synth::preset("qwen3-tiny").unwrap().build().unwrap().write_file(&path).unwrap();
+    let j = one_json_line(&kiln(&["inspect", "--json", path.to_str().unwrap()]));
+    assert_eq!((&j["experts"], &j["parameters"]), (&Json::Null, &j["active_parameters"]));
+}
+
 fn one_json_line(out: &Output) -> Json {
     let s = std::str::from_utf8(&out.stdout).unwrap();
     assert!(s.ends_with('\n') && s.lines().count() == 1, "one line of JSON: {s}");
@@ -150,7 +186,18 @@ fn json_shape_on_catalog_models() {
         let j = one_json_line(&out);
         let mut keys: Vec<_> = j.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort(); // whether serde_json keeps insertion order depends on its features
-        let mut want = ["file", "size", "gguf_version", "architecture", "supported", "metadata", "tensors"];
+        let mut want = [
+            "file",
+            "size",
+            "gguf_version",
+            "architecture",
+            "supported",
+            "parameters",
+            "active_parameters",
+            "experts",
+            "metadata",
+            "tensors",
+        ];
         want.sort();
         assert_eq!(keys, want);
         let file = Path::new(j["file"].as_str().unwrap());

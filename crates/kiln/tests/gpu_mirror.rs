@@ -271,7 +271,14 @@ impl Backend for Mirror {
         }
         self.check("attention", out, plan.pos.len() * plan.n_head * plan.head_dim);
     }
-    fn moe_route(&self, logits: &Self::Buf, rows: usize, r: &Routing, ids: &mut Self::Buf, w: &mut Self::Buf) {
+    fn moe_route(
+        &self,
+        logits: &Self::Buf,
+        rows: usize,
+        r: &Routing,
+        ids: &mut Self::Buf,
+        w: &mut Self::Buf,
+    ) {
         self.sync(logits);
         self.cpu.moe_route(&logits.0, rows, r, &mut ids.0, &mut w.0);
         self.gpu.moe_route(&logits.1, rows, r, &mut ids.1, &mut w.1);

@@ -153,7 +153,9 @@ fn perplexity_depends_on_the_routing() {
         eprintln!("{preset}: perplexity {full:.3}, {tag} {cut:.3}");
         assert!((cut / full - 1.0).abs() > 0.05, "{preset}: {tag} moved perplexity {full} -> {cut}");
     };
-    for (preset, arch) in [("qwen3moe-tiny", "qwen3moe"), ("qwen2moe-tiny", "qwen2moe"), ("olmoe-tiny", "olmoe")] {
+    for (preset, arch) in
+        [("qwen3moe-tiny", "qwen3moe"), ("qwen2moe-tiny", "qwen2moe"), ("olmoe-tiny", "olmoe")]
+    {
         moved(preset, "top-1", &|w| {
             w.set(format!("{arch}.expert_used_count"), Value::U32(1));
         });

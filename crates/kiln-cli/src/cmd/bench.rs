@@ -168,7 +168,7 @@ fn kv_bytes_per_token(cfg: &kiln::model::ModelConfig, n_past: usize, n_gen: usiz
 }
 
 /// Weight bytes one decode step reads: every tensor, except that an untied `token_embd`
-/// contributes one row.
+/// contributes one row and routed experts only the `k` of `n_expert` a token uses.
 fn weight_bytes_per_token(engine: &Engine) -> u64 {
     let g = engine.gguf();
     let tied = g.tensor("output.weight").is_none();
@@ -179,7 +179,7 @@ fn weight_bytes_per_token(engine: &Engine) -> u64 {
                 let (rows, _) = t.rows_cols();
                 t.size / rows.max(1) as u64
             } else {
-                t.size
+                (t.size as f64 * engine.config().active_share(&t.name)) as u64
             }
         })
         .sum()

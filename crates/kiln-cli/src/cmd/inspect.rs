@@ -1,6 +1,8 @@
-//! `kiln inspect`: metadata, tensors, size, and whether kiln supports it all.
+//! `kiln inspect`: metadata, tensors, size, parameters (and the experts of a mixture, with
+//! the parameters a token uses), and whether kiln supports it all.
 
 use kiln::gguf::{Array, GgufFile, Value};
+use kiln::model::ModelConfig;
 use serde_json::{json, Map};
 
 #[derive(clap::Args)]
@@ -24,6 +26,8 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let arch = g.architecture().unwrap_or("").to_string();
     let arch_ok = kiln::model::is_supported_architecture(&arch);
     let all_types_ok = g.tensors.iter().all(|t| t.ty.is_supported());
+    let cfg = ModelConfig::from_gguf(&g).ok();
+    let params = Params::count(&g, cfg.as_ref());
     if a.json {
         let mut md = Map::new();
         for (k, v) in &g.metadata {
@@ -40,6 +44,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
         let out = json!({
             "file": path.display().to_string(), "size": g.file_size(), "gguf_version": g.version,
             "architecture": arch, "supported": arch_ok && all_types_ok,
+            "parameters": params.total, "active_parameters": params.active, "experts": params.experts_json(),
             "metadata": md, "tensors": tensors,
         });
         println!("{out}");
@@ -49,6 +54,17 @@ pub fn run(a: Args) -> kiln::Result<()> {
     println!("size:         {} bytes", g.file_size());
     println!("gguf version: {}", g.version);
     println!("architecture: {arch}{}", if arch_ok { "" } else { " (unsupported)" });
+    println!("parameters:   {}", billions(params.total));
+    if let Some(x) = &params.experts {
+        let shared = match x.shared {
+            Some((n_ff, gated)) => {
+                format!(", a shared expert ({n_ff} wide{})", if gated { ", gated" } else { "" })
+            }
+            None => String::new(),
+        };
+        println!("experts:      {} per layer, {} used per token{shared}", x.count, x.used);
+        println!("active:       {} parameters per token", billions(params.active));
+    }
     println!("metadata ({} keys):", g.metadata.len());
     for (k, v) in &g.metadata {
         println!("  {k} = {}", value_text(v));
@@ -60,6 +76,56 @@ pub fn run(a: Args) -> kiln::Result<()> {
     }
     println!("supported:    {}", arch_ok && all_types_ok);
     Ok(())
+}
+
+/// The experts of a mixture (its first mixture-of-experts layer).
+struct Experts {
+    count: usize,
+    used: usize,
+    /// A shared expert's width and whether it has its own gate.
+    shared: Option<(usize, bool)>,
+}
+
+/// A model's parameter count, and the part of it one token uses (routed experts count `k`
+/// of `n_expert`; everything else, embeddings included, in full).
+struct Params {
+    total: u64,
+    active: u64,
+    experts: Option<Experts>,
+}
+
+impl Params {
+    fn count(g: &GgufFile, cfg: Option<&ModelConfig>) -> Params {
+        let n = |t: &kiln::gguf::TensorInfo| t.dims.iter().product::<u64>();
+        let share = |name: &str| cfg.map_or(1.0, |c| c.active_share(name));
+        let moe = cfg.and_then(|c| c.layers.iter().find_map(|l| l.ffn.moe()));
+        Params {
+            total: g.tensors.iter().map(n).sum(),
+            active: g.tensors.iter().map(|t| (n(t) as f64 * share(&t.name)).round() as u64).sum(),
+            experts: moe.map(|m| Experts {
+                count: m.routing.n_expert,
+                used: m.routing.k,
+                shared: m.shared.map(|s| (s.n_ff, s.gated)),
+            }),
+        }
+    }
+
+    fn experts_json(&self) -> serde_json::Value {
+        match &self.experts {
+            Some(x) => json!({"count": x.count, "used": x.used,
+                "shared": x.shared.map(|(n_ff, gated)| json!({"n_ff": n_ff, "gated": gated}))}),
+            None => json!(null),
+        }
+    }
+}
+
+/// `n` as billions or millions.
+fn billions(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2} B", n as f64 / 1e9)
+    } else {
+        format!("{:.1} M", n as f64 / 1e6)
+    }
 }
 
 /// Arrays longer than this are shown as their length (the vocabulary, merges, ...).

@@ -68,6 +68,13 @@ impl GgufWriter {
         Ok(self)
     }
 
+    /// Removes the tensor `name`; whether there was one.
+    pub fn remove_tensor(&mut self, name: &str) -> bool {
+        let before = self.tensors.len();
+        self.tensors.retain(|t| t.name != name);
+        self.tensors.len() != before
+    }
+
     /// Adds an F32 tensor from values.
     pub fn add_f32(&mut self, name: impl Into<String>, dims: &[u64], values: &[f32]) -> Result<&mut Self> {
         self.add_tensor(name, GgmlType::F32, dims, bytemuck::cast_slice(values).to_vec())

@@ -62,6 +62,18 @@ impl ModelConfig {
     pub fn window(&self, il: usize) -> Option<u32> {
         self.layers.get(il).and_then(|l| l.attn.window)
     }
+
+    /// The share of tensor `name` one token reads: `k / n_expert` for a layer's routed
+    /// experts (`blk.N.ffn_*_exps.*`), else all of it (1).
+    pub fn active_share(&self, name: &str) -> f64 {
+        let moe = name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split_once('.'))
+            .filter(|(_, t)| t.starts_with("ffn_") && t.contains("_exps."))
+            .and_then(|(il, _)| self.layers.get(il.parse::<usize>().ok()?))
+            .and_then(|l| l.ffn.moe());
+        moe.map_or(1.0, |m| m.routing.k as f64 / m.routing.n_expert as f64)
+    }
 }
 
 /// A model's GGUF metadata, read under its architecture's prefix (`{arch}.{key}`).

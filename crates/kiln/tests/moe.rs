@@ -1,0 +1,126 @@
+//! Mixtures of experts on the CPU, beyond the logits against llama.cpp
+//! (`synth_vs_llamacpp.rs`): batch invariance when sequences share experts, and files whose
+//! expert tensors disagree with their metadata.
+
+use kiln::engine::{Engine, EngineOptions};
+use kiln::gguf::{GgufWriter, Value};
+use kiln::model::synth::{self, SynthSpec};
+use kiln::model::{Entry, OutputKind};
+use kiln::quant::GgmlType;
+use kiln::KilnError;
+
+/// Writes `w` and loads it on the CPU (2 threads, 3 sequences).
+fn load(w: GgufWriter, tag: &str) -> kiln::Result<Engine> {
+    let dir = std::env::temp_dir().join(format!("kiln-moe-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.gguf");
+    w.write_file(&path).unwrap();
+    let opts = EngineOptions::default().with_n_ctx(128).with_batch(64).with_n_seq(3).with_threads(2);
+    let e = Engine::load(path.to_str().unwrap(), opts);
+    std::fs::remove_dir_all(&dir).ok();
+    e
+}
+
+const SEQS: usize = 3;
+const LEN: usize = 40;
+
+fn prompt(s: usize) -> Vec<u32> {
+    (0..LEN as u32).map(|i| 32 + (i * 37 + s as u32 * 11) % 95).collect()
+}
+
+/// Every position's logits of three sequences, decoded in batches of `chunk` entries taken
+/// round-robin from the sequences (1: each token alone).
+fn logits(e: &Engine, chunk: usize) -> Vec<Vec<f32>> {
+    let r = e.runner();
+    let seqs: Vec<_> = (0..SEQS).map(|_| r.new_seq()).collect();
+    let prompts: Vec<_> = (0..SEQS).map(prompt).collect();
+    // Entries in the order (position, sequence): neighbours in a batch are other sequences.
+    let order: Vec<(usize, usize)> = (0..LEN).flat_map(|i| (0..SEQS).map(move |s| (s, i))).collect();
+    let n_vocab = e.config().n_vocab;
+    let mut out = vec![Vec::new(); SEQS];
+    for part in order.chunks(chunk) {
+        let entries: Vec<Entry> =
+            part.iter().map(|&(s, i)| Entry { seq: seqs[s], token: prompts[s][i], output: true }).collect();
+        let got = r.decode(&entries, OutputKind::Logits).unwrap();
+        for (&(s, _), row) in part.iter().zip(got.chunks_exact(n_vocab)) {
+            out[s].extend_from_slice(row);
+        }
+    }
+    seqs.into_iter().for_each(|s| r.free_seq(s));
+    out
+}
+
+/// A token's logits do not depend on which tokens of other sequences share its experts in
+/// a batch: three sequences' tokens one at a time, and together in batches of 7, 16 and 48
+/// entries. Every batch of more than n_expert / k tokens has tokens sharing an expert (by
+/// pigeonhole: 4 slots each over 16 experts), so the experts' row groups mix sequences.
+fn check_batch_invariance(spec: SynthSpec, what: &str) {
+    let e = load(spec.build().unwrap(), what).unwrap();
+    let alone = logits(&e, 1);
+    for chunk in [7, 16, 48] {
+        let got = logits(&e, chunk);
+        for (s, (a, g)) in alone.iter().zip(&got).enumerate() {
+            let diff = a.iter().zip(g).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            assert_eq!(diff, 0, "{what}, batches of {chunk}: sequence {s}: {diff} logits differ from alone");
+        }
+    }
+}
+
+#[test]
+fn f16_experts_do_not_depend_on_the_batch() {
+    // olmoe-tiny: 16 experts, 4 a token.
+    check_batch_invariance(synth::preset("olmoe-tiny").unwrap(), "olmoe-tiny");
+}
+
+/// Q4_K experts (the interleaved kernels: GEMV for an expert's few rows, GEMM from four) and
+/// a gated shared expert.
+#[test]
+fn q4_k_experts_do_not_depend_on_the_batch() {
+    let mut spec = synth::preset("qwen2moe-tiny").unwrap();
+    spec.n_embd = 256;
+    spec.matrix_type = GgmlType::Q4_K;
+    let x = spec.experts.as_mut().unwrap();
+    (x.n_expert, x.n_used, x.n_ff, x.shared_ff) = (16, 4, 256, Some(256));
+    check_batch_invariance(spec, "qwen2moe q4_k");
+}
+
+/// Loading `preset` after `edit` fails with a tensor error naming `tensor`.
+#[track_caller]
+fn load_error(preset: &str, tag: &str, tensor: &str, edit: impl FnOnce(&mut GgufWriter)) {
+    let mut w = synth::preset(preset).unwrap().build().unwrap();
+    edit(&mut w);
+    match load(w, tag) {
+        Ok(_) => panic!("{tag}: loaded"),
+        Err(KilnError::Tensor { name, msg }) => {
+            eprintln!("{tag}: tensor {name}: {msg}");
+            assert_eq!(name, tensor, "{tag}: {msg}");
+        }
+        Err(e) => panic!("{tag}: {e}, expected an error naming {tensor}"),
+    }
+}
+
+#[test]
+fn expert_tensors_that_disagree_with_the_metadata_fail_to_load() {
+    // qwen3moe-tiny: 8 experts of 32 (expert_feed_forward_length), n_embd 64.
+    load_error("qwen3moe-tiny", "count", "blk.0.ffn_gate_exps.weight", |w| {
+        w.set("qwen3moe.expert_count", Value::U32(6));
+    });
+    load_error("qwen3moe-tiny", "width", "blk.0.ffn_gate_exps.weight", |w| {
+        w.set("qwen3moe.expert_feed_forward_length", Value::U32(48));
+    });
+    load_error("qwen3moe-tiny", "router", "blk.1.ffn_gate_inp.weight", |w| {
+        assert!(w.remove_tensor("blk.1.ffn_gate_inp.weight"));
+    });
+    load_error("qwen3moe-tiny", "down", "blk.2.ffn_down_exps.weight", |w| {
+        assert!(w.remove_tensor("blk.2.ffn_down_exps.weight"));
+    });
+    load_error("qwen2moe-tiny", "shared gate", "blk.0.ffn_gate_inp_shexp.weight", |w| {
+        assert!(w.remove_tensor("blk.0.ffn_gate_inp_shexp.weight"));
+    });
+    // A 2-D tensor where the experts' 3-D one belongs.
+    load_error("mixtral-tiny", "2-D", "blk.0.ffn_up_exps.weight", |w| {
+        assert!(w.remove_tensor("blk.0.ffn_up_exps.weight"));
+        let data = vec![0u8; 64 * 64 * 2 * 4];
+        w.add_tensor("blk.0.ffn_up_exps.weight", GgmlType::F16, &[64, 256], data).unwrap();
+    });
+}
