@@ -16,9 +16,12 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    restore_sigpipe();
+    sigpipe(SigPipe::Default);
     quiet_device_select();
     let cli = Cli::parse_from(argv::rewrite(std::env::args_os()));
+    if matches!(cli.command, cmd::Command::Serve(_)) {
+        sigpipe(SigPipe::Ignore);
+    }
     // A panic is a bug, but the contract says exit 1 with one `error:` line, never 101.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error: {info}");
@@ -46,21 +49,32 @@ fn quiet_device_select() {
     }
 }
 
+enum SigPipe {
+    Default,
+    Ignore,
+}
+
 /// Rust ignores SIGPIPE, so `kiln inspect x | head` would fail on its next write to the
-/// closed pipe; like any Unix filter we let SIGPIPE end the process quietly instead.
-/// (Sockets are unaffected: std and tokio send with MSG_NOSIGNAL / SO_NOSIGPIPE.)
+/// closed pipe; like any Unix filter we let SIGPIPE end the process quietly instead. Not
+/// `kiln serve`: a vectored write (`writev`, which has no MSG_NOSIGNAL) to a socket whose
+/// client has gone would end the server, so it keeps ignoring SIGPIPE.
 #[cfg(unix)]
-fn restore_sigpipe() {
+fn sigpipe(disposition: SigPipe) {
     const SIGPIPE: i32 = 13; // the same on Linux, macOS and the BSDs
     const SIG_DFL: usize = 0;
+    const SIG_IGN: usize = 1;
     extern "C" {
         fn signal(signum: i32, handler: usize) -> usize;
     }
-    // SAFETY: installing the default disposition for one signal, before any thread starts.
+    let handler = match disposition {
+        SigPipe::Default => SIG_DFL,
+        SigPipe::Ignore => SIG_IGN,
+    };
+    // SAFETY: setting one signal's disposition, before any thread starts.
     unsafe {
-        signal(SIGPIPE, SIG_DFL);
+        signal(SIGPIPE, handler);
     }
 }
 
 #[cfg(not(unix))]
-fn restore_sigpipe() {}
+fn sigpipe(_: SigPipe) {}

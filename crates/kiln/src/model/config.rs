@@ -46,7 +46,68 @@ impl ModelConfig {
         let name =
             g.architecture().ok_or_else(|| KilnError::Metadata("general.architecture is missing".into()))?;
         let (name, config) = arch::find(name).ok_or_else(|| KilnError::unsupported("architecture", name))?;
-        config(&Meta { g, arch: name })
+        let m = Meta { g, arch: name };
+        let c = config(&m)?;
+        c.check(&m)?;
+        Ok(c)
+    }
+
+    /// What the forward needs of any architecture's config, whatever its file computed from
+    /// the metadata: sizes of at least 1, rotations within the head, finite multipliers.
+    fn check(&self, m: &Meta) -> Result<()> {
+        let positive = |x: f32| x.is_finite() && x > 0.0;
+        let bad = |what: &str, v: &dyn std::fmt::Display| {
+            Err(KilnError::Metadata(format!("{}: {what} = {v}, which the forward cannot run", m.arch)))
+        };
+        for (what, v) in [
+            ("the norm epsilon", self.norm_eps),
+            ("the embedding scale", self.embd_scale),
+            ("the residual scale", self.residual_scale),
+            ("the logit scale", self.logit_scale),
+        ] {
+            if !positive(v) {
+                return bad(what, &v);
+            }
+        }
+        for (il, l) in self.layers.iter().enumerate() {
+            let n_ff = l.ffn.n_ff();
+            if n_ff == 0 {
+                return match m.g.get(&m.key("feed_forward_length")) {
+                    Some(_) => Err(m.bad("feed_forward_length", 0, "a feed-forward block needs at least 1")),
+                    None => Err(KilnError::Metadata(format!("{} is missing", m.key("feed_forward_length")))),
+                };
+            }
+            if !positive(l.attn.scale) {
+                return bad(&format!("layer {il}'s attention scale"), &l.attn.scale);
+            }
+            if l.attn.window == Some(0) {
+                return bad(&format!("layer {il}'s sliding window"), &0);
+            }
+            if let Some(r) = &l.attn.rope {
+                if r.n_rot > self.head_dim || r.n_rot % 2 != 0 {
+                    return bad(
+                        &format!("layer {il}'s rotated dimensions (head size {})", self.head_dim),
+                        &r.n_rot,
+                    );
+                }
+                for (what, v) in [
+                    ("base", r.freq_base),
+                    ("frequency scale", r.freq_scale),
+                    ("attention factor", r.attn_factor),
+                ] {
+                    if !positive(v) {
+                        return bad(&format!("layer {il}'s RoPE {what}"), &v);
+                    }
+                }
+                if !(r.ext_factor.is_finite() && r.beta_fast.is_finite() && r.beta_slow.is_finite()) {
+                    return bad(
+                        &format!("layer {il}'s YaRN parameters"),
+                        &format!("{} {} {}", r.ext_factor, r.beta_fast, r.beta_slow),
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Width of one token's K (or V) across KV heads.
@@ -87,21 +148,40 @@ impl Meta<'_> {
         format!("{}.{k}", self.arch)
     }
 
+    /// An integer; a count (`block_count`, head sizes, ...: [`COUNTS`]) must be at least 1.
     pub fn usize(&self, k: &str) -> Result<Option<usize>> {
-        self.g.get_usize(&self.key(k))
+        self.count_checked(k, self.g.get_usize(&self.key(k))?)
     }
 
+    /// A number, checked against what its key can mean ([`FloatDomain::of`]): so every
+    /// architecture's reads refuse a NaN base or a negative epsilon alike.
     pub fn f32(&self, k: &str) -> Result<Option<f32>> {
-        self.g.get_f32(&self.key(k))
+        let x = self.g.get_f32(&self.key(k))?;
+        match x {
+            Some(v) if !FloatDomain::of(k).holds(v) => Err(self.bad(k, v, FloatDomain::of(k).needs())),
+            _ => Ok(x),
+        }
     }
 
     pub fn str(&self, k: &str) -> Result<Option<&str>> {
         self.g.get_str(&self.key(k))
     }
 
-    /// A key the architecture cannot do without.
+    /// A count the architecture cannot do without.
     pub fn req(&self, k: &str) -> Result<usize> {
         self.usize(k)?.ok_or_else(|| KilnError::Metadata(format!("{} is missing", self.key(k))))
+    }
+
+    /// The error for `k` holding `value`, which the forward cannot run.
+    pub fn bad(&self, k: &str, value: impl std::fmt::Display, why: &str) -> KilnError {
+        KilnError::Metadata(format!("{} = {value}: {why}", self.key(k)))
+    }
+
+    fn count_checked(&self, k: &str, n: Option<usize>) -> Result<Option<usize>> {
+        match n {
+            Some(0) if COUNTS.contains(&k) => Err(self.bad(k, 0, "must be at least 1")),
+            n => Ok(n),
+        }
     }
 
     /// A per-layer count that kiln requires to be the same for every layer (a scalar, or an
@@ -115,11 +195,13 @@ impl Meta<'_> {
                     .to_i64_vec()
                     .ok_or_else(|| KilnError::Metadata(format!("{key} is not an integer array")))?;
                 match v.first() {
-                    Some(&first) if v.iter().all(|&x| x == first) && first >= 0 => Ok(Some(first as usize)),
+                    Some(&first) if v.iter().all(|&x| x == first) && first >= 0 => {
+                        self.count_checked(k, Some(first as usize))
+                    }
                     _ => Err(KilnError::unsupported("per-layer shape", format!("{key} = {v:?}"))),
                 }
             }
-            Some(_) => self.g.get_usize(&key),
+            Some(_) => self.usize(k),
         }
     }
 
@@ -157,6 +239,74 @@ impl Meta<'_> {
     }
 }
 
+/// Integer keys that are counts or sizes: 0 is refused wherever one is read.
+/// (`feed_forward_length` is not among them: layers without a feed-forward block write 0;
+/// [`ModelConfig::check`] refuses an empty one.)
+const COUNTS: &[&str] = &[
+    "block_count",
+    "embedding_length",
+    "context_length",
+    "vocab_size",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "rope.dimension_count",
+    "rope.scaling.original_context_length",
+];
+
+/// What a number in the metadata can hold, by its key's name (llama.cpp's names), so an
+/// architecture file that reads a key gets it checked without saying so.
+#[derive(Clone, Copy)]
+enum FloatDomain {
+    /// A norm epsilon, a RoPE base, a multiplier or a YaRN parameter: finite and above 0.
+    Positive,
+    /// Where 0 means "unset" or "off" (`rope.scaling.factor`, `attention.scale`, soft caps).
+    NonNegative,
+    /// Any finite value (`rope.scaling.yarn_ext_factor`: negative means "unset").
+    Finite,
+    /// A key with no known meaning here: anything but NaN.
+    NotNan,
+}
+
+impl FloatDomain {
+    fn of(k: &str) -> FloatDomain {
+        match k {
+            "rope.scaling.factor" | "rope.scale_linear" | "attention.scale" => FloatDomain::NonNegative,
+            "rope.scaling.yarn_ext_factor" | "rope.scaling.yarn_log_multiplier" => FloatDomain::Finite,
+            "embedding_scale" | "residual_scale" | "logit_scale" => FloatDomain::Positive,
+            _ if k.ends_with("epsilon")
+                || k.starts_with("rope.freq_base")
+                || k.ends_with("attn_factor")
+                || k.starts_with("rope.scaling.yarn_beta") =>
+            {
+                FloatDomain::Positive
+            }
+            _ if k.ends_with("softcapping") => FloatDomain::NonNegative,
+            _ if k.starts_with("rope.") => FloatDomain::Finite,
+            _ => FloatDomain::NotNan,
+        }
+    }
+
+    fn holds(self, x: f32) -> bool {
+        match self {
+            FloatDomain::Positive => x.is_finite() && x > 0.0,
+            FloatDomain::NonNegative => x.is_finite() && x >= 0.0,
+            FloatDomain::Finite => x.is_finite(),
+            FloatDomain::NotNan => !x.is_nan(),
+        }
+    }
+
+    fn needs(self) -> &'static str {
+        match self {
+            FloatDomain::Positive => "must be a finite number above 0",
+            FloatDomain::NonNegative => "must be a finite number, 0 or more",
+            FloatDomain::Finite => "must be a finite number",
+            FloatDomain::NotNan => "must be a number",
+        }
+    }
+}
+
 /// What every architecture's metadata says the same way (llama.cpp's generic hparams):
 /// the shape, the norm epsilon and the trained RoPE.
 #[derive(Clone, Debug)]
@@ -187,10 +337,12 @@ impl Hparams {
             .ok_or_else(|| KilnError::Metadata(format!("{} is missing", m.key("attention.head_count"))))?;
         let n_head_kv = m.uniform("attention.head_count_kv")?.unwrap_or(n_head);
         let n_ff = m.uniform("feed_forward_length")?.unwrap_or(0);
-        if n_embd == 0 || n_layer == 0 || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(KilnError::Metadata(format!(
-                "impossible shape: n_embd {n_embd}, n_layer {n_layer}, n_head {n_head}, n_head_kv {n_head_kv}"
-            )));
+        if n_head % n_head_kv != 0 {
+            return Err(m.bad(
+                "attention.head_count_kv",
+                n_head_kv,
+                &format!("must divide {} ({n_head})", m.key("attention.head_count")),
+            ));
         }
         if n_layer > 4096 || n_embd > 1 << 20 || n_head > 4096 {
             return Err(KilnError::Metadata(format!(
@@ -204,9 +356,8 @@ impl Hparams {
         }
         let n_rot = m.usize("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(KilnError::Metadata(format!(
-                "rope.dimension_count {n_rot} exceeds head_dim {head_dim}"
-            )));
+            let why = format!("must be even and at most the head size ({head_dim})");
+            return Err(m.bad("rope.dimension_count", n_rot, &why));
         }
         let n_ctx_train = m.usize("context_length")?.unwrap_or(2048);
         let norm_eps = m.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
@@ -215,6 +366,9 @@ impl Hparams {
             Some(a) => a.len(),
             None => m.usize("vocab_size")?.ok_or_else(|| KilnError::Metadata("no vocabulary".into()))?,
         };
+        if n_vocab == 0 {
+            return Err(KilnError::Metadata("the vocabulary is empty".into()));
+        }
 
         let rope_scaling = match m.str("rope.scaling.type")?.unwrap_or("linear") {
             "none" => RopeScaling::None,
@@ -222,16 +376,21 @@ impl Hparams {
             "yarn" => RopeScaling::Yarn,
             other => return Err(KilnError::unsupported("rope scaling", other)),
         };
-        let factor = match m.f32("rope.scaling.factor")? {
-            Some(f) => f,
-            None => m.f32("rope.scale_linear")?.unwrap_or(0.0),
+        let (factor_key, factor) = match m.f32("rope.scaling.factor")? {
+            Some(f) => ("rope.scaling.factor", f),
+            None => ("rope.scale_linear", m.f32("rope.scale_linear")?.unwrap_or(0.0)),
         };
         let freq_scale = if rope_scaling == RopeScaling::None || factor == 0.0 { 1.0 } else { 1.0 / factor };
+        if !freq_scale.is_finite() {
+            return Err(m.bad(factor_key, factor, "is too small to scale by"));
+        }
         // llama.cpp's defaults for YaRN (llama-context.cpp).
-        let ext_factor = m
-            .f32("rope.scaling.yarn_ext_factor")?
-            .filter(|&x| x >= 0.0)
-            .unwrap_or(if rope_scaling == RopeScaling::Yarn { 1.0 } else { 0.0 });
+        let ext_factor = match m.f32("rope.scaling.yarn_ext_factor")? {
+            // Negative: llama.cpp's "unset".
+            Some(x) if x >= 0.0 => x,
+            _ if rope_scaling == RopeScaling::Yarn => 1.0,
+            _ => 0.0,
+        };
         let mut attn_factor = m.f32("rope.scaling.yarn_attn_factor")?.unwrap_or(1.0);
         if ext_factor != 0.0 {
             let f = 1.0 / freq_scale;

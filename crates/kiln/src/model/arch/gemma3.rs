@@ -13,7 +13,8 @@ use crate::model::config::{Hparams, Meta, ModelConfig};
 
 pub fn config(m: &Meta) -> Result<ModelConfig> {
     let h = Hparams::read(m)?;
-    let window = m.usize("attention.sliding_window")?.filter(|&w| w > 0).map(|w| w as u32);
+    let window =
+        m.usize("attention.sliding_window")?.filter(|&w| w > 0).map(|w| w.min(u32::MAX as usize) as u32);
     let swa = match window {
         Some(_) => m.swa_layers(h.n_layer, 6)?,
         None => vec![false; h.n_layer],
