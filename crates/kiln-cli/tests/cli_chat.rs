@@ -66,6 +66,12 @@ fn piped_lines_are_turns_and_a_saved_session_continues_identically() {
         err.contains("conversation cleared") && err.contains("loaded") && err.contains("unknown command"),
         "{err}"
     );
+    // A history longer than the context: exit 1 with one error line.
+    let o = chat(&["-m", m, "-c", "32", "--load", &file], "Hi\n");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    assert!(err.contains("more than the context (32)"), "{err}");
 }
 
 #[test]
