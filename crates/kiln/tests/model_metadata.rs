@@ -67,6 +67,31 @@ fn every_bad_value_is_refused_naming_key_and_value() {
     }
 }
 
+/// Mixtures of experts: each expert's width and a shared expert's are checked by their own
+/// keys, and every tiny preset (dense or not) loads.
+#[test]
+fn expert_widths_are_checked_and_every_tiny_preset_loads() {
+    use kiln::model::synth::{preset, PRESETS};
+    let with = |name: &str, key: &str| {
+        let mut spec = preset(name).unwrap();
+        spec.metadata.push((key.into(), Value::U32(0)));
+        ModelConfig::from_gguf(&GgufFile::from_bytes(spec.build()?.to_bytes())?)
+    };
+    for (name, key) in [
+        ("qwen3moe-tiny", "qwen3moe.expert_feed_forward_length"),
+        ("qwen2moe-tiny", "qwen2moe.expert_shared_feed_forward_length"),
+    ] {
+        let short = key.split_once('.').unwrap().1;
+        let err = with(name, short).err().unwrap_or_else(|| panic!("{key} = 0 loaded")).to_string();
+        assert!(err.contains(&format!("{key} = 0")), "{name}: {err}");
+    }
+    for name in PRESETS.iter().filter(|n| n.ends_with("-tiny")) {
+        let spec = preset(name).unwrap();
+        ModelConfig::from_gguf(&GgufFile::from_bytes(spec.build().unwrap().to_bytes()).unwrap())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
 /// The engine (and so every command) refuses the file before allocating anything.
 #[test]
 fn engine_load_refuses_a_nan_rope_base() {

@@ -70,12 +70,21 @@ impl ModelConfig {
             }
         }
         for (il, l) in self.layers.iter().enumerate() {
-            let n_ff = l.ffn.n_ff();
-            if n_ff == 0 {
-                return match m.g.get(&m.key("feed_forward_length")) {
-                    Some(_) => Err(m.bad("feed_forward_length", 0, "a feed-forward block needs at least 1")),
-                    None => Err(KilnError::Metadata(format!("{} is missing", m.key("feed_forward_length")))),
-                };
+            // Each dense unit's hidden width, by the key that sets it.
+            let widths = match l.ffn.moe() {
+                None => vec![("feed_forward_length", l.ffn.n_ff())],
+                Some(moe) => {
+                    let shared = moe.shared.map(|s| ("expert_shared_feed_forward_length", s.n_ff));
+                    [("expert_feed_forward_length", moe.n_ff)].into_iter().chain(shared).collect()
+                }
+            };
+            for (key, n_ff) in widths {
+                if n_ff == 0 {
+                    return match m.g.get(&m.key(key)) {
+                        Some(_) => Err(m.bad(key, 0, "a feed-forward block needs at least 1")),
+                        None => Err(KilnError::Metadata(format!("{} is missing", m.key(key)))),
+                    };
+                }
             }
             if !positive(l.attn.scale) {
                 return bad(&format!("layer {il}'s attention scale"), &l.attn.scale);
