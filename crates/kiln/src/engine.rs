@@ -71,6 +71,12 @@ pub struct EngineOptions {
     pub greedy_lookahead: bool,
     /// Where progress of downloading, loading and uploading the model goes (none by default).
     pub progress: Option<ProgressFn>,
+    /// Keep every sequence on one arithmetic whatever shares its batch: its outputs alone
+    /// and inside any batch are then identical. Off by default: where the GPU has
+    /// cooperative matrices, prompt chunks and decode batches of 8 tokens or more run on
+    /// them (far faster), and a token's sums then depend on its batch's size, as in
+    /// llama.cpp and vLLM. The CPU is always batch invariant.
+    pub batch_invariant: bool,
 }
 
 impl Default for EngineOptions {
@@ -85,6 +91,7 @@ impl Default for EngineOptions {
             attn_arith: AttnArith::default(),
             greedy_lookahead: true,
             progress: None,
+            batch_invariant: false,
         }
     }
 }
@@ -130,6 +137,11 @@ impl EngineOptions {
         self.greedy_lookahead = on;
         self
     }
+    /// One arithmetic for every batch (see [`EngineOptions::batch_invariant`]).
+    pub fn with_batch_invariant(mut self, on: bool) -> Self {
+        self.batch_invariant = on;
+        self
+    }
     /// Bounds the prefix cache (see [`EngineOptions::prefix_cache_tokens`]); 0 disables it.
     pub fn with_prefix_cache_tokens(mut self, n: usize) -> Self {
         self.prefix_cache_tokens = Some(n);
@@ -158,18 +170,22 @@ type GpuBackend = ();
 
 /// The GPU backend the device asks for: `gpu` takes any GPU adapter (a software one too)
 /// and fails without one; `auto` takes a hardware GPU only, else the CPU runs the model.
-fn gpu_backend(device: Device) -> Result<Option<GpuBackend>> {
+fn gpu_backend(opts: &EngineOptions) -> Result<Option<GpuBackend>> {
     #[cfg(feature = "gpu")]
     {
         use crate::backend::wgpu::AdapterPolicy;
-        match device {
-            Device::Cpu => Ok(None),
-            Device::Gpu => GpuBackend::new(AdapterPolicy::AnyGpu).map(Some),
-            Device::Auto => Ok(GpuBackend::new(AdapterPolicy::HardwareOnly).ok()),
-        }
+        let gpu = match opts.device {
+            Device::Cpu => None,
+            Device::Gpu => Some(GpuBackend::new(AdapterPolicy::AnyGpu)?),
+            Device::Auto => GpuBackend::new(AdapterPolicy::HardwareOnly).ok(),
+        };
+        Ok(gpu.map(|mut g| {
+            g.set_batch_invariant(opts.batch_invariant);
+            g
+        }))
     }
     #[cfg(not(feature = "gpu"))]
-    match device {
+    match opts.device {
         Device::Gpu => Err(KilnError::Backend("this kiln was built without the `gpu` feature".into())),
         _ => Ok(None),
     }
@@ -234,13 +250,20 @@ impl Engine {
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
         let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label.as_str()));
-        let runner: Box<dyn Runner> = match gpu_backend(opts.device)? {
+        let runner: Box<dyn Runner> = match gpu_backend(&opts)? {
             #[cfg(feature = "gpu")]
-            Some(gpu) => boxed(
-                ModelRunner::new(Model::load_with(&gguf, gpu, progress(Stage::Upload))?, n_slots, n_ubatch)?,
-                prefix_blocks,
-                opts.greedy_lookahead,
-            ),
+            Some(gpu) => {
+                let model = Model::load_with(&gguf, gpu, progress(Stage::Upload))?;
+                let runner = ModelRunner::new(model, n_slots, n_ubatch)?;
+                // Every pipeline the model's steps use is built now, not in the first
+                // request (and kept in the driver's pipeline cache for the next start).
+                // (Software adapters skip it: no driver compile to hide, and slow steps.)
+                if !runner.backend().is_software() {
+                    runner.warm_up()?;
+                    runner.backend().save_pipeline_cache();
+                }
+                boxed(runner, prefix_blocks, opts.greedy_lookahead)
+            }
             _ => {
                 let backend = CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith);
                 let model = Model::load_with(&gguf, backend, progress(Stage::Load))?;

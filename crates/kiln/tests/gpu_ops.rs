@@ -129,11 +129,15 @@ fn vec_gpus() -> Vec<GpuBackend> {
     v
 }
 
+/// The batch-invariant kernels (the tile matmul of adapters with cooperative matrices has
+/// its own tests: gpu_coop.rs), with subgroups and without.
 fn gpus() -> Vec<GpuBackend> {
-    let fast = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false)
+    let mut fast = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false)
         .expect("no Vulkan adapter: install mesa-vulkan-drivers (lavapipe) to run the GPU tests");
-    let slow = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, true).unwrap();
+    let mut slow = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, true).unwrap();
     assert!(!slow.subgroups());
+    fast.set_batch_invariant(true);
+    slow.set_batch_invariant(true);
     eprintln!("GPU paths: {} | {}", fast.name(), slow.name());
     vec![fast, slow]
 }

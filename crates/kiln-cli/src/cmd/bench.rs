@@ -94,9 +94,13 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
         let name = if t.n_prompt > 0 { format!("pp{}", t.n_prompt) } else { format!("tg{}", t.n_gen) };
         let kv = kv_bytes_per_token(engine.config(), t.n_depth + t.n_prompt, t.n_gen);
         let gbps = (t.n_gen > 0).then(|| (bytes_per_token as f64 + kv) * avg_ts / 1e9);
+        // The prompt path's useful arithmetic: matmuls and attention scores and sums.
+        let tflops = (t.n_prompt > 0)
+            .then(|| prompt_flops_per_token(&engine, t.n_depth, t.n_prompt) * avg_ts / 1e12);
         if !a.json {
             let d = if t.n_depth > 0 { format!(" @ d{}", t.n_depth) } else { String::new() };
             let gb = gbps.map(|g| format!("  {g:.1} GB/s")).unwrap_or_default();
+            let gb = gb + &tflops.map(|f| format!("  {f:.1} TFLOP/s")).unwrap_or_default();
             print_out(&format!(
                 "{file} | {} | {name}{d} | {avg_ts:.2} ± {sd:.2} tok/s{gb}\n",
                 engine.backend_name()
@@ -107,6 +111,7 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
             "n_threads": n_threads, "device": engine.backend_name(), "model_filename": file,
             "model_size": model_size, "avg_ts": avg_ts, "stddev_ts": sd, "samples_ts": ts,
             "avg_ns": ns.iter().sum::<u64>() / ns.len() as u64, "samples_ns": ns, "gbps": gbps,
+            "tflops": tflops,
         }));
     }
     if a.json {
@@ -165,6 +170,26 @@ fn kv_bytes_per_token(cfg: &kiln::model::ModelConfig, n_past: usize, n_gen: usiz
         })
         .sum();
     total as f64 / n_gen.max(1) as f64
+}
+
+/// Floating-point operations per prompt token: two per weight of every matrix a token
+/// passes through (not the output projection, which a prompt applies to its last token),
+/// and the attention's scores and weighted sums over the keys it sees (causal: on average
+/// half the prompt, plus the depth).
+fn prompt_flops_per_token(engine: &Engine, n_depth: usize, n_prompt: usize) -> f64 {
+    let cfg = engine.config();
+    let weights: u64 = engine
+        .gguf()
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("blk."))
+        .map(|t| t.rows_cols())
+        .filter(|&(rows, _)| rows > 1)
+        .map(|(rows, cols)| (rows * cols) as u64)
+        .sum();
+    let keys = n_depth as f64 + (n_prompt as f64 + 1.0) / 2.0;
+    let attn = 4.0 * (cfg.n_head * cfg.head_dim) as f64 * keys * cfg.n_layer as f64;
+    2.0 * weights as f64 + attn
 }
 
 /// Weight bytes one decode step reads: every tensor, except that an untied `token_embd`

@@ -25,6 +25,10 @@ pub struct ModelArgs {
     /// auto, cpu or gpu (env KILN_DEVICE; the flag wins).
     #[arg(long)]
     pub device: Option<String>,
+    /// One arithmetic for every batch: a sequence's outputs never depend on what shares
+    /// its batch (the GPU then leaves its tensor-core matmul unused).
+    #[arg(long)]
+    pub batch_invariant: bool,
 }
 
 /// The help of `-hf, --hf-repo` wherever a model is taken.
@@ -84,7 +88,8 @@ impl ModelArgs {
     }
 
     pub fn engine_options(&self) -> kiln::Result<EngineOptions> {
-        let mut o = EngineOptions::default().with_device(self.device()?);
+        let mut o =
+            EngineOptions::default().with_device(self.device()?).with_batch_invariant(self.batch_invariant);
         if let Some(f) = crate::bars::sink() {
             o = o.with_progress(f);
         }

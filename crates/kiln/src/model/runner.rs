@@ -212,6 +212,55 @@ impl<B: Backend> ModelRunner<B> {
         })
     }
 
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        &self.model.backend
+    }
+
+    /// Runs once each kind of step a model's use meets, on scratch sequences, so every
+    /// pipeline and bind group they need is made now instead of in the first request: a
+    /// prompt chunk past the first 256 positions (the split attention's second chunk),
+    /// greedy and sampled decode steps there, and batches of 2 to 64 tokens (the tile
+    /// matmul's shapes). Leaves the pool as it was: the sequences are freed and no block
+    /// stays in the prefix cache.
+    pub fn warm_up(&self) -> Result<()> {
+        let room = self.n_slots.min(self.lock().scratch.n_ubatch() * 4);
+        let entries = |seq, n: usize, all: bool| -> Vec<Entry> {
+            (0..n).map(|i| Entry { seq, token: 0, output: all || i + 1 == n }).collect()
+        };
+        let run = || -> Result<()> {
+            let seq = self.new_seq();
+            let prompt = room.saturating_sub(4).min(300);
+            let steps = (|| {
+                if prompt > 0 {
+                    self.decode(&entries(seq, prompt, false), OutputKind::Logits)?;
+                    for kind in [OutputKind::Argmax, OutputKind::Argmax, OutputKind::Logits] {
+                        self.decode(&entries(seq, 1, true), kind)?;
+                    }
+                }
+                Ok(())
+            })();
+            self.free_seq(seq);
+            steps?;
+            for n in [2, 8, 16, 32, 64] {
+                if n > room {
+                    break;
+                }
+                let seq = self.new_seq();
+                let step = self.decode(&entries(seq, n, true), OutputKind::Argmax);
+                self.free_seq(seq);
+                step?;
+            }
+            Ok(())
+        };
+        let result = run();
+        let st = &mut *self.lock();
+        for b in st.cache.clear() {
+            st.kv.release_block(b);
+        }
+        result
+    }
+
     /// Bounds the prefix cache to `blocks` blocks of `BLOCK_SIZE` tokens (0 disables it).
     pub fn with_prefix_cache(self, blocks: usize) -> Self {
         {

@@ -3,6 +3,7 @@
 
 use ::wgpu;
 
+use super::coop::CoopCaps;
 use crate::error::{KilnError, Result};
 
 /// Which adapters may be chosen.
@@ -30,6 +31,14 @@ pub struct Context {
     pub max_workgroup_storage: u32,
     /// Whether the driver's fma() rounds once, as the CPU's FMA does (probed at start).
     pub fused_fma: bool,
+    /// The tile matmul's needs where the adapter meets them (coop.rs): 16x16x16 f16
+    /// products into f32 on cooperative matrices, f16 in shaders, subgroups.
+    pub coop: Option<CoopCaps>,
+    /// f16 in shaders with subgroups (what the tile kernels need besides the matrices).
+    f16: bool,
+    /// The driver's compiled pipelines, kept on disk across runs where the adapter can
+    /// (`PIPELINE_CACHE`; Vulkan), and where they are kept.
+    pub pipeline_cache: Option<(wgpu::PipelineCache, std::path::PathBuf)>,
 }
 
 fn rank(t: wgpu::DeviceType) -> u32 {
@@ -83,6 +92,30 @@ impl Context {
         let limits = adapter.limits();
         let subgroups = !force_fallback && adapter.features().contains(wgpu::Features::SUBGROUP);
         let mut features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
+        // The tile matmul: chosen by what the adapter reports, never by its name.
+        let f16 = subgroups && adapter.features().contains(wgpu::Features::SHADER_F16);
+        let coop_matrix = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let tiles = f16
+            && adapter.features().contains(coop_matrix)
+            && adapter.cooperative_matrix_properties().iter().any(|p| {
+                use wgpu::CooperativeScalarType::{F16, F32};
+                (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == F16 && p.cr_type == F32
+            });
+        if f16 {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        if tiles {
+            features |= coop_matrix;
+        }
+        let cache_file = adapter
+            .features()
+            .contains(wgpu::Features::PIPELINE_CACHE)
+            .then(|| wgpu::util::pipeline_cache_key(&info))
+            .flatten()
+            .map(|key| crate::hub::kiln_home().join("gpu").join(format!("{key}.bin")));
+        if cache_file.is_some() {
+            features |= wgpu::Features::PIPELINE_CACHE;
+        }
         let stamps = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         if profile_level() == 2 && adapter.features().contains(stamps) {
             features |= stamps;
@@ -91,6 +124,13 @@ impl Context {
             label: Some("kiln"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features: if tiles {
+                // SAFETY: cooperative matrices are used by the tile kernels alone, as
+                // WGSL's wgpu_cooperative_matrix extension defines them (coop.rs).
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         }))
         .map_err(|e| KilnError::Backend(format!("cannot open {}: {e}", info.name)))?;
@@ -104,9 +144,60 @@ impl Context {
             max_buffer: limits.max_buffer_size,
             align: (limits.min_storage_buffer_offset_alignment as u64).max(4),
             fused_fma: false,
+            coop: None,
+            f16,
+            pipeline_cache: None,
         };
+        ctx.coop = tiles.then(|| ctx.coop_caps(false));
+        ctx.pipeline_cache = cache_file.map(|file| {
+            let data = std::fs::read(&file).ok();
+            // SAFETY: the data is what `get_data` wrote for this adapter (its key names
+            // vendor and device; the driver checks its own version and ignores data it
+            // does not accept: `fallback`).
+            let cache = unsafe {
+                ctx.device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                    label: Some("kiln pipelines"),
+                    data: data.as_deref(),
+                    fallback: true,
+                })
+            };
+            (cache, file)
+        });
         ctx.fused_fma = ctx.probe_fma()?;
         Ok(ctx)
+    }
+
+    fn coop_caps(&self, emulated: bool) -> CoopCaps {
+        let limits = self.device.limits();
+        CoopCaps {
+            max_subgroup: self.info.subgroup_max_size,
+            workgroup_storage: limits.max_compute_workgroup_storage_size,
+            max_invocations: limits.max_compute_invocations_per_workgroup,
+            emulated,
+        }
+    }
+
+    /// The tile kernels with emulated matrix operations (coop.rs `Ops::Emulated`), where
+    /// the adapter has f16 and subgroups (tests).
+    pub fn coop_emulation(&self) -> Option<CoopCaps> {
+        self.f16.then(|| self.coop_caps(true))
+    }
+
+    /// Writes the pipeline cache's data to disk (after the pipelines a model needs are
+    /// built), atomically; failures only cost the next start its compile time.
+    pub fn save_pipeline_cache(&self) {
+        let Some((cache, file)) = &self.pipeline_cache else { return };
+        let Some(data) = cache.get_data() else { return };
+        if std::fs::read(file).is_ok_and(|old| old == data) {
+            return;
+        }
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        let written = file.parent().map(std::fs::create_dir_all).transpose().is_ok()
+            && std::fs::write(&tmp, &data).is_ok()
+            && std::fs::rename(&tmp, file).is_ok();
+        if !written {
+            let _ = std::fs::remove_file(&tmp);
+        }
     }
 
     /// Runs fma(1 + 2^-12, 1 + 2^-12, -(1 + 2^-11)): 2^-24 when fused, 0 when the

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use ::wgpu;
 
 use super::context::Context;
+use super::coop::CoopShape;
 use crate::quant::GgmlType;
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
@@ -331,6 +332,8 @@ pub enum Kernel {
     /// Rows split over a workgroup, f32 partial sums (not bit-identical to the CPU, still
     /// batch invariant).
     MatmulVec(GgmlType, Outs, Input, VecShape),
+    /// Tiles on cooperative matrices (coop.rs): prompt chunks and large decode batches.
+    MatmulCoop(GgmlType, Outs, CoopShape),
     /// The embedding lookup; `true`: the ids are read from a device buffer (bound third:
     /// the last greedy step's), not from the parameters.
     Embed(GgmlType, bool),
@@ -375,6 +378,7 @@ impl Kernel {
             Matmul(..) => (include_str!("shaders/matmul.wgsl"), "main"),
             MatmulRows(..) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
             MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
+            MatmulCoop(..) => (include_str!("shaders/matmul_coop.wgsl"), "main"),
             Embed(..) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm(_) | AddRmsNorm(_) => (include_str!("shaders/rms_norm.wgsl"), "main"),
@@ -676,6 +680,9 @@ fn matmul_input(
 pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     let (src, _) = k.source();
     let mut s = String::new();
+    if let Kernel::MatmulCoop(_, _, shape) = k {
+        s.push_str(super::coop::enables(shape));
+    }
     let fma = if fused_fma { "    return fma(a, b, c);" } else { "    return fma_soft(a, b, c);" };
     s.push_str(
         &COMMON
@@ -685,6 +692,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if let Kernel::Matmul(ty, _)
     | Kernel::MatmulRows(ty, _)
     | Kernel::MatmulVec(ty, ..)
+    | Kernel::MatmulCoop(ty, ..)
     | Kernel::Embed(ty, _) = k
     {
         s.push_str(DEQUANT);
@@ -696,6 +704,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs, ..) = k {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
+        s.push_str(&matmul_store(outs));
+    }
+    if let Kernel::MatmulCoop(_, outs, _) = k {
         s.push_str(&matmul_store(outs));
     }
     if let Kernel::Embed(_, device_ids) = k {
@@ -721,6 +732,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
         }
+        Kernel::MatmulCoop(_, _, shape) => super::coop::source(shape, src),
         Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr, rr, tt }) => {
             s.push_str(&format!(
                 "const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\nconst RR: u32 = {rr}u;\nconst TT: u32 = {tt}u;\n"
@@ -872,7 +884,7 @@ impl Pipelines {
                         zero_initialize_workgroup_memory: false,
                         ..Default::default()
                     },
-                    cache: None,
+                    cache: ctx.pipeline_cache.as_ref().map(|c| &c.0),
                 }))
             })
             .clone()

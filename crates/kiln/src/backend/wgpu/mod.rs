@@ -3,6 +3,7 @@
 //! Vulkan on Linux (lavapipe in CI), Metal and DX12 compile but are untested here.
 
 mod context;
+pub mod coop;
 pub mod kernels;
 mod moe;
 
@@ -92,6 +93,11 @@ pub struct GpuBackend {
     /// Weights larger than this are split by rows (the binding limit).
     split_bytes: u64,
     matmul: MatmulPath,
+    /// Cooperative matrices for the tile matmul, where the adapter has them (coop.rs).
+    coop: Option<coop::CoopCaps>,
+    /// Every matmul on the batch-invariant paths (no tiles): a sequence's results do not
+    /// depend on what shares its batch.
+    batch_invariant: bool,
 }
 
 /// A decode matmul's prologue (`GpuBackend::prologue`): its kernel input, parameters, and
@@ -244,6 +250,7 @@ impl GpuBackend {
         let rec = Mutex::new(Recorder::new(&ctx));
         let table = crate::backend::cpu::gelu_table();
         let gelu = ctx.upload(bytemuck::cast_slice(&table[..1 << 16]), "kiln gelu")?;
+        let coop = ctx.coop;
         Ok(GpuBackend {
             ctx,
             pipes: Pipelines::default(),
@@ -261,12 +268,20 @@ impl GpuBackend {
             gelu,
             split_bytes,
             matmul,
+            coop,
+            batch_invariant: false,
         })
     }
 
     /// Whether the subgroup kernels are in use.
     pub fn subgroups(&self) -> bool {
         self.ctx.subgroups
+    }
+
+    /// Keeps the driver's compiled pipelines on disk for the next start (where the
+    /// adapter has a pipeline cache).
+    pub fn save_pipeline_cache(&self) {
+        self.ctx.save_pipeline_cache();
     }
 
     /// Whether the adapter is a software (CPU-type) one such as lavapipe.
@@ -312,6 +327,53 @@ impl GpuBackend {
         self.lock().read(&self.ctx, &kv.buf, &mut words).expect("read-back");
         let h: &[half::f16] = bytemuck::cast_slice(&words);
         h[..n].to_vec()
+    }
+
+    /// Keeps every matmul on the batch-invariant paths (`EngineOptions::batch_invariant`):
+    /// no tile matmul, whose sums depend on the batch a token rides in.
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        self.batch_invariant = on;
+    }
+
+    /// Whether the tile matmul on cooperative matrices is available (and not turned off).
+    pub fn has_coop(&self) -> bool {
+        self.coop.is_some()
+    }
+
+    /// Whether the tile matmul runs on the adapter's cooperative matrices (not emulated).
+    pub fn has_coop_hardware(&self) -> bool {
+        self.coop.is_some_and(|c| !c.emulated)
+    }
+
+    /// Turns the tile matmul off, as on an adapter without cooperative matrices (tests of
+    /// the selection).
+    pub fn disable_coop(&mut self) {
+        self.coop = None;
+    }
+
+    /// Runs the tile matmul with its matrix operations emulated per invocation (coop.rs
+    /// `Ops::Emulated`), where the adapter has subgroups and f16 but no cooperative
+    /// matrices: tests of the tile kernels on software adapters. False where it cannot.
+    pub fn emulate_coop(&mut self) -> bool {
+        match self.ctx.coop_emulation() {
+            Some(caps) if self.coop.is_none() => {
+                self.coop = Some(caps);
+                true
+            }
+            _ => self.coop.is_some_and(|c| c.emulated),
+        }
+    }
+
+    /// The tile shape a matmul of `tokens` tokens of a `ty` weight of `rows` rows takes,
+    /// None where it stays on the other paths (batch invariance asked for, too few tokens,
+    /// a type the tiles do not read, no cooperative matrices).
+    fn coop_shape(&self, ty: GgmlType, tokens: usize, rows: usize) -> Option<coop::CoopShape> {
+        let caps = self.coop.as_ref()?;
+        let on = !self.batch_invariant
+            && self.matmul == MatmulPath::Vec
+            && tokens >= coop::MIN_TOKENS
+            && coop::coop_type(ty);
+        on.then(|| coop::shape(caps, tokens, rows)).flatten()
     }
 
     /// Picks the matmul kernel (tests, tuning).
@@ -470,8 +532,12 @@ impl GpuBackend {
             }
         }
         let k = w.cols;
+        let all_rows = ws.iter().map(|w| w.rows).sum::<usize>();
+        // The tiles take f16 activations (packed, mode 4).
+        let tiles = self.coop_shape(w.ty, rows, all_rows);
         // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
         let (mode, bs) = match w.ty.vec_dot_type() {
+            _ if tiles.is_some() => (Some(4u32), 32),
             GgmlType::Q8_0 => (Some(0u32), 32),
             GgmlType::Q8_1 => (Some(3), 32),
             GgmlType::Q8_K => (Some(1), 256),
@@ -480,7 +546,6 @@ impl GpuBackend {
         };
         let n = rows * k;
         let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
-        let all_rows = ws.iter().map(|w| w.rows).sum::<usize>();
         let mut shape = kernels::vec_shape_for(w.ty, all_rows, k);
         if rows > 1 {
             shape.tt = kernels::vec_tt();
@@ -562,6 +627,17 @@ impl GpuBackend {
                 MatmulPath::Exact if block32 && rows >= PREFILL_ROWS => MatmulPath::Rows,
                 path => path,
             };
+            if let Some(cs) = tiles {
+                // Token tiles along x: a weight tile's workgroups run together, so its
+                // rows are read from memory once.
+                let g = [rows.div_ceil(cs.bm() as usize) as u32, p.rows.div_ceil(cs.bn() as usize) as u32, 1];
+                let mut bufs = vec![p.buf.clone(), input.2[0].clone()];
+                bufs.extend(outs.iter().map(|&b| b.clone()));
+                bufs.extend(biases.iter().map(|&b| b.clone()));
+                let kernel = Kernel::MatmulCoop(w.ty, outs_n, cs);
+                dispatches.push(Dispatch { kernel, prm: prm.to_vec(), bufs, groups: g });
+                continue;
+            }
             // Kernel, workgroups, tokens per workgroup (the kernel's TT).
             let (kernel, mut g, tt) = match path {
                 MatmulPath::Rows => (Kernel::MatmulRows(w.ty, outs_n), grid(p.rows, 64), 8),
@@ -972,7 +1048,8 @@ impl Backend for GpuBackend {
             let (pa, pb) = (&a.parts, &b.parts);
             let tail = self.matmul == MatmulPath::Vec
                 && kernels::vec_fast(a.ty) >= 2
-                && kernels::vec_fast(b.ty) >= 2;
+                && kernels::vec_fast(b.ty) >= 2
+                && self.coop_shape(a.ty, rows, a.rows).is_none();
             let end = (pa[0].first + pa[0].rows) * a.row_size;
             pa.len() == 1
                 && pb.len() == 1
@@ -983,6 +1060,7 @@ impl Backend for GpuBackend {
         // The vec path holds q/k/v's kernels for rope_kv_store to run with its RoPE store
         // (three weights, a dispatch per run, biases added in the kernels).
         let hold = self.matmul == MatmulPath::Vec
+            && self.coop_shape(ws[0].ty, rows, ws[0].rows).is_none()
             && ws.len() == 3
             && ws.iter().all(|w| kernels::vec_shape_for(w.ty, w.rows, w.cols).rg.is_multiple_of(4))
             && ws.iter().all(|w| w.parts.len() == 1)

@@ -1,7 +1,7 @@
 // Activations quantized to the weight's dot type (quantize_core.wgsl), a workgroup of 64
 // invocations taking 256 values. QuantizeGlu quantizes act(gate) * up, computed here and
 // stored back to the gate rows (the deferred glu op; glu.wgsl).
-// prm: mode (0 Q8_0, 1 Q8_K, 2 F16, 3 Q8_1), n_tok, k (, glu act).
+// prm: mode (0 Q8_0, 1 Q8_K, 2 F16, 3 Q8_1, 4 F16 packed), n_tok, k (, glu act).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(2) var<storage, read_write> xq: array<u32>;
 //INPUT

@@ -3,11 +3,12 @@
 // reads: the i8 quants packed four to a u32 word, row after row, then one f32 scale per
 // block ([n_tok, nb]), then per block (Q8_1) one f32 s = f16(d * sum(q)), (Q8_0) the i32
 // sum of its quants, or (Q8_K) the i32 sums of each 16 quants. F16 mode
-// writes the f16-rounded values as f32. Shared by quantize.wgsl and the norm kernels'
+// writes the f16-rounded values as f32, F16 packed two to a word (the tile matmul's
+// activations). Shared by quantize.wgsl and the norm kernels'
 // fused tail (kernels.rs NORM_QUANTIZE); the includer declares `xq`.
 // An invocation takes four values (one word): a 32-block is eight neighbouring
 // invocations, a Q8_K superblock 64 (a workgroup has 64 or 256).
-// Modes: 0 Q8_0, 1 Q8_K, 2 F16, 3 Q8_1.
+// Modes: 0 Q8_0, 1 Q8_K, 2 F16, 3 Q8_1, 4 F16 packed.
 
 var<workgroup> q_amax: array<f32, 256>;
 var<workgroup> q_mx: array<f32, 256>;
@@ -23,6 +24,13 @@ fn quantize_word(w: u32, v: vec4<f32>, live: bool, lid: u32, mode: u32, n_tok: u
             for (var i = 0u; i < 4u; i = i + 1u) {
                 xq[o + i] = bitcast<u32>(f16r(v[i]));
             }
+        }
+        return;
+    }
+    if mode == 4u {
+        if live {
+            xq[2u * w] = pack2x16float(v.xy);
+            xq[2u * w + 1u] = pack2x16float(v.zw);
         }
         return;
     }

@@ -1,0 +1,265 @@
+//! The cooperative-matrix (tensor core) matmul: which adapters run it, its tile shapes,
+//! and the WGSL statements of its matrix operations (shaders/matmul_coop.wgsl).
+
+use crate::quant::GgmlType;
+
+/// What an adapter offers the tile kernels: 16x16x16 f16 products with f32 accumulators,
+/// f16 in shaders, subgroups (their largest size sizes the workgroup), and workgroup memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopCaps {
+    pub max_subgroup: u32,
+    pub workgroup_storage: u32,
+    pub max_invocations: u32,
+    /// The matrix operations written out on each invocation instead (`Ops::Emulated`).
+    pub emulated: bool,
+}
+
+/// How a tile kernel's subgroup matrix operations are written: on cooperative matrices,
+/// or (tests on adapters without them, such as lavapipe) emulated: every invocation of a
+/// subgroup holds and computes the subgroup's whole 16x16 tiles in private memory. The
+/// emulation takes the same tiles from the same workgroup memory, so it tests everything
+/// around the matrix operations (staging, dequantization, indexing, stores).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ops {
+    Coop,
+    Emulated,
+}
+
+/// A tile kernel's shape: each of SGM x SGN subgroups computes FM x FN tiles of 16 tokens
+/// by 16 weight rows; the workgroup has NSG = SGM x SGN subgroups of up to `sg`
+/// invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopShape {
+    pub fm: u32,
+    pub fn_: u32,
+    pub sgm: u32,
+    pub sgn: u32,
+    pub sg: u32,
+    pub ops: Ops,
+}
+
+impl CoopShape {
+    /// Tokens per workgroup.
+    pub fn bm(self) -> u32 {
+        16 * self.fm * self.sgm
+    }
+    /// Weight rows per workgroup.
+    pub fn bn(self) -> u32 {
+        16 * self.fn_ * self.sgn
+    }
+    fn nsg(self) -> u32 {
+        self.sgm * self.sgn
+    }
+    fn wgs(self) -> u32 {
+        self.nsg() * self.sg
+    }
+    /// Workgroup memory in bytes: two stages of f16 rows (80 bytes each) and a result tile
+    /// per subgroup.
+    pub fn storage(self) -> u32 {
+        2 * (self.bm() + self.bn()) * 80 + self.nsg() * 1024 + 256
+    }
+}
+
+/// Weight types the tile kernel dequantizes (the rest stay on the vec path).
+pub fn coop_type(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K | Q5_K | Q6_K)
+}
+
+/// Tokens from which a matmul runs on the tiles (below, the vec path's integer dots).
+pub const MIN_TOKENS: usize = 8;
+
+/// Weight-row tiles under which a narrower tile (half the rows) is taken so more
+/// workgroups share the weight reads of a small batch.
+const MIN_ROW_TILES: usize = 64;
+
+/// The shape for `tokens` tokens of a weight of `rows` rows: 128 x 128 tiles (4 x 4 tiles a
+/// subgroup) for prompts, fewer tokens a tile for decode batches (down to 16), and
+/// narrower row tiles where the rows would give few workgroups; the first of these whose
+/// workgroup the adapter can hold (memory, invocations), None if none fits.
+pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize) -> Option<CoopShape> {
+    let ops = if caps.emulated { Ops::Emulated } else { Ops::Coop };
+    let sg = caps.max_subgroup;
+    let s = |fm, fn_, sgm, sgn| CoopShape { fm, fn_, sgm, sgn, sg, ops };
+    let candidates = match tokens {
+        96.. => [s(4, 4, 2, 2), s(4, 2, 2, 2), s(2, 2, 2, 2)],
+        33..=95 => [s(4, 2, 1, 4), s(4, 1, 1, 4), s(2, 1, 1, 4)],
+        17..=32 => [s(2, 2, 1, 4), s(2, 1, 1, 4), s(1, 1, 1, 4)],
+        _ => [s(1, 2, 1, 4), s(1, 1, 1, 4), s(1, 1, 1, 2)],
+    };
+    candidates
+        .into_iter()
+        .map(|mut c| {
+            if c.sgm == 1 && c.fn_ > 1 && rows.div_ceil(c.bn() as usize) < MIN_ROW_TILES {
+                c.fn_ /= 2;
+            }
+            c
+        })
+        .find(|c| c.storage() <= caps.workgroup_storage && c.wgs() <= caps.max_invocations)
+}
+
+/// The kernel's source after the shared parts: its constants, the emulated operations
+/// where asked, and the body with its matrix statements written out.
+pub fn source(s: CoopShape, body: &str) -> String {
+    let (nsg, wgs) = (s.nsg(), s.wgs());
+    let mut out = format!(
+        "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst FM: u32 = {}u;\nconst FN: u32 = {}u;\n\
+         const SGM: u32 = {}u;\nconst NSG: u32 = {nsg}u;\nconst WGS: u32 = {wgs}u;\n\
+         const NW: u32 = {}u;\nconst NX: u32 = {}u;\n",
+        s.bm(),
+        s.bn(),
+        s.fm,
+        s.fn_,
+        s.sgm,
+        s.bn().div_ceil(wgs),
+        (8 * s.bm()).div_ceil(wgs),
+    );
+    if s.ops == Ops::Emulated {
+        out.push_str(EMULATED);
+    }
+    let (mut init, mut mma, mut store) = (String::new(), String::new(), String::new());
+    for i in 0..s.fm {
+        for j in 0..s.fn_ {
+            init.push_str(&format!("    {}\n", op_zero(s.ops, i, j, s.fn_)));
+        }
+    }
+    // Two 16-value steps of a 32-value stage: the subgroup's FM tiles of tokens and FN of
+    // weight rows loaded once, then their FM x FN products.
+    for kk in 0..2 {
+        mma.push_str("        {\n");
+        for i in 0..s.fm {
+            mma.push_str(&format!("            {}\n", op_load_a(s.ops, i, &format!("xb + {}u", 16 * i * 10 + 4 * kk))));
+        }
+        for j in 0..s.fn_ {
+            mma.push_str(&format!("            {}\n", op_load_b(s.ops, j, &format!("wb + {}u", 16 * j * 10 + 4 * kk))));
+        }
+        for i in 0..s.fm {
+            for j in 0..s.fn_ {
+                mma.push_str(&format!("            {}\n", op_mma(s.ops, i, j, s.fn_)));
+            }
+        }
+        mma.push_str("        }\n");
+    }
+    for i in 0..s.fm {
+        for j in 0..s.fn_ {
+            store.push_str(&format!(
+                "    {}\n    workgroupBarrier();\n\
+                 \x20   for (var e = sgi; e < 256u; e = e + sgn) {{\n\
+                 \x20       let t = t0 + bm + {}u + e / 16u;\n\
+                 \x20       let r = r0 + bn + {}u + e % 16u;\n\
+                 \x20       if live && t < n_tok && r < n_rows {{\n\
+                 \x20           store(t, r, cs[co + e]);\n\
+                 \x20       }}\n    }}\n    workgroupBarrier();\n",
+                op_store(s.ops, i, j, s.fn_),
+                16 * i,
+                16 * j
+            ));
+        }
+    }
+    let body = body
+        .replace("//INIT\n", &init)
+        .replace("//MMA\n", &mma)
+        .replace("//STORE\n", &store)
+        .replace("@workgroup_size(WGS)", &format!("@workgroup_size({wgs})"));
+    out.push_str(&body);
+    out
+}
+
+/// The enable directives a kernel's text starts with.
+pub fn enables(s: CoopShape) -> &'static str {
+    match s.ops {
+        Ops::Coop => "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        Ops::Emulated => "enable f16;\n",
+    }
+}
+
+// The statements of the matrix operations: accumulator (i, j) of the subgroup's FM x FN,
+// its i-th tile of tokens (A) and j-th of weight rows (B).
+
+// Accumulators start from the zeros in `cs` (filled before the first barrier).
+fn op_zero(ops: Ops, i: u32, j: u32, fn_: u32) -> String {
+    match ops {
+        Ops::Coop => format!("var c_{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(&cs[0], 16u);"),
+        Ops::Emulated => format!("emu_zero({}u);", i * fn_ + j),
+    }
+}
+
+// A tile of 16 tokens by 16 values: row-major, a token's values contiguous.
+fn op_load_a(ops: Ops, i: u32, at: &str) -> String {
+    match ops {
+        Ops::Coop => format!("let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&xs[{at}], SV);"),
+        Ops::Emulated => format!("emu_load_a({i}u, {at});"),
+    }
+}
+
+// A tile of 16 values by 16 weight rows: column-major, a row's values contiguous.
+fn op_load_b(ops: Ops, j: u32, at: &str) -> String {
+    match ops {
+        Ops::Coop => format!("let b{j} = coopLoad<coop_mat16x16<f16, B>>(&ws[{at}], SV);"),
+        Ops::Emulated => format!("emu_load_b({j}u, {at});"),
+    }
+}
+
+fn op_mma(ops: Ops, i: u32, j: u32, fn_: u32) -> String {
+    match ops {
+        Ops::Coop => format!("c_{i}_{j} = coopMultiplyAdd(a{i}, b{j}, c_{i}_{j});"),
+        Ops::Emulated => format!("emu_mma({i}u, {j}u, {}u);", i * fn_ + j),
+    }
+}
+
+// The result tile, row-major (a token's 16 rows contiguous), to the subgroup's `cs` tile.
+fn op_store(ops: Ops, i: u32, j: u32, fn_: u32) -> String {
+    match ops {
+        Ops::Coop => format!("coopStoreT(c_{i}_{j}, &cs[co], 16u);"),
+        Ops::Emulated => format!("emu_store({}u, co, sgi);", i * fn_ + j),
+    }
+}
+
+/// The matrix operations on 16x16 tiles held whole by every invocation, in private
+/// arrays (f16 values are exact in f32; each product summed in order of k).
+const EMULATED: &str = "var<private> emu_a: array<array<f32, 256>, FM>;
+var<private> emu_b: array<array<f32, 256>, FN>;
+var<private> emu_c: array<array<f32, 256>, FM * FN>;
+
+fn emu_zero(c: u32) {
+    for (var e = 0u; e < 256u; e = e + 1u) {
+        emu_c[c][e] = 0.0;
+    }
+}
+
+fn emu_load_a(i: u32, at: u32) {
+    for (var r = 0u; r < 16u; r = r + 1u) {
+        for (var c = 0u; c < 16u; c = c + 1u) {
+            emu_a[i][16u * r + c] = f32(xs[at + r * SV + c / 4u][c % 4u]);
+        }
+    }
+}
+
+fn emu_load_b(j: u32, at: u32) {
+    for (var n = 0u; n < 16u; n = n + 1u) {
+        for (var r = 0u; r < 16u; r = r + 1u) {
+            emu_b[j][16u * r + n] = f32(ws[at + n * SV + r / 4u][r % 4u]);
+        }
+    }
+}
+
+fn emu_mma(i: u32, j: u32, c: u32) {
+    for (var m = 0u; m < 16u; m = m + 1u) {
+        for (var n = 0u; n < 16u; n = n + 1u) {
+            var s = emu_c[c][16u * m + n];
+            for (var r = 0u; r < 16u; r = r + 1u) {
+                s = s + emu_a[i][16u * m + r] * emu_b[j][16u * r + n];
+            }
+            emu_c[c][16u * m + n] = s;
+        }
+    }
+}
+
+fn emu_store(c: u32, at: u32, lane: u32) {
+    if lane == 0u {
+        for (var e = 0u; e < 256u; e = e + 1u) {
+            cs[at + e] = emu_c[c][e];
+        }
+    }
+}
+";

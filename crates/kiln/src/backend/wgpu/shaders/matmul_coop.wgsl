@@ -1,0 +1,109 @@
+// out[t, col0 + r] = dot(w[r], x[t]) on cooperative matrices (tensor cores), for prompt
+// chunks and large batched decode steps. A workgroup takes BM tokens and BN weight rows;
+// each stage dequantizes one 32-value chunk of each of its rows (dequant.wgsl's
+// load_chunk) into workgroup memory as f16, beside the tokens' f16 activations (quantize
+// mode 4), and each of the NSG = SGM x SGN subgroups multiplies
+// its block of FM x FN 16x16 tiles into f32 accumulators held in registers (kernels.rs
+// writes those statements out: `//MMA`, `//STORE`). Stages are double-buffered: the next
+// stage's loads are issued before this stage's products, one barrier per stage.
+// Sums are f32 in the tensor cores' order: results differ from the integer paths by
+// rounding (f16 activations instead of 8-bit ones), and a token's sums may depend on how
+// many tokens share its tile (no batch invariance: `batch_invariant` turns this path off).
+// prm: n_rows, k, n_tok, row_size, out_stride, col0, -, -, first row in the weight buffer,
+// output row boundaries (kernels.rs matmul_store).
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> wq: array<u32>;
+@group(0) @binding(2) var<storage, read> xh: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read_write> ys: array<f32>;
+
+// A staged row: 32 values and 8 of padding, in 4-value words (80 bytes: the tile loads'
+// sixteen rows fall in distinct banks, and rows stay 16-byte aligned as they require).
+const SV: u32 = 10u;
+var<workgroup> xs: array<vec4<f16>, 2u * BM * SV>;
+var<workgroup> ws: array<vec4<f16>, 2u * BN * SV>;
+// A 16x16 f32 tile per subgroup: zeros to start the accumulators, then each result tile
+// on its way to `store`.
+var<workgroup> cs: array<f32, NSG * 256u>;
+
+// The next stage in registers: NW weight rows' 32 values, NX words of 4 activations.
+var<private> wst: array<vec4<f16>, 8u * NW>;
+var<private> xst: array<vec4<f16>, NX>;
+
+// Loads chunk c of the tile's rows (dequantized) and tokens: invocations past the tile's
+// rows or words repeat its last one, rows past the weight's end its last row, tokens past
+// the batch its last token (none of those is stored).
+fn fetch(c: u32, li: u32, t0: u32, r0: u32) {
+    let n_rows = prm[0];
+    let k = prm[1];
+    for (var q = 0u; q < NW; q = q + 1u) {
+        let i = min(li + q * WGS, BN - 1u);
+        let r = min(r0 + i, n_rows - 1u);
+        load_chunk((prm[8] + r) * prm[3], c);
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            let v = vec4<f32>(wv[4u * j], wv[4u * j + 1u], wv[4u * j + 2u], wv[4u * j + 3u]);
+            wst[8u * q + j] = vec4<f16>(v + wmin);
+        }
+    }
+    for (var q = 0u; q < NX; q = q + 1u) {
+        let i = min(li + q * WGS, 8u * BM - 1u);
+        let t = min(t0 + i / 8u, prm[2] - 1u);
+        xst[q] = xh[(t * k + 32u * c) / 4u + i % 8u];
+    }
+}
+
+// Stores the fetched stage into buffer b.
+fn put(b: u32, li: u32) {
+    for (var q = 0u; q < NW; q = q + 1u) {
+        let i = li + q * WGS;
+        if i < BN {
+            for (var j = 0u; j < 8u; j = j + 1u) {
+                ws[(b * BN + i) * SV + j] = wst[8u * q + j];
+            }
+        }
+    }
+    for (var q = 0u; q < NX; q = q + 1u) {
+        let i = li + q * WGS;
+        if i < 8u * BM {
+            xs[(b * BM + i / 8u) * SV + i % 8u] = xst[q];
+        }
+    }
+}
+
+@compute @workgroup_size(WGS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
+        @builtin(subgroup_id) sgid: u32, @builtin(subgroup_invocation_id) sgi: u32,
+        @builtin(subgroup_size) sgn: u32) {
+    let n_rows = prm[0];
+    let n_tok = prm[2];
+    let ns = prm[1] / 32u;
+    let t0 = wid.x * BM;
+    let r0 = wid.y * BN;
+    // This subgroup's block of the tile. Where the adapter runs subgroups smaller than its
+    // largest (the workgroup is sized for that), the extra ones repeat the last block and
+    // store nothing: every subgroup runs the same matrix operations, in uniform control flow.
+    let sg = min(sgid, NSG - 1u);
+    let live = sgid < NSG;
+    let bm = (sg % SGM) * 16u * FM;
+    let bn = (sg / SGM) * 16u * FN;
+    for (var i = li; i < NSG * 256u; i = i + WGS) {
+        cs[i] = 0.0;
+    }
+    fetch(0u, li, t0, r0);
+    put(0u, li);
+    workgroupBarrier();
+//INIT
+    for (var s = 0u; s < ns; s = s + 1u) {
+        let cur = s & 1u;
+        // The next stage's loads (the last stage loads itself again, unused).
+        fetch(min(s + 1u, ns - 1u), li, t0, r0);
+        let xb = (cur * BM + bm) * SV;
+        let wb = (cur * BN + bn) * SV;
+//MMA
+        put(1u - cur, li);
+        workgroupBarrier();
+    }
+    // Each result tile through `cs` to `store` (biases and split outputs as the other
+    // matmuls), the subgroup's invocations taking its values in turn.
+    let co = sg * 256u;
+//STORE
+}
