@@ -32,7 +32,7 @@ const TYPES: [GgmlType; 8] = [
 /// Rows of each test weight: more than one 128-row tile, the last one partial.
 const ROWS: usize = 150;
 /// Token counts: one of each tile shape (16, 32, 64 and 128 tokens a tile), partial tiles.
-const TOKENS: [usize; 4] = [9, 20, 40, 131];
+const TOKENS: [usize; 4] = [16, 20, 40, 131];
 const MAX_TOK: usize = 131;
 
 struct Rng(u64);
@@ -273,8 +273,8 @@ fn tile_kernels_compile_for_cooperative_matrices() {
     let caps = CoopCaps { max_subgroup: 32, workgroup_storage: 49152, max_invocations: 1024, emulated: false };
     let mut shapes = Vec::new();
     for tokens in [8, 16, 17, 32, 33, 64, 95, 96, 512] {
-        for rows in [896, 4096, 14336] {
-            let s: CoopShape = kiln::backend::wgpu::coop::shape(&caps, tokens, rows).expect("fits 48 KiB");
+        for (rows, k) in [(896, 4864), (4096, 4096), (14336, 4096), (4096, 14336)] {
+            let s: CoopShape = kiln::backend::wgpu::coop::shape(&caps, tokens, rows, k).expect("fits 48 KiB");
             assert_eq!(s.ops, Ops::Coop);
             assert!(s.storage() <= 49152, "{s:?}");
             if !shapes.contains(&s) {
@@ -290,8 +290,12 @@ fn tile_kernels_compile_for_cooperative_matrices() {
     for ty in TYPES {
         for &s in &shapes {
             for o in outs {
-                let src = kernels::assemble(Kernel::MatmulCoop(ty, o, s), true, true);
-                let what = format!("{ty} {s:?} {o:?}");
+                let kernel = Kernel::MatmulCoop(ty, o, s);
+                let reduce = Kernel::CoopReduce(o);
+                for (src, what) in [
+                    (kernels::assemble(kernel, true, true), format!("{kernel:?}")),
+                    (kernels::assemble(reduce, true, true), format!("{reduce:?}")),
+                ] {
                 let module = naga::front::wgsl::parse_str(&src)
                     .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
                 let mut v = naga::valid::Validator::new(
@@ -307,6 +311,7 @@ fn tile_kernels_compile_for_cooperative_matrices() {
                     ..Default::default()
                 };
                 naga::back::spv::write_vec(&module, &info, &opts, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+                }
             }
         }
     }

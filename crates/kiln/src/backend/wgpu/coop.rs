@@ -27,7 +27,8 @@ pub enum Ops {
 
 /// A tile kernel's shape: each of SGM x SGN subgroups computes FM x FN tiles of 16 tokens
 /// by 16 weight rows; the workgroup has NSG = SGM x SGN subgroups of up to `sg`
-/// invocations.
+/// invocations; k is split over `ks` workgroups (1: not split), whose partial sums
+/// `Kernel::CoopReduce` adds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopShape {
     pub fm: u32,
@@ -35,6 +36,7 @@ pub struct CoopShape {
     pub sgm: u32,
     pub sgn: u32,
     pub sg: u32,
+    pub ks: u32,
     pub ops: Ops,
 }
 
@@ -46,6 +48,11 @@ impl CoopShape {
     /// Weight rows per workgroup.
     pub fn bn(self) -> u32 {
         16 * self.fn_ * self.sgn
+    }
+    /// Weight rows each invocation stages (the workgroup may have fewer invocations than
+    /// the tile has rows).
+    pub fn rows_per_invocation(self) -> u32 {
+        self.bn().div_ceil(self.wgs())
     }
     fn nsg(self) -> u32 {
         self.sgm * self.sgn
@@ -67,27 +74,36 @@ pub fn coop_type(ty: GgmlType) -> bool {
 }
 
 /// Tokens from which a matmul runs on the tiles (below, the vec path's integer dots).
-pub const MIN_TOKENS: usize = 8;
+pub const MIN_TOKENS: usize = 16;
 
 /// Weight-row tiles under which a narrower tile (half the rows) is taken so more
 /// workgroups share the weight reads of a small batch.
 const MIN_ROW_TILES: usize = 64;
 
-/// The shape for `tokens` tokens of a weight of `rows` rows: 128 x 128 tiles (4 x 4 tiles a
-/// subgroup) for prompts, fewer tokens a tile for decode batches (down to 16), and
-/// narrower row tiles where the rows would give few workgroups; the first of these whose
-/// workgroup the adapter can hold (memory, invocations), None if none fits.
-pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize) -> Option<CoopShape> {
+/// Workgroups a matmul should have at least (a few per multiprocessor of a large GPU, so
+/// each has work in flight while others wait for memory): fewer, and k is split.
+const MIN_WORKGROUPS: usize = 512;
+
+/// Most splits of k, and the fewest 32-value chunks a split takes.
+const MAX_SPLITS: usize = 8;
+const MIN_SPLIT_CHUNKS: usize = 8;
+
+/// The shape for `tokens` tokens of a weight of `rows` rows of `k` values: 128 x 128 tiles
+/// (4 x 4 tiles a subgroup) for prompts, fewer tokens a tile for decode batches (down to
+/// 16), narrower row tiles where the rows would give few workgroups, the first of these
+/// whose workgroup the adapter can hold (memory, invocations; None if none fits); and k
+/// split where the tiles alone give fewer than `MIN_WORKGROUPS` workgroups.
+pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize, k: usize) -> Option<CoopShape> {
     let ops = if caps.emulated { Ops::Emulated } else { Ops::Coop };
     let sg = caps.max_subgroup;
-    let s = |fm, fn_, sgm, sgn| CoopShape { fm, fn_, sgm, sgn, sg, ops };
+    let s = |fm, fn_, sgm, sgn| CoopShape { fm, fn_, sgm, sgn, sg, ks: 1, ops };
     let candidates = match tokens {
         96.. => [s(4, 4, 2, 2), s(4, 2, 2, 2), s(2, 2, 2, 2)],
         33..=95 => [s(4, 2, 1, 4), s(4, 1, 1, 4), s(2, 1, 1, 4)],
         17..=32 => [s(2, 2, 1, 4), s(2, 1, 1, 4), s(1, 1, 1, 4)],
         _ => [s(1, 2, 1, 4), s(1, 1, 1, 4), s(1, 1, 1, 2)],
     };
-    candidates
+    let mut c = candidates
         .into_iter()
         .map(|mut c| {
             if c.sgm == 1 && c.fn_ > 1 && rows.div_ceil(c.bn() as usize) < MIN_ROW_TILES {
@@ -95,7 +111,12 @@ pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize) -> Option<CoopShape> {
             }
             c
         })
-        .find(|c| c.storage() <= caps.workgroup_storage && c.wgs() <= caps.max_invocations)
+        .find(|c| c.storage() <= caps.workgroup_storage && c.wgs() <= caps.max_invocations)?;
+    let tiles = tokens.div_ceil(c.bm() as usize) * rows.div_ceil(c.bn() as usize);
+    let ks = MIN_WORKGROUPS.div_ceil(tiles).min(MAX_SPLITS).min(k / 32 / MIN_SPLIT_CHUNKS).max(1);
+    // Splits of whole chunks, none empty.
+    c.ks = (k / 32).div_ceil((k / 32).div_ceil(ks)) as u32;
+    Some(c)
 }
 
 /// The kernel's source after the shared parts: its constants, the emulated operations
@@ -105,57 +126,23 @@ pub fn source(s: CoopShape, body: &str) -> String {
     let mut out = format!(
         "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst FM: u32 = {}u;\nconst FN: u32 = {}u;\n\
          const SGM: u32 = {}u;\nconst NSG: u32 = {nsg}u;\nconst WGS: u32 = {wgs}u;\n\
-         const NW: u32 = {}u;\nconst NX: u32 = {}u;\n",
+         const NW: u32 = {}u;\nconst NX: u32 = {}u;\nconst KS: u32 = {}u;\n",
         s.bm(),
         s.bn(),
         s.fm,
         s.fn_,
         s.sgm,
-        s.bn().div_ceil(wgs),
+        s.rows_per_invocation(),
         (8 * s.bm()).div_ceil(wgs),
+        s.ks,
     );
     if s.ops == Ops::Emulated {
         out.push_str(EMULATED);
     }
-    let (mut init, mut mma, mut store) = (String::new(), String::new(), String::new());
-    for i in 0..s.fm {
-        for j in 0..s.fn_ {
-            init.push_str(&format!("    {}\n", op_zero(s.ops, i, j, s.fn_)));
-        }
-    }
-    // Two 16-value steps of a 32-value stage: the subgroup's FM tiles of tokens and FN of
-    // weight rows loaded once, then their FM x FN products.
-    for kk in 0..2 {
-        mma.push_str("        {\n");
-        for i in 0..s.fm {
-            mma.push_str(&format!("            {}\n", op_load_a(s.ops, i, &format!("xb + {}u", 16 * i * 10 + 4 * kk))));
-        }
-        for j in 0..s.fn_ {
-            mma.push_str(&format!("            {}\n", op_load_b(s.ops, j, &format!("wb + {}u", 16 * j * 10 + 4 * kk))));
-        }
-        for i in 0..s.fm {
-            for j in 0..s.fn_ {
-                mma.push_str(&format!("            {}\n", op_mma(s.ops, i, j, s.fn_)));
-            }
-        }
-        mma.push_str("        }\n");
-    }
-    for i in 0..s.fm {
-        for j in 0..s.fn_ {
-            store.push_str(&format!(
-                "    {}\n    workgroupBarrier();\n\
-                 \x20   for (var e = sgi; e < 256u; e = e + sgn) {{\n\
-                 \x20       let t = t0 + bm + {}u + e / 16u;\n\
-                 \x20       let r = r0 + bn + {}u + e % 16u;\n\
-                 \x20       if live && t < n_tok && r < n_rows {{\n\
-                 \x20           store(t, r, cs[co + e]);\n\
-                 \x20       }}\n    }}\n    workgroupBarrier();\n",
-                op_store(s.ops, i, j, s.fn_),
-                16 * i,
-                16 * j
-            ));
-        }
-    }
+    let (init, mma, store) = match s.ops {
+        Ops::Coop => coop_statements(s),
+        Ops::Emulated => (EMU_INIT.to_string(), EMU_MMA.to_string(), EMU_STORE.to_string()),
+    };
     let body = body
         .replace("//INIT\n", &init)
         .replace("//MMA\n", &mma)
@@ -173,47 +160,90 @@ pub fn enables(s: CoopShape) -> &'static str {
     }
 }
 
-// The statements of the matrix operations: accumulator (i, j) of the subgroup's FM x FN,
-// its i-th tile of tokens (A) and j-th of weight rows (B).
-
-// Accumulators start from the zeros in `cs` (filled before the first barrier).
-fn op_zero(ops: Ops, i: u32, j: u32, fn_: u32) -> String {
-    match ops {
-        Ops::Coop => format!("var c_{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(&cs[0], 16u);"),
-        Ops::Emulated => format!("emu_zero({}u);", i * fn_ + j),
+/// The statements of the subgroup's matrix operations on cooperative matrices, written out
+/// (no arrays of matrices, no loops: every index static): the accumulators `c_i_j` started
+/// from the zeros in `cs` (filled before the first barrier); per 16-value step of a
+/// 32-value stage, its FM tiles of tokens `a_i` (row-major: a token's values contiguous)
+/// and FN tiles of weight rows `b_j` (column-major: a row's values contiguous) loaded once,
+/// then their FM x FN products; at the end each result tile, row-major (a token's 16 rows
+/// contiguous), through the subgroup's `cs` tile to `store`.
+fn coop_statements(s: CoopShape) -> (String, String, String) {
+    let (mut init, mut mma, mut store) = (String::new(), String::new(), String::new());
+    for i in 0..s.fm {
+        for j in 0..s.fn_ {
+            init.push_str(&format!("    var c_{i}_{j} = coopLoadT<coop_mat16x16<f32, C>>(&cs[0], 16u);\n"));
+        }
     }
+    for kk in 0..2 {
+        mma.push_str("        {\n");
+        for i in 0..s.fm {
+            let at = 16 * i * 10 + 4 * kk;
+            mma.push_str(&format!("            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&xs[xb + {at}u], SV);\n"));
+        }
+        for j in 0..s.fn_ {
+            let at = 16 * j * 10 + 4 * kk;
+            mma.push_str(&format!("            let b{j} = coopLoad<coop_mat16x16<f16, B>>(&ws[wb + {at}u], SV);\n"));
+        }
+        for i in 0..s.fm {
+            for j in 0..s.fn_ {
+                mma.push_str(&format!("            c_{i}_{j} = coopMultiplyAdd(a{i}, b{j}, c_{i}_{j});\n"));
+            }
+        }
+        mma.push_str("        }\n");
+    }
+    for i in 0..s.fm {
+        for j in 0..s.fn_ {
+            store.push_str(&format!("    coopStoreT(c_{i}_{j}, &cs[co], 16u);\n"));
+            store.push_str(&STORE_TILE.replace("TI", &format!("{}u", 16 * i)).replace("TJ", &format!("{}u", 16 * j)));
+        }
+    }
+    (init, mma, store)
 }
 
-// A tile of 16 tokens by 16 values: row-major, a token's values contiguous.
-fn op_load_a(ops: Ops, i: u32, at: &str) -> String {
-    match ops {
-        Ops::Coop => format!("let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&xs[{at}], SV);"),
-        Ops::Emulated => format!("emu_load_a({i}u, {at});"),
+/// A result tile in `cs` to `store`, by the subgroup's invocations in turn (TI, TJ: its
+/// first token and row in the subgroup's block).
+const STORE_TILE: &str = "    workgroupBarrier();
+    for (var e = sgi; e < 256u; e = e + sgn) {
+        let t = t0 + bm + TI + e / 16u;
+        let r = r0 + bn + TJ + e % 16u;
+        if live && t < n_tok && r < n_rows {
+            store(t, r, cs[co + e]);
+        }
     }
-}
+    workgroupBarrier();
+";
 
-// A tile of 16 values by 16 weight rows: column-major, a row's values contiguous.
-fn op_load_b(ops: Ops, j: u32, at: &str) -> String {
-    match ops {
-        Ops::Coop => format!("let b{j} = coopLoad<coop_mat16x16<f16, B>>(&ws[{at}], SV);"),
-        Ops::Emulated => format!("emu_load_b({j}u, {at});"),
+/// The emulated statements, in loops (one call site each: quick to compile on software
+/// adapters).
+const EMU_INIT: &str = "    for (var c = 0u; c < FM * FN; c = c + 1u) {
+        emu_zero(c);
     }
-}
-
-fn op_mma(ops: Ops, i: u32, j: u32, fn_: u32) -> String {
-    match ops {
-        Ops::Coop => format!("c_{i}_{j} = coopMultiplyAdd(a{i}, b{j}, c_{i}_{j});"),
-        Ops::Emulated => format!("emu_mma({i}u, {j}u, {}u);", i * fn_ + j),
+";
+const EMU_MMA: &str = "        for (var kk = 0u; kk < 2u; kk = kk + 1u) {
+            for (var i = 0u; i < FM; i = i + 1u) {
+                emu_load_a(i, xb + 16u * i * SV + 4u * kk);
+            }
+            for (var j = 0u; j < FN; j = j + 1u) {
+                emu_load_b(j, wb + 16u * j * SV + 4u * kk);
+            }
+            for (var c = 0u; c < FM * FN; c = c + 1u) {
+                emu_mma(c / FN, c % FN, c);
+            }
+        }
+";
+const EMU_STORE: &str = "    for (var c = 0u; c < FM * FN; c = c + 1u) {
+        emu_store(c, co, sgi);
+        workgroupBarrier();
+        for (var e = sgi; e < 256u; e = e + sgn) {
+            let t = t0 + bm + 16u * (c / FN) + e / 16u;
+            let r = r0 + bn + 16u * (c % FN) + e % 16u;
+            if live && t < n_tok && r < n_rows {
+                store(t, r, cs[co + e]);
+            }
+        }
+        workgroupBarrier();
     }
-}
-
-// The result tile, row-major (a token's 16 rows contiguous), to the subgroup's `cs` tile.
-fn op_store(ops: Ops, i: u32, j: u32, fn_: u32) -> String {
-    match ops {
-        Ops::Coop => format!("coopStoreT(c_{i}_{j}, &cs[co], 16u);"),
-        Ops::Emulated => format!("emu_store({}u, co, sgi);", i * fn_ + j),
-    }
-}
+";
 
 /// The matrix operations on 16x16 tiles held whole by every invocation, in private
 /// arrays (f16 values are exact in f32; each product summed in order of k).

@@ -334,6 +334,8 @@ pub enum Kernel {
     MatmulVec(GgmlType, Outs, Input, VecShape),
     /// Tiles on cooperative matrices (coop.rs): prompt chunks and large decode batches.
     MatmulCoop(GgmlType, Outs, CoopShape),
+    /// The sum of a tile matmul's k splits, stored to its outputs.
+    CoopReduce(Outs),
     /// The embedding lookup; `true`: the ids are read from a device buffer (bound third:
     /// the last greedy step's), not from the parameters.
     Embed(GgmlType, bool),
@@ -379,6 +381,7 @@ impl Kernel {
             MatmulRows(..) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
             MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             MatmulCoop(..) => (include_str!("shaders/matmul_coop.wgsl"), "main"),
+            CoopReduce(_) => (include_str!("shaders/coop_reduce.wgsl"), "main"),
             Embed(..) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm(_) | AddRmsNorm(_) => (include_str!("shaders/rms_norm.wgsl"), "main"),
@@ -517,18 +520,20 @@ pub fn gpu_weight_type(ty: GgmlType) -> bool {
     matches!(ty, F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K | Q5_K | Q6_K)
 }
 
-fn chunk_fn(ty: GgmlType) -> &'static str {
+/// A weight type's chunk functions in dequant.wgsl (`fetch_NAME`, `unpack_NAME`) and the
+/// words a chunk's fetch holds.
+fn chunk_fn(ty: GgmlType) -> (&'static str, u32) {
     use GgmlType::*;
     match ty {
-        F32 => "chunk_f32",
-        F16 => "chunk_f16",
-        Q4_0 => "chunk_q4_0",
-        Q4_1 => "chunk_q4_1",
-        Q5_0 => "chunk_q5_0",
-        Q8_0 => "chunk_q8_0",
-        Q4_K => "chunk_q4_k",
-        Q5_K => "chunk_q5_k",
-        _ => "chunk_q6_k",
+        F32 => ("f32", 32),
+        F16 => ("f16", 17),
+        Q4_0 => ("q4_0", 6),
+        Q4_1 => ("q4_1", 7),
+        Q5_0 => ("q5_0", 7),
+        Q8_0 => ("q8_0", 10),
+        Q4_K => ("q4_k", 12),
+        Q5_K => ("q5_k", 20),
+        _ => ("q6_k", 20),
     }
 }
 
@@ -568,17 +573,17 @@ fn dot_consts(ty: GgmlType) -> String {
 /// The matmuls' `store(t, r, v)` of row `r`'s value for token `t`: to `ys` at the
 /// output stride and column (prm 4, 5), or, for weights uploaded together, to the output
 /// whose rows hold `r` (bindings 3, 4, 5 from the row boundaries prm 9, 10).
-fn matmul_store(outs: Outs) -> String {
+fn matmul_store(outs: Outs, base: usize) -> String {
     let n = outs.n as usize;
     let mut s = String::new();
     for i in 1..n {
-        s.push_str(&format!("@group(0) @binding({}) var<storage, read_write> ys{i}: array<f32>;\n", 3 + i));
+        s.push_str(&format!("@group(0) @binding({}) var<storage, read_write> ys{i}: array<f32>;\n", base + i));
     }
     if outs.bias {
         for i in 0..n {
             s.push_str(&format!(
                 "@group(0) @binding({}) var<storage, read> bias{i}: array<f32>;\n",
-                3 + n + i
+                base + n + i
             ));
         }
     }
@@ -695,19 +700,31 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     | Kernel::MatmulCoop(ty, ..)
     | Kernel::Embed(ty, _) = k
     {
+        // Fetch slots: one, or the tile matmul's rows per invocation.
+        let nq = if let Kernel::MatmulCoop(_, _, shape) = k { shape.rows_per_invocation() } else { 1 };
+        let (name, words) = chunk_fn(ty);
+        s.push_str(&format!("const RAW: u32 = {words}u;\nconst NQ: u32 = {nq}u;\n"));
         s.push_str(DEQUANT);
         s.push_str(&format!(
-            "fn load_chunk(b: u32, c: u32) {{\n    wmin = 0.0;\n    {}(b, c);\n}}\n",
-            chunk_fn(ty)
+            "fn fetch_chunk(b: u32, c: u32, q: u32) {{\n    fetch_{name}(b, c, q);\n}}\n\
+             fn unpack_chunk(c: u32, q: u32) {{\n    wmin = 0.0;\n    unpack_{name}(c, q);\n}}\n\
+             fn load_chunk(b: u32, c: u32) {{\n    fetch_chunk(b, c, 0u);\n    unpack_chunk(c, 0u);\n}}\n"
         ));
     }
     if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs, ..) = k {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
-        s.push_str(&matmul_store(outs));
+        s.push_str(&matmul_store(outs, 3));
     }
-    if let Kernel::MatmulCoop(_, outs, _) = k {
-        s.push_str(&matmul_store(outs));
+    match k {
+        // A split's partial sums, [split][token][row], for CoopReduce.
+        Kernel::MatmulCoop(_, _, shape) if shape.ks > 1 => s.push_str(
+            "fn store(t: u32, r: u32, v: f32) {\n    ys[(g_split * prm[2] + t) * prm[0] + r] = v;\n}\n",
+        ),
+        Kernel::MatmulCoop(_, outs, _) => s.push_str(&matmul_store(outs, 3)),
+        // Its outputs bound from 2 on (the partial sums at 1).
+        Kernel::CoopReduce(outs) => s.push_str(&matmul_store(outs, 2)),
+        _ => {}
     }
     if let Kernel::Embed(_, device_ids) = k {
         s.push_str(if device_ids {

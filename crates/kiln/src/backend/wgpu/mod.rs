@@ -87,6 +87,8 @@ pub struct GpuBackend {
     ids: Mutex<Option<wgpu::Buffer>>,
     /// The split attention's partial sums, the long argmax's per-part bests (grown on demand).
     part: Mutex<Option<wgpu::Buffer>>,
+    /// The tile matmul's partial sums over splits of k (grown on demand).
+    coop_part: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// GELU of every f16 value (the CPU's table, 128 KiB; glu.wgsl).
     gelu: wgpu::Buffer,
@@ -264,6 +266,7 @@ impl GpuBackend {
                 .map_or(PROLOGUE_BYTES, |kb| kb << 10),
             ids: Mutex::new(None),
             part: Mutex::new(None),
+            coop_part: Mutex::new(None),
             counts: Arc::default(),
             gelu,
             split_bytes,
@@ -351,29 +354,26 @@ impl GpuBackend {
         self.coop = None;
     }
 
-    /// Runs the tile matmul with its matrix operations emulated per invocation (coop.rs
-    /// `Ops::Emulated`), where the adapter has subgroups and f16 but no cooperative
-    /// matrices: tests of the tile kernels on software adapters. False where it cannot.
+    /// Runs the tile matmul, with its matrix operations emulated per invocation (coop.rs
+    /// `Ops::Emulated`) where the adapter has subgroups and f16 but no cooperative
+    /// matrices: tests of the tile kernels on software adapters. False where neither.
     pub fn emulate_coop(&mut self) -> bool {
-        match self.ctx.coop_emulation() {
-            Some(caps) if self.coop.is_none() => {
-                self.coop = Some(caps);
-                true
-            }
-            _ => self.coop.is_some_and(|c| c.emulated),
+        if self.coop.is_none() {
+            self.coop = self.ctx.coop_emulation();
         }
+        self.coop.is_some()
     }
 
-    /// The tile shape a matmul of `tokens` tokens of a `ty` weight of `rows` rows takes,
-    /// None where it stays on the other paths (batch invariance asked for, too few tokens,
-    /// a type the tiles do not read, no cooperative matrices).
-    fn coop_shape(&self, ty: GgmlType, tokens: usize, rows: usize) -> Option<coop::CoopShape> {
+    /// The tile shape a matmul of `tokens` tokens of a `ty` weight of `rows` rows of `k`
+    /// values takes, None where it stays on the other paths (batch invariance asked for,
+    /// too few tokens, a type the tiles do not read, no cooperative matrices).
+    fn coop_shape(&self, ty: GgmlType, tokens: usize, rows: usize, k: usize) -> Option<coop::CoopShape> {
         let caps = self.coop.as_ref()?;
         let on = !self.batch_invariant
             && self.matmul == MatmulPath::Vec
             && tokens >= coop::MIN_TOKENS
             && coop::coop_type(ty);
-        on.then(|| coop::shape(caps, tokens, rows)).flatten()
+        on.then(|| coop::shape(caps, tokens, rows, k)).flatten()
     }
 
     /// Picks the matmul kernel (tests, tuning).
@@ -534,7 +534,7 @@ impl GpuBackend {
         let k = w.cols;
         let all_rows = ws.iter().map(|w| w.rows).sum::<usize>();
         // The tiles take f16 activations (packed, mode 4).
-        let tiles = self.coop_shape(w.ty, rows, all_rows);
+        let tiles = self.coop_shape(w.ty, rows, all_rows, w.cols);
         // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
         let (mode, bs) = match w.ty.vec_dot_type() {
             _ if tiles.is_some() => (Some(4u32), 32),
@@ -629,13 +629,32 @@ impl GpuBackend {
             };
             if let Some(cs) = tiles {
                 // Token tiles along x: a weight tile's workgroups run together, so its
-                // rows are read from memory once.
-                let g = [rows.div_ceil(cs.bm() as usize) as u32, p.rows.div_ceil(cs.bn() as usize) as u32, 1];
-                let mut bufs = vec![p.buf.clone(), input.2[0].clone()];
-                bufs.extend(outs.iter().map(|&b| b.clone()));
-                bufs.extend(biases.iter().map(|&b| b.clone()));
-                let kernel = Kernel::MatmulCoop(w.ty, outs_n, cs);
-                dispatches.push(Dispatch { kernel, prm: prm.to_vec(), bufs, groups: g });
+                // rows are read from memory once; k splits along z.
+                let g = [
+                    rows.div_ceil(cs.bm() as usize) as u32,
+                    p.rows.div_ceil(cs.bn() as usize) as u32,
+                    cs.ks,
+                ];
+                let mut sums: Vec<wgpu::Buffer> = outs.iter().map(|&b| b.clone()).collect();
+                sums.extend(biases.iter().map(|&b| b.clone()));
+                let mut prm = prm.to_vec();
+                if cs.ks == 1 {
+                    let mut bufs = vec![p.buf.clone(), input.2[0].clone()];
+                    bufs.extend(sums);
+                    let kernel = Kernel::MatmulCoop(w.ty, outs_n, cs);
+                    dispatches.push(Dispatch { kernel, prm, bufs, groups: g });
+                } else {
+                    // The splits' partial sums, then their sum stored as the outputs.
+                    prm[6] = cs.ks;
+                    let part = self.scratch(&self.coop_part, cs.ks as usize * rows * p.rows, "kiln tile sums");
+                    let bufs = vec![p.buf.clone(), input.2[0].clone(), part.clone()];
+                    let kernel = Kernel::MatmulCoop(w.ty, kernels::Outs { n: 1, bias: false, rope: false, tail: 0 }, cs);
+                    dispatches.push(Dispatch { kernel, prm: prm.clone(), bufs, groups: g });
+                    let mut bufs = vec![part];
+                    bufs.extend(sums);
+                    let g = grid(rows * p.rows, 64);
+                    dispatches.push(Dispatch { kernel: Kernel::CoopReduce(outs_n), prm, bufs, groups: g });
+                }
                 continue;
             }
             // Kernel, workgroups, tokens per workgroup (the kernel's TT).
@@ -1049,7 +1068,7 @@ impl Backend for GpuBackend {
             let tail = self.matmul == MatmulPath::Vec
                 && kernels::vec_fast(a.ty) >= 2
                 && kernels::vec_fast(b.ty) >= 2
-                && self.coop_shape(a.ty, rows, a.rows).is_none();
+                && self.coop_shape(a.ty, rows, a.rows, a.cols).is_none();
             let end = (pa[0].first + pa[0].rows) * a.row_size;
             pa.len() == 1
                 && pb.len() == 1
@@ -1060,7 +1079,7 @@ impl Backend for GpuBackend {
         // The vec path holds q/k/v's kernels for rope_kv_store to run with its RoPE store
         // (three weights, a dispatch per run, biases added in the kernels).
         let hold = self.matmul == MatmulPath::Vec
-            && self.coop_shape(ws[0].ty, rows, ws[0].rows).is_none()
+            && self.coop_shape(ws[0].ty, rows, ws[0].rows, ws[0].cols).is_none()
             && ws.len() == 3
             && ws.iter().all(|w| kernels::vec_shape_for(w.ty, w.rows, w.cols).rg.is_multiple_of(4))
             && ws.iter().all(|w| w.parts.len() == 1)

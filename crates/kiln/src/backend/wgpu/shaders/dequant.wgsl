@@ -1,11 +1,241 @@
-// Dequantization of one 32-value chunk of a weight row into `wv`, per GGML block format.
-// `wq` is the weight buffer (bytes packed in u32 words); `b` is the row's byte offset and
-// `c` the chunk index within the row. Float operations follow ggml's dequantize_row_*.
+// Dequantization of one 32-value chunk of a weight row, per GGML block format, in two
+// steps so a kernel can issue a chunk's loads early and do its arithmetic later (the tile
+// matmul: the next stage's loads stay in flight while this stage's products run):
+// `fetch_chunk(b, c, q)` loads the words chunk c of the row at byte `b` needs into slot q of
+// `raw` (RAW words a slot, NQ slots), `unpack_chunk(c, q)` turns them into `wv` (and
+// `wmin`); `load_chunk` (kernels.rs) does both. `wq` is the weight buffer (bytes packed in
+// u32 words). Float operations follow ggml's dequantize_row_*. The helpers after them
+// read `wq` directly (dot.wgsl's integer units).
 var<private> wv: array<f32, 32>;
 // The chunk's additive min (Q4_1), kept apart so a matmul can pair it with the
 // activation block's stored sum as ggml's q4_1·q8_1 dot does; 0 for other formats.
 var<private> wmin: f32;
+// A slot's words from the one holding the chunk's (first) block's first byte, and that
+// byte's offset in it (0 or 2: blocks start at even offsets).
+var<private> raw: array<u32, RAW * NQ>;
+var<private> g_off: array<u32, NQ>;
 
+// The u32 at byte p (even) of slot q's block (p static where unrolled: static indices).
+fn rw(q: u32, p: u32) -> u32 {
+    let i = q * RAW + (p >> 2u);
+    let mis = (raw[i] >> 16u) | (raw[i + 1u] << 16u);
+    if (p & 2u) == 0u {
+        return select(mis, raw[i], g_off[q] == 0u);
+    }
+    return select(raw[i + 1u], mis, g_off[q] == 0u);
+}
+
+// Loads n words from the word holding byte `o` into slot q at word `at`.
+fn fetch_words(o: u32, q: u32, at: u32, n: u32) {
+    for (var i = 0u; i < n; i = i + 1u) {
+        raw[q * RAW + at + i] = wq[(o >> 2u) + i];
+    }
+}
+
+fn sbyte(x: u32) -> f32 {
+    return f32(extractBits(bitcast<i32>(x), 0u, 8u));
+}
+
+fn fetch_f32(b: u32, c: u32, q: u32) {
+    g_off[q] = 0u;
+    fetch_words(b + c * 128u, q, 0u, 32u);
+}
+
+fn unpack_f32(c: u32, q: u32) {
+    for (var i = 0u; i < 32u; i = i + 1u) {
+        wv[i] = bitcast<f32>(raw[q * RAW + i]);
+    }
+}
+
+fn fetch_f16(b: u32, c: u32, q: u32) {
+    let o = b + c * 64u;
+    g_off[q] = o & 3u;
+    fetch_words(o, q, 0u, 17u);
+}
+
+fn unpack_f16(c: u32, q: u32) {
+    for (var i = 0u; i < 32u; i = i + 2u) {
+        let h = unpack2x16float(rw(q, 2u * i));
+        wv[i] = h.x;
+        wv[i + 1u] = h.y;
+    }
+}
+
+fn fetch_q8_0(b: u32, c: u32, q: u32) {
+    let o = b + c * 34u;
+    g_off[q] = o & 3u;
+    fetch_words(o, q, 0u, 10u);
+}
+
+fn unpack_q8_0(c: u32, q: u32) {
+    let d = unpack2x16float(rw(q, 0u)).x;
+    for (var i = 0u; i < 32u; i = i + 4u) {
+        let w = rw(q, 2u + i);
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            wv[i + k] = d * sbyte(w >> (8u * k));
+        }
+    }
+}
+
+fn fetch_q4_0(b: u32, c: u32, q: u32) {
+    let o = b + c * 18u;
+    g_off[q] = o & 3u;
+    fetch_words(o, q, 0u, 6u);
+}
+
+fn unpack_q4_0(c: u32, q: u32) {
+    let d = unpack2x16float(rw(q, 0u)).x;
+    for (var i = 0u; i < 16u; i = i + 4u) {
+        let w = rw(q, 2u + i);
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            let v = (w >> (8u * k)) & 0xffu;
+            wv[i + k] = d * (f32(v & 15u) - 8.0);
+            wv[16u + i + k] = d * (f32(v >> 4u) - 8.0);
+        }
+    }
+}
+
+fn fetch_q4_1(b: u32, c: u32, q: u32) {
+    let o = b + c * 20u;
+    g_off[q] = o & 3u;
+    fetch_words(o, q, 0u, 7u);
+}
+
+fn unpack_q4_1(c: u32, q: u32) {
+    let dm = unpack2x16float(rw(q, 0u));
+    let d = dm.x;
+    wmin = dm.y;
+    for (var i = 0u; i < 16u; i = i + 4u) {
+        let w = rw(q, 4u + i);
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            let v = (w >> (8u * k)) & 0xffu;
+            wv[i + k] = d * f32(v & 15u);
+            wv[16u + i + k] = d * f32(v >> 4u);
+        }
+    }
+}
+
+fn fetch_q5_0(b: u32, c: u32, q: u32) {
+    let o = b + c * 22u;
+    g_off[q] = o & 3u;
+    fetch_words(o, q, 0u, 7u);
+}
+
+fn unpack_q5_0(c: u32, q: u32) {
+    let d = unpack2x16float(rw(q, 0u)).x;
+    let qh = rw(q, 2u);
+    for (var i = 0u; i < 16u; i = i + 4u) {
+        let w = rw(q, 6u + i);
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            let v = (w >> (8u * k)) & 0xffu;
+            let j = i + k;
+            let lo = (v & 15u) | (((qh >> j) & 1u) << 4u);
+            let hi = (v >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
+            wv[j] = d * (f32(lo) - 16.0);
+            wv[16u + j] = d * (f32(hi) - 16.0);
+        }
+    }
+}
+
+// Byte i (0-11) of a K superblock's scales, held in slot q's words 1-3.
+fn kscale_byte(q: u32, i: u32) -> u32 {
+    let w = select(select(raw[q * RAW + 3u], raw[q * RAW + 2u], i < 8u), raw[q * RAW + 1u], i < 4u);
+    return (w >> (8u * (i & 3u))) & 0xffu;
+}
+
+// ggml's get_scale_min_k4 for sub-block j.
+fn kscale_min(q: u32, j: u32) -> vec2<f32> {
+    if j < 4u {
+        return vec2<f32>(f32(kscale_byte(q, j) & 63u), f32(kscale_byte(q, j + 4u) & 63u));
+    }
+    let sc = (kscale_byte(q, j + 4u) & 15u) | ((kscale_byte(q, j - 4u) >> 6u) << 4u);
+    let m = (kscale_byte(q, j + 4u) >> 4u) | ((kscale_byte(q, j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+
+// Q4_K and Q5_K superblocks (whole words): d, dmin and the scales (4 words), then (Q5_K)
+// the high bits (8 words), then the chunk's 32 bytes of low bits (8 words).
+fn fetch_q4_k(b: u32, c: u32, q: u32) {
+    let o = b + (c / 8u) * 144u;
+    g_off[q] = 0u;
+    fetch_words(o, q, 0u, 4u);
+    fetch_words(o + 16u + 32u * ((c % 8u) / 2u), q, 4u, 8u);
+}
+
+fn unpack_q4_k(c: u32, q: u32) {
+    let j = c % 8u;
+    let dd = unpack2x16float(raw[q * RAW]);
+    let sm = kscale_min(q, j);
+    let d1 = dd.x * sm.x;
+    let m1 = dd.y * sm.y;
+    let sh = (j & 1u) * 4u;
+    for (var l = 0u; l < 32u; l = l + 4u) {
+        let w = raw[q * RAW + 4u + l / 4u];
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            wv[l + k] = d1 * f32((w >> (8u * k + sh)) & 15u) - m1;
+        }
+    }
+}
+
+fn fetch_q5_k(b: u32, c: u32, q: u32) {
+    let o = b + (c / 8u) * 176u;
+    g_off[q] = 0u;
+    fetch_words(o, q, 0u, 12u);
+    fetch_words(o + 48u + 32u * ((c % 8u) / 2u), q, 12u, 8u);
+}
+
+fn unpack_q5_k(c: u32, q: u32) {
+    let j = c % 8u;
+    let dd = unpack2x16float(raw[q * RAW]);
+    let sm = kscale_min(q, j);
+    let d1 = dd.x * sm.x;
+    let m1 = dd.y * sm.y;
+    let sh = (j & 1u) * 4u;
+    for (var l = 0u; l < 32u; l = l + 4u) {
+        let w = raw[q * RAW + 12u + l / 4u];
+        let h = raw[q * RAW + 4u + l / 4u];
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            let v = ((w >> (8u * k + sh)) & 15u) + (((h >> (8u * k + j)) & 1u) << 4u);
+            wv[l + k] = d1 * f32(v) - m1;
+        }
+    }
+}
+
+// Q6_K superblocks are 210 bytes (starting at even offsets): the chunk's 32 bytes of low
+// bits (9 words), its 32 bytes of high bits (9 words at 9), the word holding its two
+// scales (18) and the one holding d (19).
+fn fetch_q6_k(b: u32, c: u32, q: u32) {
+    let o = b + (c / 8u) * 210u;
+    let cc = c % 8u;
+    let n = cc / 4u;
+    g_off[q] = o & 3u;
+    fetch_words(o + 64u * n + ((cc % 4u) & 1u) * 32u, q, 0u, 9u);
+    fetch_words(o + 128u + 32u * n, q, 9u, 9u);
+    fetch_words(o + 192u + 8u * n + 2u * (cc % 4u), q, 18u, 1u);
+    fetch_words(o + 208u, q, 19u, 1u);
+}
+
+fn unpack_q6_k(c: u32, q: u32) {
+    let quarter = (c % 8u) % 4u;
+    let r = q * RAW;
+    let d = unpack2x16float(raw[r + 19u] >> (8u * g_off[q])).x;
+    let scs = raw[r + 18u] >> (8u * ((g_off[q] + 2u * quarter) & 3u));
+    let sc0 = d * sbyte(scs);
+    let sc1 = d * sbyte(scs >> 8u);
+    let nsh = (quarter >> 1u) * 4u;
+    let hsh = 2u * quarter;
+    for (var l = 0u; l < 32u; l = l + 4u) {
+        let lo = rw(q, l);
+        let hi = rw(q, 36u + l);
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            let v = ((lo >> (8u * k + nsh)) & 15u) | (((hi >> (8u * k + hsh)) & 3u) << 4u);
+            let sc = select(sc1, sc0, l + k < 16u);
+            wv[l + k] = sc * (f32(v) - 32.0);
+        }
+    }
+}
+
+// Helpers reading `wq` directly.
 fn wbyte(o: u32) -> u32 {
     return (wq[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;
 }
@@ -22,150 +252,4 @@ fn wu32(o: u32) -> u32 {
         return wq[o >> 2u];
     }
     return (wq[o >> 2u] >> s) | (wq[(o >> 2u) + 1u] << (32u - s));
-}
-
-fn sbyte(x: u32) -> f32 {
-    return f32(extractBits(bitcast<i32>(x), 0u, 8u));
-}
-
-fn chunk_f32(b: u32, c: u32) {
-    let o = (b >> 2u) + c * 32u;
-    for (var i = 0u; i < 32u; i = i + 1u) {
-        wv[i] = bitcast<f32>(wq[o + i]);
-    }
-}
-
-fn chunk_f16(b: u32, c: u32) {
-    let o = b + c * 64u;
-    for (var i = 0u; i < 32u; i = i + 2u) {
-        let h = unpack2x16float(wu32(o + 2u * i));
-        wv[i] = h.x;
-        wv[i + 1u] = h.y;
-    }
-}
-
-fn chunk_q8_0(b: u32, c: u32) {
-    let o = b + c * 34u;
-    let d = wf16(o);
-    for (var i = 0u; i < 32u; i = i + 4u) {
-        let w = wu32(o + 2u + i);
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            wv[i + k] = d * sbyte(w >> (8u * k));
-        }
-    }
-}
-
-fn chunk_q4_0(b: u32, c: u32) {
-    let o = b + c * 18u;
-    let d = wf16(o);
-    for (var i = 0u; i < 16u; i = i + 4u) {
-        let w = wu32(o + 2u + i);
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            let q = (w >> (8u * k)) & 0xffu;
-            wv[i + k] = d * (f32(q & 15u) - 8.0);
-            wv[16u + i + k] = d * (f32(q >> 4u) - 8.0);
-        }
-    }
-}
-
-fn chunk_q4_1(b: u32, c: u32) {
-    let o = b + c * 20u;
-    let d = wf16(o);
-    wmin = wf16(o + 2u);
-    for (var i = 0u; i < 16u; i = i + 4u) {
-        let w = wu32(o + 4u + i);
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            let q = (w >> (8u * k)) & 0xffu;
-            wv[i + k] = d * f32(q & 15u);
-            wv[16u + i + k] = d * f32(q >> 4u);
-        }
-    }
-}
-
-fn chunk_q5_0(b: u32, c: u32) {
-    let o = b + c * 22u;
-    let d = wf16(o);
-    let qh = wu32(o + 2u);
-    for (var i = 0u; i < 16u; i = i + 4u) {
-        let w = wu32(o + 6u + i);
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            let q = (w >> (8u * k)) & 0xffu;
-            let j = i + k;
-            let lo = (q & 15u) | (((qh >> j) & 1u) << 4u);
-            let hi = (q >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
-            wv[j] = d * (f32(lo) - 16.0);
-            wv[16u + j] = d * (f32(hi) - 16.0);
-        }
-    }
-}
-
-// ggml's get_scale_min_k4 over the 12 scale bytes at `s`.
-fn scale_min_k4(j: u32, s: u32) -> vec2<f32> {
-    if j < 4u {
-        return vec2<f32>(f32(wbyte(s + j) & 63u), f32(wbyte(s + j + 4u) & 63u));
-    }
-    let sc = (wbyte(s + j + 4u) & 15u) | ((wbyte(s + j - 4u) >> 6u) << 4u);
-    let m = (wbyte(s + j + 4u) >> 4u) | ((wbyte(s + j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
-}
-
-fn chunk_q4_k(b: u32, c: u32) {
-    let o = b + (c / 8u) * 144u;
-    let j = c % 8u;
-    let d = wf16(o);
-    let dmin = wf16(o + 2u);
-    let sm = scale_min_k4(j, o + 4u);
-    let d1 = d * sm.x;
-    let m1 = dmin * sm.y;
-    let qs = o + 16u + 32u * (j / 2u);
-    let sh = (j & 1u) * 4u;
-    for (var l = 0u; l < 32u; l = l + 4u) {
-        let w = wq[(qs + l) >> 2u];
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            wv[l + k] = d1 * f32((w >> (8u * k + sh)) & 15u) - m1;
-        }
-    }
-}
-
-fn chunk_q5_k(b: u32, c: u32) {
-    let o = b + (c / 8u) * 176u;
-    let j = c % 8u;
-    let d = wf16(o);
-    let dmin = wf16(o + 2u);
-    let sm = scale_min_k4(j, o + 4u);
-    let d1 = d * sm.x;
-    let m1 = dmin * sm.y;
-    let qs = o + 48u + 32u * (j / 2u);
-    let sh = (j & 1u) * 4u;
-    for (var l = 0u; l < 32u; l = l + 4u) {
-        let w = wq[(qs + l) >> 2u];
-        let h = wq[(o + 16u + l) >> 2u];
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            let q = ((w >> (8u * k + sh)) & 15u) + (((h >> (8u * k + j)) & 1u) << 4u);
-            wv[l + k] = d1 * f32(q) - m1;
-        }
-    }
-}
-
-fn chunk_q6_k(b: u32, c: u32) {
-    let o = b + (c / 8u) * 210u;
-    let cc = c % 8u;
-    let n = cc / 4u;
-    let quarter = cc % 4u;
-    let d = wf16(o + 208u);
-    let ql = o + 64u * n + (quarter & 1u) * 32u;
-    let nsh = (quarter >> 1u) * 4u;
-    let qh = o + 128u + 32u * n;
-    let hsh = 2u * quarter;
-    let sc0 = d * sbyte(wbyte(o + 192u + 8u * n + 2u * quarter));
-    let sc1 = d * sbyte(wbyte(o + 192u + 8u * n + 2u * quarter + 1u));
-    for (var l = 0u; l < 32u; l = l + 2u) {
-        let lo = wu32(ql + l);
-        let hi = wu32(qh + l);
-        for (var k = 0u; k < 2u; k = k + 1u) {
-            let q = ((lo >> (8u * k + nsh)) & 15u) | (((hi >> (8u * k + hsh)) & 3u) << 4u);
-            let sc = select(sc1, sc0, l + k < 16u);
-            wv[l + k] = sc * (f32(q) - 32.0);
-        }
-    }
 }

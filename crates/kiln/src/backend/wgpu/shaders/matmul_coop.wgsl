@@ -1,11 +1,14 @@
 // out[t, col0 + r] = dot(w[r], x[t]) on cooperative matrices (tensor cores), for prompt
 // chunks and large batched decode steps. A workgroup takes BM tokens and BN weight rows;
 // each stage dequantizes one 32-value chunk of each of its rows (dequant.wgsl's
-// load_chunk) into workgroup memory as f16, beside the tokens' f16 activations (quantize
+// fetch_chunk, unpack_chunk) into workgroup memory as f16, beside the tokens' f16 activations (quantize
 // mode 4), and each of the NSG = SGM x SGN subgroups multiplies
 // its block of FM x FN 16x16 tiles into f32 accumulators held in registers (kernels.rs
 // writes those statements out: `//MMA`, `//STORE`). Stages are double-buffered: the next
 // stage's loads are issued before this stage's products, one barrier per stage.
+// Small batches split k over KS workgroups (wid.z) where the rows alone would give few
+// workgroups: each writes its partial sums (`store` then writes them to a scratch buffer,
+// kernels.rs) and coop_reduce.wgsl adds them up in order.
 // Sums are f32 in the tensor cores' order: results differ from the integer paths by
 // rounding (f16 activations instead of 8-bit ones), and a token's sums may depend on how
 // many tokens share its tile (no batch invariance: `batch_invariant` turns this path off).
@@ -25,39 +28,39 @@ var<workgroup> ws: array<vec4<f16>, 2u * BN * SV>;
 // on its way to `store`.
 var<workgroup> cs: array<f32, NSG * 256u>;
 
-// The next stage in registers: NW weight rows' 32 values, NX words of 4 activations.
-var<private> wst: array<vec4<f16>, 8u * NW>;
+// The k split this workgroup sums (wid.z; 0 without a split).
+var<private> g_split: u32;
+
+// The next stage's activations in registers (NX words of 4 values; its weight rows' words
+// are in dequant.wgsl's `raw`, a slot per row).
 var<private> xst: array<vec4<f16>, NX>;
 
-// Loads chunk c of the tile's rows (dequantized) and tokens: invocations past the tile's
-// rows or words repeat its last one, rows past the weight's end its last row, tokens past
-// the batch its last token (none of those is stored).
+// Issues the loads of chunk c of the tile's NW rows per invocation and its tokens, their
+// arithmetic left for `put`: invocations past the tile's rows or words repeat its last one,
+// rows past the weight's end its last row, tokens past the batch its last token (none of
+// those is stored).
 fn fetch(c: u32, li: u32, t0: u32, r0: u32) {
-    let n_rows = prm[0];
-    let k = prm[1];
     for (var q = 0u; q < NW; q = q + 1u) {
         let i = min(li + q * WGS, BN - 1u);
-        let r = min(r0 + i, n_rows - 1u);
-        load_chunk((prm[8] + r) * prm[3], c);
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            let v = vec4<f32>(wv[4u * j], wv[4u * j + 1u], wv[4u * j + 2u], wv[4u * j + 3u]);
-            wst[8u * q + j] = vec4<f16>(v + wmin);
-        }
+        let r = min(r0 + i, prm[0] - 1u);
+        fetch_chunk((prm[8] + r) * prm[3], c, q);
     }
     for (var q = 0u; q < NX; q = q + 1u) {
         let i = min(li + q * WGS, 8u * BM - 1u);
         let t = min(t0 + i / 8u, prm[2] - 1u);
-        xst[q] = xh[(t * k + 32u * c) / 4u + i % 8u];
+        xst[q] = xh[(t * prm[1] + 32u * c) / 4u + i % 8u];
     }
 }
 
-// Stores the fetched stage into buffer b.
-fn put(b: u32, li: u32) {
+// Dequantizes the fetched chunk c into buffer b, beside its tokens' values.
+fn put(c: u32, b: u32, li: u32) {
     for (var q = 0u; q < NW; q = q + 1u) {
         let i = li + q * WGS;
+        unpack_chunk(c, q);
         if i < BN {
             for (var j = 0u; j < 8u; j = j + 1u) {
-                ws[(b * BN + i) * SV + j] = wst[8u * q + j];
+                let v = vec4<f32>(wv[4u * j], wv[4u * j + 1u], wv[4u * j + 2u], wv[4u * j + 3u]);
+                ws[(b * BN + i) * SV + j] = vec4<f16>(v + wmin);
             }
         }
     }
@@ -75,7 +78,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         @builtin(subgroup_size) sgn: u32) {
     let n_rows = prm[0];
     let n_tok = prm[2];
-    let ns = prm[1] / 32u;
+    // This workgroup's chunks of k: c0.. (ns of them).
+    let nk = prm[1] / 32u;
+    let per = (nk + KS - 1u) / KS;
+    let c0 = min(wid.z * per, nk - 1u);
+    let ns = min(per, nk - min(wid.z * per, nk));
+    g_split = wid.z;
     let t0 = wid.x * BM;
     let r0 = wid.y * BN;
     // This subgroup's block of the tile. Where the adapter runs subgroups smaller than its
@@ -88,18 +96,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = li; i < NSG * 256u; i = i + WGS) {
         cs[i] = 0.0;
     }
-    fetch(0u, li, t0, r0);
-    put(0u, li);
+    fetch(c0, li, t0, r0);
+    put(c0, 0u, li);
     workgroupBarrier();
 //INIT
     for (var s = 0u; s < ns; s = s + 1u) {
         let cur = s & 1u;
-        // The next stage's loads (the last stage loads itself again, unused).
-        fetch(min(s + 1u, ns - 1u), li, t0, r0);
+        // The next stage's loads, in flight during this stage's products (the last stage
+        // loads itself again, unused).
+        let cn = c0 + min(s + 1u, ns - 1u);
+        fetch(cn, li, t0, r0);
         let xb = (cur * BM + bm) * SV;
         let wb = (cur * BN + bn) * SV;
 //MMA
-        put(1u - cur, li);
+        put(cn, 1u - cur, li);
         workgroupBarrier();
     }
     // Each result tile through `cs` to `store` (biases and split outputs as the other
