@@ -77,6 +77,9 @@ pub struct EngineOptions {
     /// them (far faster), and a token's sums then depend on its batch's size, as in
     /// llama.cpp and vLLM. The CPU is always batch invariant.
     pub batch_invariant: bool,
+    /// GPU profiling printed to stderr after each step: 0 off, 1 the host's time recording,
+    /// submitting and waiting, 2 also each kernel's GPU time (timestamps).
+    pub gpu_profile: u8,
 }
 
 impl Default for EngineOptions {
@@ -92,6 +95,7 @@ impl Default for EngineOptions {
             greedy_lookahead: true,
             progress: None,
             batch_invariant: false,
+            gpu_profile: 0,
         }
     }
 }
@@ -142,6 +146,11 @@ impl EngineOptions {
         self.batch_invariant = on;
         self
     }
+    /// GPU profiling (see [`EngineOptions::gpu_profile`]).
+    pub fn with_gpu_profile(mut self, level: u8) -> Self {
+        self.gpu_profile = level;
+        self
+    }
     /// Bounds the prefix cache (see [`EngineOptions::prefix_cache_tokens`]); 0 disables it.
     pub fn with_prefix_cache_tokens(mut self, n: usize) -> Self {
         self.prefix_cache_tokens = Some(n);
@@ -181,6 +190,7 @@ fn gpu_backend(opts: &EngineOptions) -> Result<Option<GpuBackend>> {
         };
         Ok(gpu.map(|mut g| {
             g.set_batch_invariant(opts.batch_invariant);
+            g.set_profile(opts.gpu_profile);
             g
         }))
     }
@@ -216,8 +226,19 @@ pub struct Engine {
 impl Engine {
     /// Loads a `.gguf` path or a catalog name (fetched on first use).
     pub fn load(model: impl AsRef<str>, opts: EngineOptions) -> Result<Engine> {
+        Self::load_on(model.as_ref(), opts, None)
+    }
+
+    /// Loads onto a GPU backend the caller opened and set up (an adapter, a matmul path:
+    /// tests and tools); `opts.device` is not consulted.
+    #[cfg(feature = "gpu")]
+    pub fn load_with_gpu(model: impl AsRef<str>, opts: EngineOptions, gpu: GpuBackend) -> Result<Engine> {
+        Self::load_on(model.as_ref(), opts, Some(gpu))
+    }
+
+    fn load_on(model: &str, opts: EngineOptions, gpu: Option<GpuBackend>) -> Result<Engine> {
         let t0 = Instant::now();
-        let path = crate::hub::resolve_model_with(model.as_ref(), opts.progress.as_ref())?;
+        let path = crate::hub::resolve_model_with(model, opts.progress.as_ref())?;
         let gguf = Arc::new(GgufFile::open(&path)?);
         let cfg = ModelConfig::from_gguf(&gguf)?;
         let n_ctx = opts.n_ctx.unwrap_or(cfg.n_ctx_train.min(4096));
@@ -250,7 +271,11 @@ impl Engine {
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
         let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label.as_str()));
-        let runner: Box<dyn Runner> = match gpu_backend(&opts)? {
+        let gpu = match gpu {
+            Some(g) => Some(g),
+            None => gpu_backend(&opts)?,
+        };
+        let runner: Box<dyn Runner> = match gpu {
             #[cfg(feature = "gpu")]
             Some(gpu) => {
                 let model = Model::load_with(&gguf, gpu, progress(Stage::Upload))?;

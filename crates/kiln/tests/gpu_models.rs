@@ -166,7 +166,7 @@ fn prompt_parity(gpu: GpuBackend, arith: AttnArith, max_nmse: f64) {
 
 #[test]
 fn smollm2_gpu_fallback_matches_cpu() {
-    // The portable path (no subgroups), forced as KILN_GPU_FALLBACK=1 would.
+    // The portable path (no subgroups), forced.
     let gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, true).unwrap();
     assert!(!gpu.subgroups());
     prompt_parity(gpu, AttnArith::Ggml, MAX_NMSE);
@@ -189,7 +189,7 @@ fn smollm2_gpu_vec_matmul_stays_close_to_cpu() {
 
 #[test]
 fn smollm2_gpu_exact_matmul_is_bit_identical() {
-    // The hardware GPUs' opt-in exact matmul (KILN_GPU_MATMUL=exact), bit-identical on
+    // The hardware GPUs' opt-in exact matmul (MatmulPath::Exact), bit-identical on
     // software adapters (lavapipe in CI).
     let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false).unwrap();
     gpu.set_matmul_path(MatmulPath::Exact);

@@ -1,8 +1,7 @@
-//! The hardware GPUs' default path (`KILN_GPU_MATMUL=vec`: f32 partial sums, split decode
-//! attention) run end to end on lavapipe: `kiln run --device gpu --temp 0` on smollm2 gives
-//! llama.cpp's greedy ids up to the oracle's first near-tie; and the vec matmul's rows of
-//! 8 invocations. Its own test binary: the path and the shapes are chosen from the
-//! environment once, and this sets it for the process.
+//! The hardware GPUs' default path (`MatmulPath::Vec`: f32 partial sums, split decode
+//! attention) run end to end on lavapipe: greedy decoding of smollm2 gives llama.cpp's
+//! greedy ids up to the oracle's first near-tie; and the vec matmul's rows of 8
+//! invocations (lavapipe's subgroups hold 8).
 #![cfg(feature = "gpu")]
 
 mod support;
@@ -12,23 +11,17 @@ use std::sync::Arc;
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::wgpu::{kernels, AdapterPolicy, GpuBackend, MatmulPath};
 use kiln::backend::Backend;
-use kiln::engine::{Device, Engine, EngineOptions};
+use kiln::engine::{Engine, EngineOptions};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
 use support::*;
 
-fn set_env() {
-    std::env::set_var("KILN_GPU_MATMUL", "vec");
-    // Rows of 8 units take 8 invocations: within lavapipe's subgroups of 8.
-    std::env::set_var("KILN_GPU_NPR_MIN", "8");
-}
-
 #[test]
 fn smollm2_gpu_vec_greedy_matches_llama_cpp() {
-    set_env();
-    let opts =
-        EngineOptions::default().with_n_ctx(256).with_batch(64).with_threads(2).with_device(Device::Gpu);
-    let e = Engine::load(model(SMOLLM2.name).to_str().unwrap(), opts).unwrap();
+    let opts = EngineOptions::default().with_n_ctx(256).with_batch(64).with_threads(2);
+    let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false).expect("a Vulkan adapter");
+    gpu.set_matmul_path(MatmulPath::Vec);
+    let e = Engine::load_with_gpu(model(SMOLLM2.name).to_str().unwrap(), opts, gpu).unwrap();
     // lavapipe runs the vec kernels at ~1 token/s: 8 steps per case.
     session_greedy_matches_oracle(&e, &SMOLLM2, 8);
 }
@@ -38,7 +31,6 @@ fn short_rows_summed_in_a_subgroup_are_the_trees_bits() {
     // A row of 8 units on 8 invocations: on a GPU whose subgroups hold a whole row, its
     // partials are summed by a subgroup butterfly, which must give the portable tree's
     // bits; both within NMSE 1e-11 of the CPU (1e-5 on hardware), and batch invariant.
-    set_env();
     const ROWS: usize = 37;
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut vec = |n: usize| -> Vec<f32> {
@@ -58,7 +50,7 @@ fn short_rows_summed_in_a_subgroup_are_the_trees_bits() {
         quant::quantize_row(ty, &vec(ROWS * k), &mut data).unwrap();
         w.add_tensor(format!("w.{}", ty.name()), ty, &[k as u64, ROWS as u64], data).unwrap();
         w.add_f32(format!("x.{}", ty.name()), &[k as u64, 3], &vec(3 * k)).unwrap();
-        assert_eq!(kernels::vec_shape_for(ty, ROWS, k).npr, 8, "{ty}");
+        assert_eq!(kernels::vec_shape_for(ty, ROWS, k, 8).npr, 8, "{ty}");
     }
     let g = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
     let run = |b: &dyn Fn(&str, &str, usize) -> Vec<f32>, ty: GgmlType, n: usize| {
@@ -85,6 +77,10 @@ fn short_rows_summed_in_a_subgroup_are_the_trees_bits() {
             g
         })
         .collect();
+    // Short rows on 8 invocations where the adapter's subgroups hold 8 (lavapipe's).
+    if gpus[0].is_software() {
+        assert_eq!(gpus[0].vec_npr_min(), 8, "{}", gpus[0].name());
+    }
     for (ty, _) in cases {
         let c = run(&|w, x, n| out(&cpu, &g, w, x, n), ty, 3);
         let mut bits = Vec::new();

@@ -27,6 +27,9 @@ pub struct Args {
     reps: usize,
     #[arg(long)]
     json: bool,
+    /// GPU profile on stderr after each step: 1 host time, 2 also each kernel's GPU time.
+    #[arg(long = "gpu-profile", default_value_t = 0)]
+    gpu_profile: u8,
 }
 
 fn list(s: &str, flag: &str) -> kiln::Result<Vec<usize>> {
@@ -63,7 +66,7 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
     let need =
         tests.iter().map(|t| t.n_depth.saturating_add(t.n_prompt).saturating_add(t.n_gen)).max().unwrap_or(1);
     a.model.ctx_size.get_or_insert(need.max(1));
-    let engine = a.model.load()?;
+    let engine = Engine::load(a.model.name(), a.model.engine_options()?.with_gpu_profile(a.gpu_profile))?;
     if need > engine.n_ctx() {
         return Err(KilnError::invalid(format!(
             "a test needs {need} tokens of context (-d + -p + -n); the context is {}",

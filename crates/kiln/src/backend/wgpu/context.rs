@@ -20,7 +20,7 @@ pub struct Context {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
-    /// Subgroup reductions in use (false: the portable fallback, or KILN_GPU_FALLBACK=1).
+    /// Subgroup reductions in use (false: the portable fallback).
     pub subgroups: bool,
     /// Largest storage binding in bytes (weights larger than this are split by rows).
     pub max_binding: u64,
@@ -116,8 +116,9 @@ impl Context {
         if cache_file.is_some() {
             features |= wgpu::Features::PIPELINE_CACHE;
         }
+        // Timestamps for the per-kernel profile (`GpuBackend::set_profile`), where offered.
         let stamps = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        if profile_level() == 2 && adapter.features().contains(stamps) {
+        if adapter.features().contains(stamps) {
             features |= stamps;
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -274,11 +275,6 @@ fn main() {
     }
 }
 
-/// KILN_GPU_PROFILE: 0 off, 1 per step, 2 per kernel (GPU timestamps).
-fn profile_level() -> u8 {
-    std::env::var("KILN_GPU_PROFILE").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
 fn desc_backends() -> wgpu::Backends {
     wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12
 }
@@ -286,11 +282,11 @@ fn desc_backends() -> wgpu::Backends {
 /// Size of the per-step parameter arena; a forward needs far less.
 const ARENA: u64 = 4 << 20;
 
-/// Dispatches per submission within a step, at most (`KILN_GPU_CHUNK` overrides; 0 = one).
-const DEFAULT_CHUNK: u32 = 64;
-/// A step's first submission holds this many dispatches (`KILN_GPU_CHUNK_FIRST`), each next
-/// one twice as many up to the chunk: an idle GPU waits only for a short first chunk, and
-/// the host, faster per dispatch than the GPU, stays ahead while the chunks grow.
+/// Dispatches per submission within a step, at most.
+const CHUNK: u32 = 64;
+/// A step's first submission holds this many dispatches, each next one twice as many up to
+/// the chunk: an idle GPU waits only for a short first chunk, and the host, faster per
+/// dispatch than the GPU, stays ahead while the chunks grow.
 const FIRST_CHUNK: u32 = 8;
 
 /// Commands recorded since the last submission, and the parameter words they read.
@@ -302,12 +298,9 @@ pub struct Recorder {
     /// Bytes of `arena` already written for submitted chunks of this step.
     flushed: usize,
     arena_buf: wgpu::Buffer,
-    /// Dispatches recorded since the last submission, and how many make a chunk (0: one
-    /// submission per read-back).
+    /// Dispatches recorded since the last submission.
     pending: u32,
-    chunk: u32,
-    first_chunk: u32,
-    /// Submissions made in this step (the next chunk is `first_chunk << flushes`).
+    /// Submissions made in this step (the next chunk is `FIRST_CHUNK << flushes`).
     flushes: u32,
     /// Read-back buffers: a step's read may still be in flight while the next is recorded.
     readbacks: [Option<wgpu::Buffer>; READS_IN_FLIGHT],
@@ -317,7 +310,8 @@ pub struct Recorder {
     /// The index of the last submission.
     last_submission: Option<wgpu::SubmissionIndex>,
     bind_groups: std::collections::HashMap<BindKey, wgpu::BindGroup>,
-    /// KILN_GPU_PROFILE=1: per read-back (a decode step), what was recorded since the last.
+    /// Profiling (`set_profile`): per read-back (a decode step), what was recorded since the
+    /// last.
     profile: Option<Profile>,
 }
 
@@ -344,10 +338,11 @@ struct BindKey {
     bufs: Vec<wgpu::Buffer>,
 }
 
-/// Work recorded between two read-backs. KILN_GPU_PROFILE=2 also writes a GPU timestamp
+/// Work recorded between two read-backs. Level 2 also writes a GPU timestamp
 /// before every dispatch (where the adapter has timestamp queries inside passes) and sums
 /// the time to the next one per kernel: the kernel's run plus the barrier after it.
 struct Profile {
+    level: u8,
     stamps: Option<Stamps>,
     since: std::time::Instant,
     /// Host time spent recording dispatches, and waiting for the GPU at the read-back.
@@ -375,10 +370,10 @@ struct Stamps {
 const STAMPS: u32 = 4096;
 
 impl Profile {
-    fn new(ctx: &Context, stamps: Option<Stamps>) -> Profile {
+    fn new(ctx: &Context, stamps: Option<Stamps>, level: u8) -> Profile {
         let stamps = stamps.or_else(|| {
             let features = ctx.device.features();
-            (profile_level() == 2 && features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)).then(
+            (level == 2 && features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)).then(
                 || {
                     let buf = |usage| {
                         ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -404,6 +399,7 @@ impl Profile {
             )
         });
         Profile {
+            level,
             stamps,
             since: std::time::Instant::now(),
             record: Default::default(),
@@ -425,14 +421,6 @@ impl Recorder {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let profile = (profile_level() > 0).then(|| Profile::new(ctx, None));
-        // A step's commands go out in chunks so the GPU starts on the first layers while
-        // wgpu still encodes the rest (its per-dispatch host cost is close to the GPU's).
-        let var = |name: &str, default: u32| {
-            std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-        };
-        let chunk = var("KILN_GPU_CHUNK", DEFAULT_CHUNK);
-        let first_chunk = var("KILN_GPU_CHUNK_FIRST", FIRST_CHUNK).max(1);
         Recorder {
             enc: None,
             pass: None,
@@ -440,16 +428,19 @@ impl Recorder {
             flushed: 0,
             arena_buf,
             pending: 0,
-            chunk,
-            first_chunk,
             flushes: 0,
             readbacks: Default::default(),
             in_flight: Default::default(),
             next_slot: 0,
             last_submission: None,
             bind_groups: Default::default(),
-            profile,
+            profile: None,
         }
+    }
+
+    /// Profiling level: 0 off, 1 per step, 2 per kernel too (GPU timestamps).
+    pub fn set_profile(&mut self, ctx: &Context, level: u8) {
+        self.profile = (level > 0).then(|| Profile::new(ctx, None, level));
     }
 
     fn encoder(&mut self, ctx: &Context) -> &mut wgpu::CommandEncoder {
@@ -521,16 +512,18 @@ impl Recorder {
             p.record += t0.elapsed();
         }
         self.pending += 1;
-        let limit = self.chunk.min(self.first_chunk.saturating_mul(1 << self.flushes.min(16)));
+        // A step's commands go out in chunks so the GPU starts on the first layers while
+        // wgpu still encodes the rest (its per-dispatch host cost is close to the GPU's).
+        let limit = CHUNK.min(FIRST_CHUNK.saturating_mul(1 << self.flushes.min(16)));
         // While a read is in flight (a greedy step recorded ahead) the GPU is busy with the
         // step before: the step goes out whole at its read, saving submissions.
         let busy = self.in_flight.iter().any(Option::is_some);
-        if self.chunk > 0 && self.pending >= limit && !busy {
+        if self.pending >= limit && !busy {
             self.flush(ctx);
         }
     }
 
-    /// Whether dispatches are timed one by one (KILN_GPU_PROFILE=2).
+    /// Whether dispatches are timed one by one (profile level 2).
     pub fn timing_each(&self) -> bool {
         self.profile.as_ref().is_some_and(|p| p.stamps.is_some())
     }
@@ -698,7 +691,7 @@ impl Recorder {
                     eprintln!("  {k:<16} {n:>5} x {:8.2} us = {:8.3} ms", us / n as f64, us / 1e3);
                 }
             }
-            *p = Profile::new(ctx, p.stamps.take());
+            *p = Profile::new(ctx, p.stamps.take(), p.level);
         }
         Ok(())
     }

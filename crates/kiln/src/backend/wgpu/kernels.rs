@@ -403,35 +403,19 @@ impl Kernel {
     }
 }
 
-/// Weight rows per workgroup of the exact and vec matmuls, 64 invocations each
-/// (`KILN_GPU_RG` overrides: 1, 2 or 4, for tuning).
-pub fn rows_per_workgroup() -> usize {
-    static RG: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *RG.get_or_init(|| {
-        let env = std::env::var("KILN_GPU_RG").ok().and_then(|v| v.parse().ok());
-        env.filter(|r| [1, 2, 4].contains(r)).unwrap_or(2)
-    })
-}
+/// Weight rows per workgroup of the exact matmul, 64 invocations each (fewer, larger
+/// workgroups launch faster; 1, 2 and 4 measured on the H200, 2 best).
+pub const EXACT_ROWS: usize = 2;
 
-/// The vec matmul's base shape: (weight rows per workgroup, invocations per row); tuning
-/// overrides `KILN_GPU_VEC_RG` (1, 2, 4, 8) and `KILN_GPU_NPR` (32, 64, 128), at most 256
-/// invocations in all.
-pub fn vec_shape() -> (usize, usize) {
-    static SHAPE: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
-    *SHAPE.get_or_init(|| {
-        let env = |k: &str, ok: &[usize], d: usize| {
-            std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|v| ok.contains(v)).unwrap_or(d)
-        };
-        // 32 x 4 measured best on the H200 (7B tg128: 64 x 2 197, 32 x 4 203, 32 x 8 206,
-        // 64 x 4 198, 128 x 2 166 tok/s; Qwen2.5-7B 143, 150, 148, 149, 114).
-        let npr = env("KILN_GPU_NPR", &[32, 64, 128], 32);
-        (env("KILN_GPU_VEC_RG", &[1, 2, 4, 8], 4).min(256 / npr), npr)
-    })
-}
+/// The vec matmul's base shape: weight rows per workgroup and invocations per row. 32 x 4
+/// measured best on the H200 (7B tg128: 64 x 2 197, 32 x 4 203, 32 x 8 206, 64 x 4 198,
+/// 128 x 2 166 tok/s; Qwen2.5-7B 143, 150, 148, 149, 114).
+const VEC_RG: usize = 4;
+const VEC_NPR: usize = 32;
 
 /// A vec matmul's workgroup: weight rows (`rg` slots of `npr` invocations, `rr` rows each)
 /// and tokens (matmul_vec.wgsl's RG, NPR, RR, TT: one row a slot and one token for a decode
-/// step; for prompts [`vec_tt`] tokens, and [`vec_rr`] rows a slot where they can share
+/// step; for prompts [`VEC_TT`] tokens, and [`VEC_RR`] rows a slot where they can share
 /// activations).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct VecShape {
@@ -441,71 +425,55 @@ pub struct VecShape {
     pub tt: usize,
 }
 
-/// Rows a slot of a prompt's vec matmul takes (`KILN_GPU_RR`, 1-4, default 2): a token's
-/// activations of a unit are loaded once for them all.
-pub fn vec_rr() -> usize {
-    static RR: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *RR.get_or_init(|| {
-        std::env::var("KILN_GPU_RR").ok().and_then(|v| v.parse().ok()).unwrap_or(2).clamp(1, 4)
-    })
+/// Rows a slot of a prompt's vec matmul takes: a token's activations of a unit are loaded
+/// once for them all.
+pub const VEC_RR: usize = 2;
+
+/// Tokens per workgroup of a vec matmul over several: each weight unit loaded and unpacked
+/// once for all of them.
+pub const VEC_TT: usize = 8;
+
+/// Invocations in flight under which a weight's long rows take more invocations each.
+const VEC_THREADS: usize = 1 << 16;
+
+/// The fewest invocations a vec matmul gives a short row: 16, or the adapter's subgroup
+/// where it is smaller (a row then still fits one subgroup's butterfly).
+pub fn vec_npr_min(subgroup_max: u32) -> usize {
+    (subgroup_max as usize).clamp(8, 16)
 }
 
-/// Tokens per workgroup of a vec matmul over several (`KILN_GPU_TT`, 1-64, default 8):
-/// each weight unit loaded and unpacked once for all of them.
-pub fn vec_tt() -> usize {
-    static TT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *TT.get_or_init(|| {
-        std::env::var("KILN_GPU_TT").ok().and_then(|v| v.parse().ok()).unwrap_or(8).clamp(1, 64)
-    })
-}
-
-/// The vec matmul's shape for a weight of `rows` rows of `k` values: `vec_shape()`'s, with
-/// 64 or 128 invocations per row where its rows alone would keep fewer than
-/// `KILN_GPU_VEC_THREADS` (65536) in flight and each still has two two-unit steps (the long
-/// rows of a small model's down projection: more loads in flight), and 16 where a row's
-/// units fit one two-unit step of 16 (`KILN_GPU_NPR_MIN`, 8-32; short rows: fewer idle
-/// invocations, twice the workgroup's rows), as many invocations per workgroup. By the
-/// weight alone, so a token's sums are the same in any batch. Measured on an H200:
-/// Qwen2.5-1.5B's down (1536 rows) at 64, decode 472 -> 481 tok/s (prompts 2174 -> 2148);
-/// Qwen2.5-7B's (3584 rows) would lose at 64 (292 -> 284), so the bound sits between them.
-/// At 16 for rows of at most 32 units (k 576 and 1536; 8 measured the same): smollm2
-/// 895 -> 945, Qwen2.5-1.5B 509 -> 547 tok/s (with the 2 MiB prologue bound), its prompts
-/// 2419 -> 3122 (its 151,936-row output: 148 -> 94 us).
-pub fn vec_shape_for(ty: GgmlType, rows: usize, k: usize) -> VecShape {
-    static THREADS: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
-    let (rg, mut npr) = vec_shape();
-    let env = |v: &str, d: usize| std::env::var(v).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    // An explicit KILN_GPU_NPR fixes it.
-    let threads = *THREADS.get_or_init(|| {
-        if std::env::var("KILN_GPU_NPR").is_ok() {
-            return None;
-        }
-        Some((env("KILN_GPU_VEC_THREADS", 1 << 16), env("KILN_GPU_NPR_MIN", 16).clamp(8, 32)))
-    });
+/// The vec matmul's shape for a weight of `rows` rows of `k` values: 32 invocations a row,
+/// 64 or 128 where its rows alone would keep fewer than `VEC_THREADS` in flight and each
+/// still has two two-unit steps (the long rows of a small model's down projection: more
+/// loads in flight), and `npr_min` ([`vec_npr_min`]) where a row's units fit one two-unit
+/// step of that many (short rows: fewer idle invocations, twice the workgroup's rows), as
+/// many invocations per workgroup. By the weight alone, so a token's sums are the same in
+/// any batch. Measured on an H200: Qwen2.5-1.5B's down (1536 rows) at 64, decode 472 -> 481
+/// tok/s (prompts 2174 -> 2148); Qwen2.5-7B's (3584 rows) would lose at 64 (292 -> 284), so
+/// the bound sits between them. At 16 for rows of at most 32 units (k 576 and 1536; 8
+/// measured the same): smollm2 895 -> 945, Qwen2.5-1.5B 509 -> 547 tok/s (with the 2 MiB
+/// prologue bound), its prompts 2419 -> 3122 (its 151,936-row output: 148 -> 94 us).
+pub fn vec_shape_for(ty: GgmlType, rows: usize, k: usize, npr_min: usize) -> VecShape {
+    let (rg, mut npr) = (VEC_RG, VEC_NPR);
     // Units per row (matmul_vec.wgsl's nu).
     let units = match (vec_fast(ty), ty) {
         (2.., _) => k / 64,
         (_, GgmlType::F32 | GgmlType::F16) => k / 8,
         _ => k / 32,
     };
-    let wide = npr;
-    while threads.is_some_and(|(t, _)| npr < 128 && rows * npr < t && units >= 4 * npr) {
+    while npr < 128 && rows * npr < VEC_THREADS && units >= 4 * npr {
         npr *= 2;
     }
-    while threads.is_some_and(|(_, min)| npr > min && units <= npr) {
+    while npr > npr_min && units <= npr {
         npr /= 2;
     }
-    let rg = if npr < wide { rg * wide / npr } else { rg.min(256 / npr) };
+    let rg = if npr < VEC_NPR { rg * VEC_NPR / npr } else { rg.min(256 / npr) };
     VecShape { rg, npr, rr: 1, tt: 1 }
 }
 
 /// The vec matmul's wide units for `ty` (dot_vec.wgsl's FAST: 1 Q4_0, 2 Q4_K, 3 Q6_K), 0
-/// where it has none; `KILN_GPU_VEC_FAST=0` turns them off (A/B measurements).
+/// where it has none.
 pub fn vec_fast(ty: GgmlType) -> u32 {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("KILN_GPU_VEC_FAST").map_or(true, |v| v != "0")) {
-        return 0;
-    }
     match ty {
         GgmlType::Q4_0 => 1,
         GgmlType::Q4_K => 2,
@@ -746,8 +714,8 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     let src = match k {
         Kernel::Matmul(..) => {
-            s.push_str(&format!("const RG: u32 = {}u;\n", rows_per_workgroup()));
-            src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * rows_per_workgroup()))
+            s.push_str(&format!("const RG: u32 = {EXACT_ROWS}u;\n"));
+            src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * EXACT_ROWS))
         }
         Kernel::MatmulCoop(_, _, shape) => super::coop::source(shape, src),
         Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr, rr, tt }) => {

@@ -81,8 +81,10 @@ pub struct GpuBackend {
     pending: Mutex<Option<Pending>>,
     /// Most bytes a decode matmul's workgroups may read between them for their prologue
     /// (kernels.rs `Input`; each reads the whole input row): more, and a dispatch before
-    /// it is cheaper. `KILN_GPU_PROLOGUE_KB` overrides (0: never).
+    /// it is cheaper (`PROLOGUE_BYTES`; tests set 0: never).
     prologue_bytes: usize,
+    /// The fewest invocations the vec matmul gives a short row (kernels.rs `vec_npr_min`).
+    npr_min: usize,
     /// The argmax ids of the last greedy step (grown on demand).
     ids: Mutex<Option<wgpu::Buffer>>,
     /// The split attention's partial sums, the long argmax's per-part bests (grown on demand).
@@ -171,8 +173,8 @@ impl Pending {
     }
 }
 
-/// Which matmul kernel runs (`KILN_GPU_MATMUL=rows|exact|vec` overrides the adapter's
-/// default: `rows` on software adapters, `vec` on hardware).
+/// Which matmul kernel runs: by default `rows` on software adapters, `vec` on hardware
+/// (`GpuBackend::set_matmul_path` picks another).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulPath {
     /// An invocation per weight row, the CPU's exact arithmetic: software adapters' default
@@ -191,13 +193,11 @@ pub enum MatmulPath {
 }
 
 impl MatmulPath {
-    fn from_env(software: bool) -> MatmulPath {
-        match std::env::var("KILN_GPU_MATMUL").as_deref() {
-            Ok("rows") => MatmulPath::Rows,
-            Ok("exact") => MatmulPath::Exact,
-            Ok("vec") => MatmulPath::Vec,
-            _ if software => MatmulPath::Rows,
-            _ => MatmulPath::Vec,
+    fn default_for(software: bool) -> MatmulPath {
+        if software {
+            MatmulPath::Rows
+        } else {
+            MatmulPath::Vec
         }
     }
 }
@@ -238,21 +238,21 @@ fn f(x: f32) -> u32 {
 }
 
 impl GpuBackend {
-    /// Opens a device. `KILN_GPU_FALLBACK=1` forces the portable kernels (no subgroups).
+    /// Opens a device.
     pub fn new(policy: AdapterPolicy) -> Result<GpuBackend> {
-        let force = std::env::var("KILN_GPU_FALLBACK").is_ok_and(|v| v == "1");
-        Self::with_fallback(policy, force)
+        Self::with_fallback(policy, false)
     }
 
     /// Opens a device; `force_fallback` disables subgroup kernels even where supported.
     pub fn with_fallback(policy: AdapterPolicy, force_fallback: bool) -> Result<GpuBackend> {
         let ctx = Context::new(policy, force_fallback)?;
         let split_bytes = ctx.max_binding.min(ctx.max_buffer);
-        let matmul = MatmulPath::from_env(ctx.info.device_type == wgpu::DeviceType::Cpu);
+        let matmul = MatmulPath::default_for(ctx.info.device_type == wgpu::DeviceType::Cpu);
         let rec = Mutex::new(Recorder::new(&ctx));
         let table = crate::backend::cpu::gelu_table();
         let gelu = ctx.upload(bytemuck::cast_slice(&table[..1 << 16]), "kiln gelu")?;
         let coop = ctx.coop;
+        let npr_min = kernels::vec_npr_min(ctx.info.subgroup_max_size);
         Ok(GpuBackend {
             ctx,
             pipes: Pipelines::default(),
@@ -260,10 +260,8 @@ impl GpuBackend {
             act: Mutex::new(None),
             act_src: Mutex::new(None),
             pending: Mutex::new(None),
-            prologue_bytes: std::env::var("KILN_GPU_PROLOGUE_KB")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map_or(PROLOGUE_BYTES, |kb| kb << 10),
+            prologue_bytes: PROLOGUE_BYTES,
+            npr_min,
             ids: Mutex::new(None),
             part: Mutex::new(None),
             coop_part: Mutex::new(None),
@@ -274,6 +272,18 @@ impl GpuBackend {
             coop,
             batch_invariant: false,
         })
+    }
+
+    /// Prints where a step's time goes after each read-back (0: off, 1: host recording,
+    /// submitting and waiting per step, 2: also each kernel's GPU time, where the adapter
+    /// has timestamps inside passes).
+    pub fn set_profile(&self, level: u8) {
+        self.lock().set_profile(&self.ctx, level);
+    }
+
+    /// The fewest invocations the vec matmul gives a short row on this adapter.
+    pub fn vec_npr_min(&self) -> usize {
+        self.npr_min
     }
 
     /// Whether the subgroup kernels are in use.
@@ -546,9 +556,9 @@ impl GpuBackend {
         };
         let n = rows * k;
         let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
-        let mut shape = kernels::vec_shape_for(w.ty, all_rows, k);
+        let mut shape = kernels::vec_shape_for(w.ty, all_rows, k, self.npr_min);
         if rows > 1 {
-            shape.tt = kernels::vec_tt();
+            shape.tt = kernels::VEC_TT;
         }
         // The activations: quantized (bound at 2), or made in the prologue.
         let mut input: Prologue = (Input::Quantized, Vec::new(), Vec::new());
@@ -661,14 +671,14 @@ impl GpuBackend {
             let (kernel, mut g, tt) = match path {
                 MatmulPath::Rows => (Kernel::MatmulRows(w.ty, outs_n), grid(p.rows, 64), 8),
                 MatmulPath::Exact => {
-                    (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::rows_per_workgroup()), 8)
+                    (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::EXACT_ROWS), 8)
                 }
                 MatmulPath::Vec => {
                     // A prompt's slots take several rows where their units read the same
                     // activations (one format: no tail).
                     let mut shape = shape;
                     if rows > 1 && kernels::vec_fast(w.ty) != 0 && tail == 0 && input.0 == Input::Quantized {
-                        shape.rr = kernels::vec_rr();
+                        shape.rr = kernels::VEC_RR;
                     }
                     let g = grid(p.rows, shape.rg * shape.rr);
                     (Kernel::MatmulVec(w.ty, outs_n, input.0, shape), g, shape.tt)
@@ -778,14 +788,12 @@ impl GpuBackend {
     }
 
     /// The workgroup of a matmul that makes its activations in a prologue: twice the rows
-    /// (up to 256 invocations; `KILN_GPU_PROLOGUE_RG=1` keeps them), so half the workgroups
-    /// repeat the op. Rows per workgroup leave each row's sums as they are.
+    /// (up to 256 invocations), so half the workgroups repeat the op. Rows per workgroup
+    /// leave each row's sums as they are.
     fn prologue_shape(&self, shape: kernels::VecShape, k: usize) -> kernels::VecShape {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("KILN_GPU_PROLOGUE_RG").map_or(true, |v| v != "1"));
         let wide = kernels::VecShape { rg: 2 * shape.rg, ..shape };
         let nt = wide.rg * wide.npr;
-        if on && nt <= 256 && self.prologue_fits(k, nt) {
+        if nt <= 256 && self.prologue_fits(k, nt) {
             wide
         } else {
             shape
@@ -1081,7 +1089,7 @@ impl Backend for GpuBackend {
         let hold = self.matmul == MatmulPath::Vec
             && self.coop_shape(ws[0].ty, rows, ws[0].rows, ws[0].cols).is_none()
             && ws.len() == 3
-            && ws.iter().all(|w| kernels::vec_shape_for(w.ty, w.rows, w.cols).rg.is_multiple_of(4))
+            && ws.iter().all(|w| kernels::vec_shape_for(w.ty, w.rows, w.cols, self.npr_min).rg.is_multiple_of(4))
             && ws.iter().all(|w| w.parts.len() == 1)
             && (biases.iter().all(|b| b.is_some()) || biases.iter().all(|b| b.is_none()));
         let mut i = 0;
