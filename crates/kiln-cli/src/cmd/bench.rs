@@ -98,8 +98,8 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
         let kv = kv_bytes_per_token(engine.config(), t.n_depth + t.n_prompt, t.n_gen);
         let gbps = (t.n_gen > 0).then(|| (bytes_per_token as f64 + kv) * avg_ts / 1e9);
         // The prompt path's useful arithmetic: matmuls and attention scores and sums.
-        let tflops = (t.n_prompt > 0)
-            .then(|| prompt_flops_per_token(&engine, t.n_depth, t.n_prompt) * avg_ts / 1e12);
+        let tflops =
+            (t.n_prompt > 0).then(|| prompt_flops_per_token(&engine, t.n_depth, t.n_prompt) * avg_ts / 1e12);
         if !a.json {
             let d = if t.n_depth > 0 { format!(" @ d{}", t.n_depth) } else { String::new() };
             let gb = gbps.map(|g| format!("  {g:.1} GB/s")).unwrap_or_default();

@@ -373,30 +373,28 @@ impl Profile {
     fn new(ctx: &Context, stamps: Option<Stamps>, level: u8) -> Profile {
         let stamps = stamps.or_else(|| {
             let features = ctx.device.features();
-            (level == 2 && features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)).then(
-                || {
-                    let buf = |usage| {
-                        ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                            label: Some("kiln stamps"),
-                            size: STAMPS as u64 * 8,
-                            usage,
-                            mapped_at_creation: false,
-                        })
-                    };
-                    Stamps {
-                        set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-                            label: Some("kiln stamps"),
-                            ty: wgpu::QueryType::Timestamp,
-                            count: STAMPS,
-                        }),
-                        resolved: buf(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
-                        host: buf(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
-                        names: Vec::new(),
-                        period_ns: ctx.queue.get_timestamp_period() as f64,
-                        per_kernel: Default::default(),
-                    }
-                },
-            )
+            (level == 2 && features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)).then(|| {
+                let buf = |usage| {
+                    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("kiln stamps"),
+                        size: STAMPS as u64 * 8,
+                        usage,
+                        mapped_at_creation: false,
+                    })
+                };
+                Stamps {
+                    set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                        label: Some("kiln stamps"),
+                        ty: wgpu::QueryType::Timestamp,
+                        count: STAMPS,
+                    }),
+                    resolved: buf(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+                    host: buf(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+                    names: Vec::new(),
+                    period_ns: ctx.queue.get_timestamp_period() as f64,
+                    per_kernel: Default::default(),
+                }
+            })
         });
         Profile {
             level,

@@ -178,11 +178,15 @@ fn coop_statements(s: CoopShape) -> (String, String, String) {
         mma.push_str("        {\n");
         for i in 0..s.fm {
             let at = 16 * i * 10 + 4 * kk;
-            mma.push_str(&format!("            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&xs[xb + {at}u], SV);\n"));
+            mma.push_str(&format!(
+                "            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&xs[xb + {at}u], SV);\n"
+            ));
         }
         for j in 0..s.fn_ {
             let at = 16 * j * 10 + 4 * kk;
-            mma.push_str(&format!("            let b{j} = coopLoad<coop_mat16x16<f16, B>>(&ws[wb + {at}u], SV);\n"));
+            mma.push_str(&format!(
+                "            let b{j} = coopLoad<coop_mat16x16<f16, B>>(&ws[wb + {at}u], SV);\n"
+            ));
         }
         for i in 0..s.fm {
             for j in 0..s.fn_ {
@@ -194,7 +198,9 @@ fn coop_statements(s: CoopShape) -> (String, String, String) {
     for i in 0..s.fm {
         for j in 0..s.fn_ {
             store.push_str(&format!("    coopStoreT(c_{i}_{j}, &cs[co], 16u);\n"));
-            store.push_str(&STORE_TILE.replace("TI", &format!("{}u", 16 * i)).replace("TJ", &format!("{}u", 16 * j)));
+            store.push_str(
+                &STORE_TILE.replace("TI", &format!("{}u", 16 * i)).replace("TJ", &format!("{}u", 16 * j)),
+            );
         }
     }
     (init, mma, store)

@@ -545,7 +545,10 @@ fn matmul_store(outs: Outs, base: usize) -> String {
     let n = outs.n as usize;
     let mut s = String::new();
     for i in 1..n {
-        s.push_str(&format!("@group(0) @binding({}) var<storage, read_write> ys{i}: array<f32>;\n", base + i));
+        s.push_str(&format!(
+            "@group(0) @binding({}) var<storage, read_write> ys{i}: array<f32>;\n",
+            base + i
+        ));
     }
     if outs.bias {
         for i in 0..n {

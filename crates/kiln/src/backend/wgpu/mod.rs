@@ -640,11 +640,8 @@ impl GpuBackend {
             if let Some(cs) = tiles {
                 // Token tiles along x: a weight tile's workgroups run together, so its
                 // rows are read from memory once; k splits along z.
-                let g = [
-                    rows.div_ceil(cs.bm() as usize) as u32,
-                    p.rows.div_ceil(cs.bn() as usize) as u32,
-                    cs.ks,
-                ];
+                let g =
+                    [rows.div_ceil(cs.bm() as usize) as u32, p.rows.div_ceil(cs.bn() as usize) as u32, cs.ks];
                 let mut sums: Vec<wgpu::Buffer> = outs.iter().map(|&b| b.clone()).collect();
                 sums.extend(biases.iter().map(|&b| b.clone()));
                 let mut prm = prm.to_vec();
@@ -656,9 +653,14 @@ impl GpuBackend {
                 } else {
                     // The splits' partial sums, then their sum stored as the outputs.
                     prm[6] = cs.ks;
-                    let part = self.scratch(&self.coop_part, cs.ks as usize * rows * p.rows, "kiln tile sums");
+                    let part =
+                        self.scratch(&self.coop_part, cs.ks as usize * rows * p.rows, "kiln tile sums");
                     let bufs = vec![p.buf.clone(), input.2[0].clone(), part.clone()];
-                    let kernel = Kernel::MatmulCoop(w.ty, kernels::Outs { n: 1, bias: false, rope: false, tail: 0 }, cs);
+                    let kernel = Kernel::MatmulCoop(
+                        w.ty,
+                        kernels::Outs { n: 1, bias: false, rope: false, tail: 0 },
+                        cs,
+                    );
                     dispatches.push(Dispatch { kernel, prm: prm.clone(), bufs, groups: g });
                     let mut bufs = vec![part];
                     bufs.extend(sums);
@@ -670,9 +672,7 @@ impl GpuBackend {
             // Kernel, workgroups, tokens per workgroup (the kernel's TT).
             let (kernel, mut g, tt) = match path {
                 MatmulPath::Rows => (Kernel::MatmulRows(w.ty, outs_n), grid(p.rows, 64), 8),
-                MatmulPath::Exact => {
-                    (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::EXACT_ROWS), 8)
-                }
+                MatmulPath::Exact => (Kernel::Matmul(w.ty, outs_n), grid(p.rows, kernels::EXACT_ROWS), 8),
                 MatmulPath::Vec => {
                     // A prompt's slots take several rows where their units read the same
                     // activations (one format: no tail).
@@ -1089,7 +1089,9 @@ impl Backend for GpuBackend {
         let hold = self.matmul == MatmulPath::Vec
             && self.coop_shape(ws[0].ty, rows, ws[0].rows, ws[0].cols).is_none()
             && ws.len() == 3
-            && ws.iter().all(|w| kernels::vec_shape_for(w.ty, w.rows, w.cols, self.npr_min).rg.is_multiple_of(4))
+            && ws
+                .iter()
+                .all(|w| kernels::vec_shape_for(w.ty, w.rows, w.cols, self.npr_min).rg.is_multiple_of(4))
             && ws.iter().all(|w| w.parts.len() == 1)
             && (biases.iter().all(|b| b.is_some()) || biases.iter().all(|b| b.is_none()));
         let mut i = 0;
