@@ -102,7 +102,12 @@ pub struct GpuBackend {
     /// Every matmul on the batch-invariant paths (no tiles): a sequence's results do not
     /// depend on what shares its batch.
     batch_invariant: bool,
+    /// Replaces `coop::shape` (tuning tools: examples/gpu_tiles.rs).
+    shape_override: Option<ShapeChoice>,
 }
+
+/// A tile shape for (tokens, weight rows, k), or None for the other paths.
+pub type ShapeChoice = Arc<dyn Fn(usize, usize, usize) -> Option<coop::CoopShape> + Send + Sync>;
 
 /// A decode matmul's prologue (`GpuBackend::prologue`): its kernel input, parameters, and
 /// buffers from binding 2 on.
@@ -271,6 +276,7 @@ impl GpuBackend {
             matmul,
             coop,
             batch_invariant: false,
+            shape_override: None,
         })
     }
 
@@ -374,16 +380,28 @@ impl GpuBackend {
         self.coop.is_some()
     }
 
+    /// The adapter's capabilities for the tile kernels, where it runs them.
+    pub fn coop_caps(&self) -> Option<coop::CoopCaps> {
+        self.coop
+    }
+
+    /// Lets `choice` pick every tile shape (any number of tokens) instead of `coop::shape`,
+    /// None back to it: tuning tools compare shapes with it (examples/gpu_tiles.rs).
+    #[doc(hidden)]
+    pub fn set_shape_choice(&mut self, choice: Option<ShapeChoice>) {
+        self.shape_override = choice;
+    }
+
     /// The tile shape a matmul of `tokens` tokens of a `ty` weight of `rows` rows of `k`
     /// values takes, None where it stays on the other paths (batch invariance asked for,
     /// too few tokens, a type the tiles do not read, no cooperative matrices).
     fn coop_shape(&self, ty: GgmlType, tokens: usize, rows: usize, k: usize) -> Option<coop::CoopShape> {
         let caps = self.coop.as_ref()?;
-        let on = !self.batch_invariant
-            && self.matmul == MatmulPath::Vec
-            && tokens >= coop::MIN_TOKENS
-            && coop::coop_type(ty);
-        on.then(|| coop::shape(caps, tokens, rows, k)).flatten()
+        let on = !self.batch_invariant && self.matmul == MatmulPath::Vec && coop::coop_type(ty);
+        match &self.shape_override {
+            Some(choice) => on.then(|| choice(tokens, rows, k)).flatten(),
+            None => (on && tokens >= coop::MIN_TOKENS).then(|| coop::shape(caps, tokens, rows, k)).flatten(),
+        }
     }
 
     /// Picks the matmul kernel (tests, tuning).
