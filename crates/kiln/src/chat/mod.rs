@@ -15,9 +15,12 @@ mod pyfmt;
 mod pymethods;
 mod rewrite;
 mod strftime;
+pub mod tools;
 
 use crate::gguf::{Array, GgufFile};
 use crate::{KilnError, Result};
+use std::sync::OnceLock;
+
 use minijinja::{context, Environment, Value};
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -69,6 +72,8 @@ pub struct ChatTemplate {
     eos_token: String,
     now: Option<i64>,
     env: Environment<'static>,
+    /// What the template does with tools, probed on first use.
+    caps: OnceLock<tools::TemplateCaps>,
 }
 
 fn template_error(e: minijinja::Error) -> KilnError {
@@ -93,6 +98,7 @@ impl ChatTemplate {
             eos_token: eos_token.to_string(),
             now: None,
             env,
+            caps: OnceLock::new(),
         })
     }
 
@@ -141,6 +147,12 @@ impl ChatTemplate {
     }
     pub fn eos_token(&self) -> &str {
         &self.eos_token
+    }
+
+    /// What this template does with tools, and the tool-call format it speaks (probed
+    /// once, on first use).
+    pub fn tool_caps(&self) -> &tools::TemplateCaps {
+        self.caps.get_or_init(|| tools::TemplateCaps::detect(self))
     }
 
     /// Renders `messages` as `apply_chat_template(messages, tools=tools,
