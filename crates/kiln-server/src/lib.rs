@@ -11,6 +11,7 @@ mod routes;
 mod scheduler;
 mod state;
 mod stream;
+mod structured;
 
 use std::future::Future;
 use std::net::SocketAddr;

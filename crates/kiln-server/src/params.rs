@@ -7,6 +7,7 @@ use kiln::engine::Engine;
 use kiln::sample::SamplerParams;
 
 use crate::error::ApiError;
+use crate::structured::{self, Tools};
 
 type Obj = Map<String, Value>;
 
@@ -31,6 +32,8 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// Alternatives per token; `None`: no logprobs.
     pub logprobs: Option<usize>,
+    /// The chat's tools (none for completions).
+    pub tools: Tools,
 }
 
 /// Fields both routes take, kiln's extensions (llama.cpp's names) included.
@@ -152,9 +155,7 @@ fn check_unsupported(o: &Obj, kind: Kind) -> Result<(), ApiError> {
         _ => Ok(()),
     };
     let empty_array = |v: &Value| v.as_array().is_some_and(|a| a.is_empty());
-    harmless("tools", &empty_array)?;
     harmless("functions", &empty_array)?;
-    harmless("tool_choice", &|v| v == "none")?;
     harmless("function_call", &|v| v == "none")?;
     harmless("response_format", &|v| v.get("type").is_some_and(|t| t == "text"))?;
     harmless("modalities", &|v| v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")))?;
@@ -171,8 +172,12 @@ fn check_unsupported(o: &Obj, kind: Kind) -> Result<(), ApiError> {
 pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> Result<GenRequest, ApiError> {
     check_unsupported(o, kind)?;
     let n_vocab = engine.config().n_vocab;
+    let tools = match kind {
+        Kind::Chat => structured::tools(o, engine)?,
+        Kind::Completion => Tools::default(),
+    };
     let prompts = match kind {
-        Kind::Chat => vec![chat_prompt(o, engine)?],
+        Kind::Chat => vec![chat_prompt(o, engine, &tools)?],
         Kind::Completion => completion_prompts(o, engine)?,
     };
     let mut p = SamplerParams::default();
@@ -262,7 +267,7 @@ pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> R
         }
     }
     p.validate(n_vocab).map_err(|e| ApiError::bad(e.to_string()))?;
-    Ok(GenRequest { prompts, max_tokens, params: p, stop, ignore_eos, n, stream, include_usage, logprobs })
+    Ok(GenRequest { prompts, max_tokens, params: p, stop, ignore_eos, n, stream, include_usage, logprobs, tools })
 }
 
 fn logit_bias(o: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
@@ -284,9 +289,9 @@ fn logit_bias(o: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     Ok(out)
 }
 
-/// Renders `messages` with the model's chat template (content parts flattened to text)
-/// and tokenizes the result as `kiln run` does.
-fn chat_prompt(o: &Obj, engine: &Engine) -> Result<Vec<u32>, ApiError> {
+/// Renders `messages` with the model's chat template (content parts flattened to text,
+/// with the request's tools) and tokenizes the result as `kiln run` does.
+fn chat_prompt(o: &Obj, engine: &Engine, tools: &Tools) -> Result<Vec<u32>, ApiError> {
     let bad = |m: String| ApiError::param("messages", m);
     let msgs = match present(o, "messages") {
         None => return Err(bad("'messages' is required".into())),
@@ -330,13 +335,36 @@ fn chat_prompt(o: &Obj, engine: &Engine) -> Result<Vec<u32>, ApiError> {
             Some(_) => return Err(bad(format!("messages[{i}].content must be a string, an array or null"))),
         };
         m.insert("content".into(), content);
+        check_tool_calls(&m, i)?;
         norm.push(Value::Object(m));
     }
     let tpl = engine
         .chat_template()
         .ok_or_else(|| ApiError::bad("the model has no chat template; use /v1/completions"))?;
-    let text = tpl.render_json(&Value::Array(norm), true, None).map_err(|e| bad(e.to_string()))?;
+    let text = kiln::chat::tools::render_chat(tpl, &Value::Array(norm), &tools.chat, true)
+        .map_err(|e| bad(e.to_string()))?;
     engine.tokenizer().encode_prompt(&text).map_err(|e| bad(e.to_string()))
+}
+
+/// An assistant message's `tool_calls`: an array of `{"id", "type": "function",
+/// "function": {"name", "arguments"}}` (arguments a string or an object).
+fn check_tool_calls(m: &Obj, i: usize) -> Result<(), ApiError> {
+    let Some(calls) = present(m, "tool_calls") else { return Ok(()) };
+    let bad = |j: Option<usize>, what: &str| {
+        let at = j.map_or(String::new(), |j| format!("[{j}]"));
+        ApiError::param("messages", format!("messages[{i}].tool_calls{at} {what}"))
+    };
+    let calls = calls.as_array().ok_or_else(|| bad(None, "must be an array"))?;
+    for (j, c) in calls.iter().enumerate() {
+        let f = c.get("function").and_then(Value::as_object).ok_or_else(|| bad(Some(j), "needs a 'function' object"))?;
+        if !f.get("name").is_some_and(Value::is_string) {
+            return Err(bad(Some(j), "needs 'function.name', a string"));
+        }
+        if !f.get("arguments").is_none_or(|a| a.is_string() || a.is_object()) {
+            return Err(bad(Some(j), "'function.arguments' must be a string or an object"));
+        }
+    }
+    Ok(())
 }
 
 /// `prompt`: a string, an array of strings, an array of token ids or an array of those.

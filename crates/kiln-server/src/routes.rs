@@ -142,6 +142,7 @@ async fn generate(
                 stop: req.stop.clone(),
                 ignore_eos: req.ignore_eos,
                 logprobs: req.logprobs,
+                shown: req.tools.shown.clone(),
                 index: jobs.len(),
                 events: tx.clone(),
                 enqueued,
@@ -152,8 +153,7 @@ async fn generate(
     let index = jobs.len();
     app.submit(ready, jobs)?;
     drop(tx);
-    let reply =
-        Reply::new(app.clone(), kind, index, req.include_usage, req.logprobs.is_some(), &req.prompts, req.n);
+    let reply = Reply::new(app.clone(), kind, index, req.include_usage, req.logprobs.is_some(), &req.prompts, &req.tools);
     if req.stream {
         Ok(event_stream(reply, rx))
     } else {

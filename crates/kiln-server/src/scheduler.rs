@@ -34,6 +34,8 @@ pub struct GenJob {
     pub ignore_eos: bool,
     /// Alternatives to report per token; `None`: no logprobs.
     pub logprobs: Option<usize>,
+    /// Control tokens whose text the reply shows (tool-call markers its parser needs).
+    pub shown: Vec<u32>,
     /// Choice index within the request.
     pub index: usize,
     pub events: UnboundedSender<Event>,
@@ -316,7 +318,7 @@ impl Scheduler {
             n_gen: 0,
             argmax: job.params.is_plain_greedy(),
             sampler,
-            detok: Detokenizer::new(tok, false),
+            detok: Detokenizer::new(tok, false).with_shown(job.shown.clone()),
             stop: StopMatcher::new(job.stop.clone()),
             first_token: true,
             feeding: 0,

@@ -13,10 +13,13 @@ use axum::Json;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use kiln::chat::tools::{Parsed, ToolCall, ToolCallDelta, ToolCallParser};
+
 use crate::error::ApiError;
 use crate::params::Kind;
 use crate::scheduler::{Event, Finish, Logprob};
 use crate::state::App;
+use crate::structured::Tools;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -32,7 +35,12 @@ pub struct Reply {
     completion_tokens: usize,
     texts: Vec<String>,
     logprobs: Vec<Vec<Logprob>>,
-    finish: Vec<Option<Finish>>,
+    /// Per choice: its finish reason, once done.
+    finish: Vec<Option<&'static str>>,
+    /// Per choice: the parser of its tool calls, in a chat with tools.
+    parsers: Vec<Option<ToolCallParser>>,
+    /// Per choice: its calls, once done.
+    calls: Vec<Vec<ToolCall>>,
     role_sent: Vec<bool>,
     n_done: usize,
 }
@@ -45,7 +53,7 @@ impl Reply {
         include_usage: bool,
         want_logprobs: bool,
         prompts: &[Vec<u32>],
-        _n: usize,
+        tools: &Tools,
     ) -> Self {
         let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
         let created =
@@ -63,6 +71,8 @@ impl Reply {
             texts: vec![String::new(); n_choices],
             logprobs: vec![Vec::new(); n_choices],
             finish: vec![None; n_choices],
+            parsers: (0..n_choices).map(|_| tools.parser()).collect(),
+            calls: vec![Vec::new(); n_choices],
             role_sent: vec![false; n_choices],
             n_done: 0,
         }
@@ -137,6 +147,14 @@ impl Reply {
         match ev {
             Event::Token { index, text, logprob } => {
                 let lp = logprob.filter(|_| self.want_logprobs);
+                let mut parsed = Parsed::default();
+                let text = match &mut self.parsers[index] {
+                    Some(p) => {
+                        p.push(&text, &mut parsed);
+                        std::mem::take(&mut parsed.content)
+                    }
+                    None => text,
+                };
                 let offset = self.texts[index].len();
                 self.texts[index].push_str(&text);
                 let lp_json =
@@ -156,18 +174,36 @@ impl Reply {
                     };
                     out.push_back(self.chunk(choice));
                 }
+                self.call_chunks(index, &parsed.tool_calls, out);
                 if let Some(l) = lp {
                     self.logprobs[index].push(l);
                 }
             }
             Event::Done { index, finish, completion_tokens, .. } => {
-                self.finish[index] = Some(finish);
+                let mut reason = finish.as_openai();
+                if let Some(p) = &mut self.parsers[index] {
+                    let mut parsed = Parsed::default();
+                    let reply = p.finish(&mut parsed);
+                    if !parsed.content.is_empty() {
+                        self.texts[index].push_str(&parsed.content);
+                        let delta = json!({"content": parsed.content});
+                        out.push_back(self.chunk(
+                            json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null}),
+                        ));
+                    }
+                    self.call_chunks(index, &parsed.tool_calls, out);
+                    if !reply.tool_calls.is_empty() && finish == Finish::Stop {
+                        reason = "tool_calls";
+                    }
+                    self.calls[index] = reply.tool_calls;
+                }
+                self.finish[index] = Some(reason);
                 self.completion_tokens += completion_tokens;
                 self.n_done += 1;
                 let choice = if self.kind == Kind::Chat {
-                    json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": finish.as_openai()})
+                    json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason})
                 } else {
-                    json!({"index": index, "text": "", "logprobs": null, "finish_reason": finish.as_openai()})
+                    json!({"index": index, "text": "", "logprobs": null, "finish_reason": reason})
                 };
                 out.push_back(self.chunk(choice));
             }
@@ -176,15 +212,30 @@ impl Reply {
         Ok(())
     }
 
+    /// OpenAI's `delta.tool_calls` chunks: a call's index, id and name first, then its
+    /// argument text.
+    fn call_chunks(&self, index: usize, deltas: &[ToolCallDelta], out: &mut VecDeque<String>) {
+        for d in deltas {
+            let delta = json!({"tool_calls": [d.to_openai()]});
+            out.push_back(self.chunk(json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null})));
+        }
+    }
+
     fn body(&self) -> Value {
         let choices: Vec<Value> = (0..self.texts.len())
             .map(|i| {
                 let lp =
                     if self.want_logprobs { self.logprobs_json(&self.logprobs[i], 0) } else { Value::Null };
-                let finish = self.finish[i].map(Finish::as_openai);
+                let finish = self.finish[i];
                 if self.kind == Kind::Chat {
-                    json!({"index": i, "message": {"role": "assistant", "content": self.texts[i]},
-                           "logprobs": lp, "finish_reason": finish})
+                    let mut message = json!({"role": "assistant", "content": self.texts[i]});
+                    if !self.calls[i].is_empty() {
+                        message["tool_calls"] = self.calls[i].iter().map(ToolCall::to_openai).collect();
+                        if self.texts[i].is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                    }
+                    json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
                 } else {
                     json!({"index": i, "text": self.texts[i], "logprobs": lp, "finish_reason": finish})
                 }

@@ -10,18 +10,28 @@ use super::Tokenizer;
 pub struct Detokenizer {
     tok: Arc<Tokenizer>,
     special: bool,
+    /// Control tokens whose text is rendered even when `special` is off.
+    shown: Vec<u32>,
     pending: Vec<u8>,
 }
 
 impl Detokenizer {
     /// `special`: render control tokens' text (as [`Tokenizer::token_to_piece`]).
     pub fn new(tok: Arc<Tokenizer>, special: bool) -> Detokenizer {
-        Detokenizer { tok, special, pending: Vec::new() }
+        Detokenizer { tok, special, shown: Vec::new(), pending: Vec::new() }
+    }
+
+    /// Also renders these control tokens' text (tool-call markers such as Mistral's
+    /// `[TOOL_CALLS]`, which a reply's parser must see).
+    pub fn with_shown(mut self, ids: Vec<u32>) -> Detokenizer {
+        self.shown = ids;
+        self
     }
 
     /// Adds a token; returns the text completed by it (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
-        self.pending.extend_from_slice(self.tok.token_to_piece(id, self.special));
+        let special = self.special || self.shown.contains(&id);
+        self.pending.extend_from_slice(self.tok.token_to_piece(id, special));
         let mut out = String::new();
         let mut start = 0;
         loop {

@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 
 use crate::chat::ChatTemplate;
+use crate::tokenizer::Tokenizer;
 
 /// How a model writes tool calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,6 +38,29 @@ impl ToolFormat {
             ToolFormat::Mistral => "mistral",
             ToolFormat::Generic => "generic",
         }
+    }
+
+    /// The marker strings of calls in this format.
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes => &["<tool_call>", "</tool_call>"],
+            ToolFormat::Llama3 => &["<|python_tag|>"],
+            ToolFormat::MistralNemo => &["[TOOL_CALLS]"],
+            ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            ToolFormat::Generic => &[],
+        }
+    }
+
+    /// The markers that are control tokens of `tok`: a detokenizer must show their text
+    /// for the reply's parser to see them.
+    pub fn marker_tokens(self, tok: &Tokenizer) -> Vec<u32> {
+        self.markers()
+            .iter()
+            .filter_map(|m| match tok.encode(m, false, true).ok()?.as_slice() {
+                [id] if tok.is_control(*id) => Some(*id),
+                _ => None,
+            })
+            .collect()
     }
 }
 

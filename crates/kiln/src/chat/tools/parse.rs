@@ -36,7 +36,8 @@ pub struct ToolCallParser {
     /// The current block's text since its opener, while none of its calls has started:
     /// content again if the block turns out not to hold calls.
     raw: Option<String>,
-    /// Nothing but whitespace yet (Llama 3 and generic replies open with their JSON).
+    /// Nothing but whitespace yet: Llama 3 and generic replies open with their JSON, and a
+    /// Hermes reply may too (small models drop the tags).
     at_start: bool,
     /// Whitespace after content, released only when more content follows.
     held_ws: String,
@@ -71,8 +72,8 @@ enum State {
     MistralId,
     /// A Mistral call's arguments value.
     MistralArgs(Option<ValueScan>),
-    /// After a Llama 3 call: another one, or text.
-    LlamaNext,
+    /// After a bare JSON call (Llama 3, or Hermes without its tags): another one, or text.
+    JsonNext,
     /// After `<|python_tag|>`: a JSON call or a builtin `name.call(...)`.
     PythonTag,
     /// The arguments of a builtin call, `key=value, ...)`.
@@ -108,7 +109,7 @@ enum GenericKey {
 enum After {
     HermesClose,
     Next(Arr),
-    LlamaNext,
+    JsonNext,
     GenericEnd,
     Text,
 }
@@ -448,26 +449,20 @@ impl ToolCallParser {
                 }
             }
             MistralArgs(scan) => self.mistral_args(scan, out),
-            LlamaNext => {
+            JsonNext => {
                 if !self.skip_ws() {
-                    return (Some(LlamaNext), false);
+                    return (Some(JsonNext), false);
                 }
                 if self.rest().starts_with(';') {
                     self.consume(1);
-                    return (Some(LlamaNext), true);
+                    return (Some(JsonNext), true);
                 }
                 if self.rest().starts_with('{') {
                     self.raw = Some(String::new());
-                    return (Some(Call(Box::default(), After::LlamaNext)), true);
+                    return (Some(Call(Box::default(), After::JsonNext)), true);
                 }
-                match self.lit(PYTHON_TAG) {
-                    Lit::Yes => {
-                        self.raw = Some(PYTHON_TAG.to_string());
-                        (Some(PythonTag), true)
-                    }
-                    Lit::Partial => (Some(LlamaNext), false),
-                    Lit::No => (Some(Text), true),
-                }
+                // Text, or a marked call the text state finds.
+                (Some(Text), true)
             }
             PythonTag => self.python_tag(out),
             Builtin(b) => self.builtin(b, out),
@@ -496,7 +491,7 @@ impl ToolCallParser {
     }
 
     fn text(&mut self, out: &mut Parsed) -> (Option<State>, bool) {
-        if self.at_start && matches!(self.format, ToolFormat::Llama3 | ToolFormat::Generic) {
+        if self.at_start && matches!(self.format, ToolFormat::Llama3 | ToolFormat::Generic | ToolFormat::Hermes) {
             let rest = self.rest();
             let body = rest.trim_start();
             if body.is_empty() {
@@ -512,7 +507,7 @@ impl ToolCallParser {
                     ToolFormat::Generic => State::GenericKey(None, String::new()),
                     _ => {
                         let scan = CallScan { phase: Phase::KeyOrClose, ..Default::default() };
-                        State::Call(Box::new(scan), After::LlamaNext)
+                        State::Call(Box::new(scan), After::JsonNext)
                     }
                 };
                 return (Some(next), true);
@@ -613,7 +608,7 @@ impl ToolCallParser {
             return (Some(State::PythonTag), false);
         }
         if self.rest().starts_with('{') {
-            return (Some(State::Call(Box::default(), After::LlamaNext)), true);
+            return (Some(State::Call(Box::default(), After::JsonNext)), true);
         }
         let rest = self.rest();
         let n = rest.bytes().take_while(|&b| is_name_byte(b)).count();
@@ -672,7 +667,7 @@ impl ToolCallParser {
             let args = Value::Object(std::mem::take(&mut b.args)).to_string();
             self.add_args(b.index, &args, out);
             self.complete(b.index);
-            return (Some(State::LlamaNext), true);
+            return (Some(State::JsonNext), true);
         }
         if b.after_value {
             if c != b',' {
@@ -967,7 +962,7 @@ impl ToolCallParser {
         let next = match after {
             After::HermesClose => State::HermesClose,
             After::Next(arr) => State::Next(arr),
-            After::LlamaNext => State::LlamaNext,
+            After::JsonNext => State::JsonNext,
             After::GenericEnd => State::GenericEnd,
             After::Text => State::Text,
         };
