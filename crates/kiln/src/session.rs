@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
+use crate::chat::tools::{render_chat, ChatTools, Parsed, ToolCall, ToolCallDelta, ToolCallParser};
 use crate::chat::Message;
 use crate::engine::Engine;
 use crate::error::{KilnError, Result};
@@ -156,6 +157,9 @@ pub struct Event<'a> {
     pub logprob: Option<f32>,
     /// The most likely tokens and their log-probabilities, best first.
     pub top_logprobs: &'a [(u32, f32)],
+    /// In a chat with tools: pieces of the calls this step completed (a call's id and
+    /// name first, then its argument text). Call markup never reaches `text`.
+    pub tool_calls: &'a [ToolCallDelta],
 }
 
 /// Where the time went. Prompt figures cover the appends since the previous `generate`.
@@ -180,8 +184,11 @@ pub struct Timings {
 pub struct Summary {
     /// Every sampled token, including a final end-of-generation token.
     pub ids: Vec<u32>,
-    /// The generated text, without control tokens, cut before a matched stop string.
+    /// The generated text, without control tokens, cut before a matched stop string. In a
+    /// chat with tools, the reply's content: its calls are in `tool_calls`.
     pub text: String,
+    /// In a chat with tools: the calls the reply made, complete and in order.
+    pub tool_calls: Vec<ToolCall>,
     /// Why generation ended.
     pub finish_reason: FinishReason,
     /// Prompt and generation timings.
@@ -218,6 +225,8 @@ pub struct Session {
     tokens: Vec<u32>,
     /// Chat history, when the conversation is driven by `append_chat`.
     history: Vec<Message>,
+    /// The chat's tools (`append_chat_with`).
+    tools: ChatTools,
     /// Logits after the last token, when the KV holds all of `tokens`.
     logits: Option<Vec<f32>>,
     /// Instead of `logits` after a plain greedy step: only the next token's id was read
@@ -237,6 +246,7 @@ impl Session {
             seq,
             tokens: Vec::new(),
             history: Vec::new(),
+            tools: ChatTools::default(),
             logits: None,
             next_id: None,
             cancel: Arc::new(AtomicBool::new(false)),
@@ -286,6 +296,7 @@ impl Session {
     pub fn reset(&mut self) {
         self.tokens.clear();
         self.history.clear();
+        self.tools = ChatTools::default();
         self.logits = None;
         self.next_id = None;
         self.engine.runner().truncate_seq(self.seq, 0);
@@ -310,18 +321,30 @@ impl Session {
 
     /// Adds `messages` to the chat history, renders the whole history with the model's
     /// chat template (generation prompt added) and evaluates what the KV does not hold
-    /// yet. Returns the tokens of the whole rendered conversation.
+    /// yet. Returns the tokens of the whole rendered conversation. The chat keeps the
+    /// tools of the last [`append_chat_with`](Self::append_chat_with) (none at first).
     pub fn append_chat(&mut self, messages: &[Message]) -> Result<Vec<u32>> {
+        let tools = self.tools.clone();
+        self.append_chat_with(messages, &tools)
+    }
+
+    /// [`append_chat`](Self::append_chat) with tools the model may call: they reach it
+    /// through its own template, and the next `generate` parses its calls (into
+    /// `Summary::tool_calls` and `Event::tool_calls`) in the template's format. Tool
+    /// results go back as `Message::tool(..)` messages with a `tool_call_id`.
+    pub fn append_chat_with(&mut self, messages: &[Message], tools: &ChatTools) -> Result<Vec<u32>> {
         let tpl = self
             .engine
             .chat_template()
             .ok_or_else(|| KilnError::Template("the model has no chat template".into()))?;
         let mut history = self.history.clone();
         history.extend_from_slice(messages);
-        let text = tpl.render(&history, true, None)?;
+        let json = serde_json::to_value(&history).map_err(|e| KilnError::Template(e.to_string()))?;
+        let text = render_chat(tpl, &json, tools, true)?;
         let ids = self.encode(&text, true)?;
         self.set_tokens(ids.clone())?;
         self.history = history;
+        self.tools = tools.clone();
         Ok(ids)
     }
 
@@ -435,7 +458,14 @@ impl Session {
         if !ready && !self.tokens.is_empty() && !self.cancel.load(Ordering::SeqCst) {
             self.prefill()?;
         }
-        let mut detok = Detokenizer::new(tok.clone(), false);
+        // A chat with tools: the reply is parsed for calls in the template's format.
+        let format = self.engine.chat_template().map(|t| t.tool_caps().format);
+        let format = format.filter(|_| !self.history.is_empty() && self.tools.active());
+        let names = self.tools.callable().iter().map(|t| t.name.clone()).collect();
+        let mut calls = format.map(|f| ToolCallParser::new(f).with_names(names));
+        let shown = format.map(|f| f.marker_tokens(&tok)).unwrap_or_default();
+        let mut detok = Detokenizer::new(tok.clone(), false).with_shown(shown);
+        let mut parsed = Parsed::default();
         let mut stop = StopMatcher::new(opts.stop.clone());
         let mut timings = std::mem::take(&mut self.timings);
         let t0 = Instant::now();
@@ -487,9 +517,22 @@ impl Session {
                 break FinishReason::Eog;
             }
             let piece = detok.push(id);
-            let (safe, matched) = stop.push(&piece);
+            let (mut safe, matched) = stop.push(&piece);
+            if let Some(p) = &mut calls {
+                p.push(&safe, &mut parsed);
+                safe = std::mem::take(&mut parsed.content);
+            }
             text.push_str(&safe);
-            let flow = on_event(&Event { token: id, flush: false, text: &safe, logprob, top_logprobs: &top });
+            let ev = Event {
+                token: id,
+                flush: false,
+                text: &safe,
+                logprob,
+                top_logprobs: &top,
+                tool_calls: &parsed.tool_calls,
+            };
+            let flow = on_event(&ev);
+            parsed.tool_calls.clear();
             if matched {
                 break FinishReason::Stop;
             }
@@ -514,27 +557,39 @@ impl Session {
                 self.logits = Some(out);
             }
         };
+        let mut flushed = String::new();
         if finish != FinishReason::Stop {
-            let mut flushed = stop.finish();
+            flushed = stop.finish();
             flushed.push_str(&detok.finish());
-            if !flushed.is_empty() {
-                text.push_str(&flushed);
-                let ev = Event {
-                    token: *ids.last().unwrap_or(&0),
-                    flush: true,
-                    text: &flushed,
-                    logprob: None,
-                    top_logprobs: &[],
-                };
-                let _ = on_event(&ev);
-            }
+        }
+        let mut tool_calls = Vec::new();
+        if let Some(p) = &mut calls {
+            p.push(&flushed, &mut parsed);
+            tool_calls = p.finish(&mut parsed).tool_calls;
+            flushed = std::mem::take(&mut parsed.content);
+        }
+        if !flushed.is_empty() || !parsed.tool_calls.is_empty() {
+            text.push_str(&flushed);
+            let ev = Event {
+                token: *ids.last().unwrap_or(&0),
+                flush: true,
+                text: &flushed,
+                logprob: None,
+                top_logprobs: &[],
+                tool_calls: &parsed.tool_calls,
+            };
+            let _ = on_event(&ev);
         }
         if !self.history.is_empty() {
-            self.history.push(Message::assistant(text.clone()));
+            let mut reply = Message::assistant(text.clone());
+            if !tool_calls.is_empty() {
+                reply = reply.with("tool_calls", tool_calls.iter().map(ToolCall::to_openai).collect());
+            }
+            self.history.push(reply);
         }
         timings.gen_n = ids.len();
         timings.gen_ms = t0.elapsed().as_secs_f64() * 1e3;
-        Ok(Summary { ids, text, finish_reason: finish, timings })
+        Ok(Summary { ids, text, tool_calls, finish_reason: finish, timings })
     }
 
     /// Writes the conversation (tokens and chat history) to `path`: a JSON file of format
