@@ -267,7 +267,18 @@ pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> R
         }
     }
     p.validate(n_vocab).map_err(|e| ApiError::bad(e.to_string()))?;
-    Ok(GenRequest { prompts, max_tokens, params: p, stop, ignore_eos, n, stream, include_usage, logprobs, tools })
+    Ok(GenRequest {
+        prompts,
+        max_tokens,
+        params: p,
+        stop,
+        ignore_eos,
+        n,
+        stream,
+        include_usage,
+        logprobs,
+        tools,
+    })
 }
 
 fn logit_bias(o: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
@@ -356,7 +367,10 @@ fn check_tool_calls(m: &Obj, i: usize) -> Result<(), ApiError> {
     };
     let calls = calls.as_array().ok_or_else(|| bad(None, "must be an array"))?;
     for (j, c) in calls.iter().enumerate() {
-        let f = c.get("function").and_then(Value::as_object).ok_or_else(|| bad(Some(j), "needs a 'function' object"))?;
+        let f = c
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad(Some(j), "needs a 'function' object"))?;
         if !f.get("name").is_some_and(Value::is_string) {
             return Err(bad(Some(j), "needs 'function.name', a string"));
         }

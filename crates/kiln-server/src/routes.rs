@@ -153,7 +153,15 @@ async fn generate(
     let index = jobs.len();
     app.submit(ready, jobs)?;
     drop(tx);
-    let reply = Reply::new(app.clone(), kind, index, req.include_usage, req.logprobs.is_some(), &req.prompts, &req.tools);
+    let reply = Reply::new(
+        app.clone(),
+        kind,
+        index,
+        req.include_usage,
+        req.logprobs.is_some(),
+        &req.prompts,
+        &req.tools,
+    );
     if req.stream {
         Ok(event_stream(reply, rx))
     } else {

@@ -217,7 +217,9 @@ impl Reply {
     fn call_chunks(&self, index: usize, deltas: &[ToolCallDelta], out: &mut VecDeque<String>) {
         for d in deltas {
             let delta = json!({"tool_calls": [d.to_openai()]});
-            out.push_back(self.chunk(json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null})));
+            out.push_back(
+                self.chunk(json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null})),
+            );
         }
     }
 

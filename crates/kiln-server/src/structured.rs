@@ -37,7 +37,9 @@ pub fn tools(o: &Obj, engine: &Engine) -> Result<Tools, ApiError> {
         Some(Value::Array(a)) => a
             .iter()
             .enumerate()
-            .map(|(i, t)| Tool::from_openai(t).map_err(|e| ApiError::param("tools", format!("tools[{i}]: {e}"))))
+            .map(|(i, t)| {
+                Tool::from_openai(t).map_err(|e| ApiError::param("tools", format!("tools[{i}]: {e}")))
+            })
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(ApiError::param("tools", "'tools' must be an array")),
     };
@@ -48,7 +50,9 @@ pub fn tools(o: &Obj, engine: &Engine) -> Result<Tools, ApiError> {
     let parallel = match present("parallel_tool_calls") {
         None => true,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::param("parallel_tool_calls", "'parallel_tool_calls' must be a boolean")),
+        Some(_) => {
+            return Err(ApiError::param("parallel_tool_calls", "'parallel_tool_calls' must be a boolean"))
+        }
     };
     if list.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Function(_)) {
         return Err(ApiError::param("tool_choice", "'tool_choice' requires 'tools'"));
@@ -61,9 +65,9 @@ pub fn tools(o: &Obj, engine: &Engine) -> Result<Tools, ApiError> {
     if !chat.active() {
         return Ok(Tools { chat, format: None, shown: Vec::new() });
     }
-    let tpl = engine
-        .chat_template()
-        .ok_or_else(|| ApiError::param("tools", "the model has no chat template, so it cannot be given tools"))?;
+    let tpl = engine.chat_template().ok_or_else(|| {
+        ApiError::param("tools", "the model has no chat template, so it cannot be given tools")
+    })?;
     let format = tpl.tool_caps().format;
     let shown = format.marker_tokens(engine.tokenizer());
     Ok(Tools { chat, format: Some(format), shown })

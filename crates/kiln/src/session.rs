@@ -20,7 +20,9 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use crate::chat::tools::{render_chat, ChatTools, Parsed, ToolCall, ToolCallDelta, ToolCallParser};
+use crate::chat::tools::{
+    compile_tool_grammar, render_chat, ChatTools, Parsed, ToolCall, ToolCallDelta, ToolCallParser,
+};
 use crate::chat::Message;
 use crate::engine::Engine;
 use crate::error::{KilnError, Result};
@@ -445,9 +447,17 @@ impl Session {
         let n_vocab = self.engine.config().n_vocab;
         let tok = self.engine.tokenizer().clone();
         let mut sampler = Sampler::new(opts.sampler.clone(), n_vocab)?;
-        let mut constraint = match &opts.grammar {
-            Some(g) => Some(self.engine.compile_grammar(g)?.constraint()),
-            None => None,
+        // A chat with tools: the reply is parsed for calls in the template's format, and
+        // constrained by their grammar.
+        let format = self.engine.chat_template().map(|t| t.tool_caps().format);
+        let format = format.filter(|_| !self.history.is_empty() && self.tools.active());
+        let mut constraint = match (&opts.grammar, format) {
+            (Some(_), Some(_)) => {
+                return Err(KilnError::invalid("a grammar cannot constrain a chat reply that may call tools"))
+            }
+            (Some(g), None) => Some(self.engine.compile_grammar(g)?.constraint()),
+            (None, Some(f)) => compile_tool_grammar(&self.engine, f, &self.tools)?.map(|g| g.constraint()),
+            (None, None) => None,
         };
         for &t in &self.tokens {
             sampler.accept(t);
@@ -458,9 +468,6 @@ impl Session {
         if !ready && !self.tokens.is_empty() && !self.cancel.load(Ordering::SeqCst) {
             self.prefill()?;
         }
-        // A chat with tools: the reply is parsed for calls in the template's format.
-        let format = self.engine.chat_template().map(|t| t.tool_caps().format);
-        let format = format.filter(|_| !self.history.is_empty() && self.tools.active());
         let names = self.tools.callable().iter().map(|t| t.name.clone()).collect();
         let mut calls = format.map(|f| ToolCallParser::new(f).with_names(names));
         let shown = format.map(|f| f.marker_tokens(&tok)).unwrap_or_default();

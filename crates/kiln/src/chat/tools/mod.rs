@@ -15,11 +15,13 @@
 //! ```
 
 mod format;
+mod grammar;
 mod json_scan;
 mod parse;
 mod render;
 
 pub use format::{TemplateCaps, ToolFormat};
+pub use grammar::{compile_tool_grammar, tool_grammar};
 pub use parse::{Parsed, Reply, ToolCallParser};
 pub use render::render_chat;
 

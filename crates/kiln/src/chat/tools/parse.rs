@@ -491,7 +491,9 @@ impl ToolCallParser {
     }
 
     fn text(&mut self, out: &mut Parsed) -> (Option<State>, bool) {
-        if self.at_start && matches!(self.format, ToolFormat::Llama3 | ToolFormat::Generic | ToolFormat::Hermes) {
+        if self.at_start
+            && matches!(self.format, ToolFormat::Llama3 | ToolFormat::Generic | ToolFormat::Hermes)
+        {
             let rest = self.rest();
             let body = rest.trim_start();
             if body.is_empty() {
