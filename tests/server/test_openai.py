@@ -308,10 +308,10 @@ class Errors(unittest.TestCase):
 
     def test_unsupported_fields(self):
         c = client()
-        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        functions = [{"name": "f", "parameters": {"type": "object"}}]
         with self.assertRaises(openai.BadRequestError) as ctx:
-            chat(c, "hi", tools=tools)
-        self.assert_error(ctx, 400, param="tools")
+            chat(c, "hi", functions=functions)
+        self.assert_error(ctx, 400, param="functions")
         with self.assertRaises(openai.BadRequestError) as ctx:
             chat(c, "hi", extra_body={"frobnicate": 1})
         self.assert_error(ctx, 400, param="frobnicate")

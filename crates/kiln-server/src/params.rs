@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 
 use kiln::engine::Engine;
+use kiln::grammar::CompiledGrammar;
 use kiln::sample::SamplerParams;
 
 use crate::error::ApiError;
@@ -34,6 +35,8 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// The chat's tools (none for completions).
     pub tools: Tools,
+    /// What every choice's output must match.
+    pub grammar: Option<CompiledGrammar>,
 }
 
 /// Fields both routes take, kiln's extensions (llama.cpp's names) included.
@@ -56,6 +59,8 @@ const COMMON: &[&str] = &[
     "min_p",
     "repeat_penalty",
     "ignore_eos",
+    "response_format",
+    "grammar",
 ];
 const CHAT_ONLY: &[&str] = &[
     "messages",
@@ -66,7 +71,6 @@ const CHAT_ONLY: &[&str] = &[
     "functions",
     "function_call",
     "parallel_tool_calls",
-    "response_format",
     "store",
     "metadata",
     "service_tier",
@@ -157,7 +161,6 @@ fn check_unsupported(o: &Obj, kind: Kind) -> Result<(), ApiError> {
     let empty_array = |v: &Value| v.as_array().is_some_and(|a| a.is_empty());
     harmless("functions", &empty_array)?;
     harmless("function_call", &|v| v == "none")?;
-    harmless("response_format", &|v| v.get("type").is_some_and(|t| t == "text"))?;
     harmless("modalities", &|v| v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")))?;
     harmless("audio", &|_| false)?;
     harmless("prediction", &|_| false)?;
@@ -267,6 +270,7 @@ pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> R
         }
     }
     p.validate(n_vocab).map_err(|e| ApiError::bad(e.to_string()))?;
+    let grammar = structured::grammar(o, engine, &tools)?;
     Ok(GenRequest {
         prompts,
         max_tokens,
@@ -278,6 +282,7 @@ pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> R
         include_usage,
         logprobs,
         tools,
+        grammar,
     })
 }
 

@@ -143,6 +143,7 @@ async fn generate(
                 ignore_eos: req.ignore_eos,
                 logprobs: req.logprobs,
                 shown: req.tools.shown.clone(),
+                grammar: req.grammar.clone(),
                 index: jobs.len(),
                 events: tx.clone(),
                 enqueued,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use kiln::embed::{normalize, pool, Pooling};
 use kiln::engine::Engine;
+use kiln::grammar::{CompiledGrammar, Constraint};
 use kiln::model::{Entry, OutputKind, SeqId};
 use kiln::sample::{argmax, Sampler, SamplerParams, StopMatcher};
 use kiln::tokenizer::Detokenizer;
@@ -36,6 +37,8 @@ pub struct GenJob {
     pub logprobs: Option<usize>,
     /// Control tokens whose text the reply shows (tool-call markers its parser needs).
     pub shown: Vec<u32>,
+    /// What the output must match (`response_format`, `grammar`, tool calls).
+    pub grammar: Option<CompiledGrammar>,
     /// Choice index within the request.
     pub index: usize,
     pub events: UnboundedSender<Event>,
@@ -104,6 +107,9 @@ struct Slot {
     n_eval: usize,
     n_gen: usize,
     sampler: Sampler,
+    /// The grammar's state, when the output is constrained (the same function picks the
+    /// token as in `Session::generate`).
+    constraint: Option<Constraint>,
     /// The sampler would only take the argmax (`SamplerParams::is_plain_greedy`): the server
     /// takes it itself, without the sampler copying the whole vocabulary into candidates for
     /// each token (6% of a 32-request step, and a vocabulary-sized buffer per request).
@@ -316,7 +322,8 @@ impl Scheduler {
             seq,
             n_eval,
             n_gen: 0,
-            argmax: job.params.is_plain_greedy(),
+            argmax: job.params.is_plain_greedy() && job.grammar.is_none(),
+            constraint: job.grammar.as_ref().map(CompiledGrammar::constraint),
             sampler,
             detok: Detokenizer::new(tok, false).with_shown(job.shown.clone()),
             stop: StopMatcher::new(job.stop.clone()),
@@ -434,23 +441,34 @@ impl Scheduler {
             self.shared.metrics.observe_ttft(s.job.enqueued.elapsed().as_secs_f64());
         }
         let lp = s.job.logprobs.map(|n| logprob(logits, n));
-        let id = match id {
-            Some(id) => id,
-            None if s.argmax => argmax(logits),
-            None => s.sampler.sample(logits),
+        let picked = match (id, &mut s.constraint) {
+            (Some(id), _) => Ok(id),
+            (None, Some(c)) => c.sample(&mut s.sampler, logits),
+            (None, None) if s.argmax => Ok(argmax(logits)),
+            (None, None) => Ok(s.sampler.sample(logits)),
         };
+        let picked = picked.and_then(|id| s.constraint.as_mut().map_or(Ok(()), |c| c.accept(id)).map(|_| id));
+        let id = match picked {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = s.job.events.send(Event::Error { index: s.job.index, message: e.to_string() });
+                return true;
+            }
+        };
+        // A complete grammar allows nothing more: the reply ends here.
+        let complete = s.constraint.as_ref().is_some_and(Constraint::is_complete);
         s.sampler.accept(id);
         s.n_gen += 1;
         self.shared.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
         let index = s.job.index;
-        let finish = if tok.is_eog(id) && !s.job.ignore_eos {
+        let finish = if tok.is_eog(id) && (!s.job.ignore_eos || complete) {
             Some(Finish::Stop)
         } else {
             let piece = s.detok.push(id);
             let (text, matched) = s.stop.push(&piece);
             let lp = lp.map(|(lse, top)| Logprob { token: id, logprob: logits[id as usize] - lse, top });
             let _ = s.job.events.send(Event::Token { index, text, logprob: lp });
-            if matched {
+            if matched || complete {
                 Some(Finish::Stop)
             } else if s.n_gen >= s.job.max_tokens || s.tokens.len() + 1 > n_ctx {
                 Some(Finish::Length)

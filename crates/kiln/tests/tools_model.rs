@@ -50,6 +50,7 @@ fn call_grammars_accept_calls_and_nothing_else() {
     let cases: Vec<(ToolFormat, ToolChoice, bool, String, bool)> = vec![
         (ToolFormat::Hermes, ToolChoice::Required, true, format!("<tool_call>\n{w}\n</tool_call>"), true),
         (ToolFormat::Hermes, ToolChoice::Required, true, w.to_string(), true),
+        (ToolFormat::Hermes, ToolChoice::Required, true, format!("```json\n{w}\n```"), true),
         (ToolFormat::Hermes, ToolChoice::Required, true, format!("<tool_call>\n{w}\n</tool_call>\n<tool_call>\n{t}\n</tool_call>"), true),
         (ToolFormat::Hermes, ToolChoice::Required, false, format!("<tool_call>\n{w}\n</tool_call>\n<tool_call>\n{t}\n</tool_call>"), false),
         (ToolFormat::Hermes, ToolChoice::Function("get_time".into()), true, format!("<tool_call>\n{w}\n</tool_call>"), false),

@@ -50,10 +50,16 @@ pub fn tool_grammar(format: ToolFormat, tools: &ChatTools, tok: &Tokenizer) -> R
         ToolFormat::Hermes => {
             let (open, trigger) = marker(tok, "<tool_call>");
             let (close, _) = marker(tok, "</tool_call>");
-            g.rule("item", &format!("{open} WS? body WS? {close} | body"));
+            // Tagged, bare, or in a Markdown code block as small models write it.
+            g.rule(
+                "item",
+                &format!("{open} WS? body WS? {close} | body | \"```\" \"json\"? WS? body WS? \"```\""),
+            );
             g.rule("start", &many("item", "WS? "));
             triggers.push(trigger);
-            triggers.push(bare_call_at_start(&format!(r#""name"\s*:\s*"(?:{names})""#)));
+            triggers.push(Trigger::Pattern(format!(
+                r#"\A\s*((?:```(?:json)?\s*)?\{{\s*"name"\s*:\s*"(?:{names})")"#
+            )));
         }
         ToolFormat::Llama3 => {
             let mut alts = vec!["body".to_string()];
@@ -113,7 +119,11 @@ pub fn compile_tool_grammar(
             // Name the tool whose schema fails on its own, if one does.
             for t in tools.callable() {
                 if let Err(te) = engine.compile_grammar(&Grammar::JsonSchema(t.parameters.clone()).into()) {
-                    return Err(KilnError::Grammar(format!("the parameters of tool '{}': {te}", t.name)));
+                    let why = match te {
+                        KilnError::Grammar(m) => m,
+                        other => other.to_string(),
+                    };
+                    return Err(KilnError::Grammar(format!("the parameters of tool '{}': {why}", t.name)));
                 }
             }
             Err(e)

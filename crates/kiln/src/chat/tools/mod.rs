@@ -274,12 +274,13 @@ pub fn new_call_id() -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let mut id = String::with_capacity(29);
     id.push_str("call_");
-    for half in 0..2u64 {
+    // Eight characters from each of three hashes (62^8 < 2^64, so every digit varies).
+    for part in 0..3u64 {
         let mut h = RandomState::new().build_hasher();
         h.write_u64(n);
-        h.write_u64(half);
+        h.write_u64(part);
         let mut x = h.finish();
-        for _ in 0..12 {
+        for _ in 0..8 {
             id.push(ALPHABET[(x % 62) as usize] as char);
             x /= 62;
         }

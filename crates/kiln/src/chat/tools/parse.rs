@@ -60,6 +60,8 @@ enum State {
     HermesBody,
     /// After a Hermes call object: `</tool_call>`.
     HermesClose,
+    /// After a call in a Markdown code block: its closing fence.
+    FenceClose,
     /// After Mistral Nemo's `[TOOL_CALLS]`: `[` (or one bare call object).
     NemoOpen,
     /// Before a call object in an array.
@@ -108,6 +110,7 @@ enum GenericKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum After {
     HermesClose,
+    FenceClose,
     Next(Arr),
     JsonNext,
     GenericEnd,
@@ -171,6 +174,33 @@ const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
 const MISTRAL_ARGS: &str = "[ARGS]";
 const MISTRAL_ID: &str = "[CALL_ID]";
 const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// Whether a reply opening with a Markdown fence (```` ``` ```` or ```` ```json ````) holds a JSON call.
+enum Fence {
+    Wait,
+    /// A call: its `{` follows this many bytes of fence and whitespace.
+    Call(usize),
+    No,
+}
+
+/// Small models wrap a call in a code block; `body` is the reply from its first non-space.
+fn fenced_call(body: &str) -> Fence {
+    if "```json".starts_with(body) {
+        return Fence::Wait;
+    }
+    let Some(after) = body.strip_prefix("```json").or_else(|| body.strip_prefix("```")) else {
+        return Fence::No;
+    };
+    if "json".starts_with(after) && !after.is_empty() {
+        return Fence::Wait;
+    }
+    let json = after.trim_start();
+    match json.as_bytes().first() {
+        None => Fence::Wait,
+        Some(b'{') => Fence::Call(body.len() - json.len()),
+        Some(_) => Fence::No,
+    }
+}
 
 fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
@@ -395,6 +425,16 @@ impl ToolCallParser {
                     Lit::Partial => (Some(HermesClose), false),
                 }
             }
+            FenceClose => {
+                if !self.skip_ws() {
+                    return (Some(FenceClose), false);
+                }
+                match self.lit("```") {
+                    Lit::Yes => (Some(JsonNext), true),
+                    Lit::Partial => (Some(FenceClose), false),
+                    Lit::No => (Some(Text), true),
+                }
+            }
             NemoOpen => {
                 if !self.skip_ws() {
                     return (Some(NemoOpen), false);
@@ -513,6 +553,19 @@ impl ToolCallParser {
                     }
                 };
                 return (Some(next), true);
+            }
+            if self.format == ToolFormat::Hermes && (body.starts_with("```") || "```".starts_with(body)) {
+                match fenced_call(body) {
+                    Fence::Wait => return (Some(State::Text), false),
+                    Fence::Call(n) => {
+                        self.pos += rest.len() - body.len();
+                        self.at_start = false;
+                        self.raw = Some(String::new());
+                        self.consume(n);
+                        return (Some(State::Call(Box::default(), After::FenceClose)), true);
+                    }
+                    Fence::No => {}
+                }
             }
         }
         self.at_start = false;
@@ -963,6 +1016,7 @@ impl ToolCallParser {
         }
         let next = match after {
             After::HermesClose => State::HermesClose,
+            After::FenceClose => State::FenceClose,
             After::Next(arr) => State::Next(arr),
             After::JsonNext => State::JsonNext,
             After::GenericEnd => State::GenericEnd,
