@@ -121,3 +121,30 @@ fn greedy_batched_equals_alone() {
     assert_eq!(s, 400);
     assert_eq!(complete(addr, prompts[0]), alone[0]);
 }
+
+/// Tools need a chat template: on a model without one, a 400 naming `tools`, and the
+/// server goes on.
+#[test]
+fn tools_without_a_chat_template() {
+    let Some(e) = kiln::hub::find("tiny-random-llama") else { return };
+    let path = kiln::hub::cached_path(e);
+    if !path.exists() {
+        eprintln!("skipping: tiny-random-llama is not in the cache");
+        return;
+    }
+    let engine = Engine::load(path.to_string_lossy(), EngineOptions::default().with_n_ctx(128)).unwrap();
+    assert!(engine.chat_template().is_none());
+    let app = Arc::new(App::new("m".into(), None));
+    start(&app, engine, 2, 4, 128, 64).unwrap();
+    let addr = serve(app);
+    let tool = json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool]});
+    let (s, b) = http(addr, "POST", "/v1/chat/completions", &[], &body.to_string());
+    assert_eq!(s, 400, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["error"]["param"], "tools", "{b}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("chat template"), "{b}");
+    let body = json!({"model": "m", "prompt": "a", "max_tokens": 2, "response_format": {"type": "json_object"}});
+    let (s, b) = http(addr, "POST", "/v1/completions", &[], &body.to_string());
+    assert_eq!(s, 200, "{b}");
+}
