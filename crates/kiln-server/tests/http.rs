@@ -144,7 +144,8 @@ fn tools_without_a_chat_template() {
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["error"]["param"], "tools", "{b}");
     assert!(v["error"]["message"].as_str().unwrap().contains("chat template"), "{b}");
-    let body = json!({"model": "m", "prompt": "a", "max_tokens": 2, "response_format": {"type": "json_object"}});
+    let body =
+        json!({"model": "m", "prompt": "a", "max_tokens": 2, "response_format": {"type": "json_object"}});
     let (s, b) = http(addr, "POST", "/v1/completions", &[], &body.to_string());
     assert_eq!(s, 200, "{b}");
 }
