@@ -26,7 +26,7 @@ use crate::chat::tools::{
 use crate::chat::Message;
 use crate::engine::Engine;
 use crate::error::{KilnError, Result};
-use crate::grammar::GrammarSpec;
+use crate::grammar::{ConstraintStats, GrammarSpec};
 use crate::model::{Entry, OutputKind, SeqId};
 use crate::progress::{report, ProgressFn, Stage};
 use crate::sample::{Sampler, SamplerParams, StopMatcher};
@@ -195,6 +195,8 @@ pub struct Summary {
     pub finish_reason: FinishReason,
     /// Prompt and generation timings.
     pub timings: Timings,
+    /// The grammar constraint's work, when there was one.
+    pub grammar: Option<ConstraintStats>,
 }
 
 /// Cancels a session's `append_*` or `generate` from any thread: the work stops at the
@@ -596,7 +598,8 @@ impl Session {
         }
         timings.gen_n = ids.len();
         timings.gen_ms = t0.elapsed().as_secs_f64() * 1e3;
-        Ok(Summary { ids, text, tool_calls, finish_reason: finish, timings })
+        let grammar = constraint.map(|c| c.stats().clone());
+        Ok(Summary { ids, text, tool_calls, finish_reason: finish, timings, grammar })
     }
 
     /// Writes the conversation (tokens and chat history) to `path`: a JSON file of format

@@ -288,3 +288,32 @@ fn objects_with_properties_are_closed_as_in_llama_cpp() {
         "allOf":[{"$ref":"#/$defs/base"},{"properties":{"b":{"type":"integer"}},"required":["b"]}]}"##);
     assert!(all.matches(r#"{"a":1,"b":2}"#));
 }
+
+#[test]
+fn regexes() {
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        (r"\d{3}-\d{4}", &["555-1234"], &["5551234", "555-123", "555-12345"]),
+        (r"[A-Z][a-z]+( [A-Z][a-z]+)*", &["Ada", "Ada Lovelace"], &["ada", "Ada ", "Ada  Lovelace"]),
+        (r"(?i)yes|no", &["YES", "no", "No"], &["yess", "n"]),
+        (r"a{2,3}b?", &["aa", "aaab"], &["a", "aaaa", "aab b"]),
+        (r"[^\n]*\n", &["anything\n", "\n"], &["two\nlines\n", "no newline"]),
+        (r"\p{Greek}+", &["αβγ"], &["abc"]),
+        (r"é|ü{2}", &["é", "üü"], &["e", "ü"]),
+        (r".", &["x", "é"], &["\n", "xy"]),
+        (r"\w+@\w+\.com", &["ada@example.com"], &["ada@example.org", "@x.com"]),
+        (r"(0|[1-9][0-9]*)(\.[0-9]+)?", &["0", "10.5"], &["01", "1.", ".5"]),
+    ];
+    for (rx, pass, fail) in cases {
+        let g = compile(Grammar::Regex(rx.to_string()));
+        for s in *pass {
+            assert!(g.matches(s), "{rx} should match {s:?}");
+        }
+        for s in *fail {
+            assert!(!g.matches(s), "{rx} should not match {s:?}");
+        }
+    }
+    for bad in [r"(a", r"a{3,1}", r"[z-a]", r"(?<=a)b", r"\k<x>", r"\"] {
+        let e = err(Grammar::Regex(bad.into()));
+        assert!(e.starts_with("regex: invalid regex"), "{bad}: {e}");
+    }
+}

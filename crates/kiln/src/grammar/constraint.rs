@@ -54,6 +54,8 @@ pub struct ConstraintStats {
     pub n_masked: usize,
     /// Microseconds of grammar work (check, mask, advance) for each constrained token.
     pub grammar_us: Vec<f32>,
+    /// Microseconds of each full mask computed.
+    pub mask_us: Vec<f32>,
 }
 
 enum State {
@@ -83,6 +85,8 @@ pub struct Constraint {
     stats: ConstraintStats,
     /// Grammar time spent on the current token so far (sample, then accept).
     pending_us: f32,
+    /// Compute the full mask before every draw instead of checking the chain's choice.
+    mask_first: bool,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -107,6 +111,7 @@ impl Constraint {
             masked: Vec::new(),
             stats: ConstraintStats::default(),
             pending_us: 0.0,
+            mask_first: false,
         }
     }
 
@@ -129,6 +134,14 @@ impl Constraint {
         }
     }
 
+    /// Masks first: every draw is from the chain over the allowed tokens only (the exact
+    /// masked distribution, as llama.cpp's `grammar_first`), at the cost of a full mask
+    /// per token. Off by default: the chain's choice is checked and the mask computed only
+    /// when it is rejected.
+    pub fn set_mask_first(&mut self, yes: bool) {
+        self.mask_first = yes;
+    }
+
     /// Work counters (grammar time per token, full masks computed).
     pub fn stats(&self) -> &ConstraintStats {
         &self.stats
@@ -139,20 +152,38 @@ impl Constraint {
     /// allowed tokens only. Unconstrained while a lazy constraint waits for its trigger;
     /// after the grammar completes, only end-of-generation tokens are allowed.
     pub fn sample(&mut self, sampler: &mut Sampler, logits: &[f32]) -> Result<u32> {
-        let State::Active(m) = &mut self.state else {
+        if !self.is_active() {
             return Ok(sampler.sample(logits));
-        };
+        }
+        // Grammar time: everything here but the chain's first draw, which an unconstrained
+        // step pays too.
         let t0 = Instant::now();
+        let mut chain = std::time::Duration::ZERO;
+        let r = self.sample_active(sampler, logits, &mut chain);
+        self.pending_us += t0.elapsed().saturating_sub(chain).as_secs_f32() * 1e6;
+        self.stats.n_sampled += 1;
+        r
+    }
+
+    fn sample_active(
+        &mut self,
+        sampler: &mut Sampler,
+        logits: &[f32],
+        chain: &mut std::time::Duration,
+    ) -> Result<u32> {
+        let State::Active(m) = &mut self.state else { unreachable!("checked by sample") };
+        let n_vocab = self.env.n_vocab();
         let mask = if m.is_stopped() {
-            if m.is_error() {
-                return Err(KilnError::Grammar(m.get_error().unwrap_or_default()));
+            if let Some(e) = m.get_error() {
+                return Err(KilnError::Grammar(e));
             }
-            let mut eog = SimpleVob::alloc(self.env.n_vocab());
-            for &t in self.env.trie().eos_tokens() {
-                if (t as usize) < self.env.n_vocab() {
-                    eog.allow_token(t);
-                }
-            }
+            let mut eog = SimpleVob::alloc(n_vocab);
+            self.env
+                .trie()
+                .eos_tokens()
+                .iter()
+                .filter(|&&t| (t as usize) < n_vocab)
+                .for_each(|&t| eog.allow_token(t));
             if eog.is_zero() {
                 return Err(KilnError::Grammar(
                     "the grammar is complete and the model has no end token".into(),
@@ -160,25 +191,21 @@ impl Constraint {
             }
             eog
         } else {
-            let mut spent = t0.elapsed();
-            let id = sampler.sample(logits);
-            let t1 = Instant::now();
-            let ok =
-                (id as usize) < self.env.n_vocab() && m.validate_tokens(&[id]).map_err(grammar_err)? == 1;
-            spent += t1.elapsed();
-            if ok {
-                self.stats.n_sampled += 1;
-                self.pending_us += spent.as_secs_f32() * 1e6;
-                return Ok(id);
+            if !self.mask_first {
+                let t = Instant::now();
+                let id = sampler.sample(logits);
+                *chain = t.elapsed();
+                if (id as usize) < n_vocab && m.validate_tokens(&[id]).map_err(grammar_err)? == 1 {
+                    return Ok(id);
+                }
             }
-            let t2 = Instant::now();
+            let t = Instant::now();
             let mask = m.compute_mask().map_err(grammar_err)?;
-            self.pending_us += (spent + t2.elapsed()).as_secs_f32() * 1e6;
+            self.stats.mask_us.push(t.elapsed().as_secs_f32() * 1e6);
             mask
         };
-        self.stats.n_sampled += 1;
         self.stats.n_masked += 1;
-        let n = logits.len().min(self.env.n_vocab());
+        let n = logits.len().min(n_vocab);
         self.masked.clear();
         self.masked.resize(n, f32::NEG_INFINITY);
         mask.iter_set_entries(|i| {
@@ -186,7 +213,11 @@ impl Constraint {
                 self.masked[i] = logits[i];
             }
         });
+        let t = Instant::now();
         let id = sampler.sample(&self.masked);
+        if self.mask_first {
+            *chain = t.elapsed(); // the step's one draw
+        }
         if (id as usize) < n && mask.is_allowed(id) {
             return Ok(id);
         }

@@ -68,7 +68,7 @@ impl Grammar {
 
     /// This grammar, inactive until one of `triggers` appears in the output.
     pub fn lazy(self, triggers: Vec<Trigger>) -> GrammarSpec {
-        GrammarSpec { grammar: self, triggers }
+        GrammarSpec { triggers, ..self.into() }
     }
 
     fn kind(&self) -> &'static str {
@@ -104,11 +104,21 @@ pub struct GrammarSpec {
     pub grammar: Grammar,
     /// Empty: constrain from the first token. Otherwise: from the first trigger seen.
     pub triggers: Vec<Trigger>,
+    /// Compute the full mask before every draw (see [`Constraint::set_mask_first`]).
+    pub mask_first: bool,
+}
+
+impl GrammarSpec {
+    /// Mask before every draw: the exact masked distribution, a full mask per token.
+    pub fn with_mask_first(mut self, yes: bool) -> Self {
+        self.mask_first = yes;
+        self
+    }
 }
 
 impl From<Grammar> for GrammarSpec {
     fn from(grammar: Grammar) -> Self {
-        GrammarSpec { grammar, triggers: Vec::new() }
+        GrammarSpec { grammar, triggers: Vec::new(), mask_first: false }
     }
 }
 
@@ -119,6 +129,7 @@ pub struct CompiledGrammar {
     env: Arc<GrammarEnv>,
     matcher: Matcher,
     triggers: Arc<[constraint::TriggerMatcher]>,
+    mask_first: bool,
 }
 
 impl std::fmt::Debug for CompiledGrammar {
@@ -138,12 +149,25 @@ impl GrammarEnv {
             Grammar::JsonObject => {
                 TopLevelGrammar::from_json_schema(json::with_defaults(&json!({"type": "object"}))?)
             }
-            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Grammar::Regex(rx) => {
+                // llguidance reads some malformed patterns (a trailing `\`) as matching nothing.
+                regex::Regex::new(rx)
+                    .map_err(|e| KilnError::Grammar(format!("regex: invalid regex: {e}")))?;
+                TopLevelGrammar::from_regex(rx)
+            }
             Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
             Grammar::Gbnf(src) => TopLevelGrammar::from_lark(gbnf::gbnf_to_lark(src, &**self)?),
         };
-        let parser =
-            self.factory.create_parser(top).map_err(|e| KilnError::Grammar(format!("{what}: {e}")))?;
+        let parser = self.factory.create_parser(top).map_err(|e| {
+            let e = e.to_string();
+            // A regex is compiled as the Lark rule `start: /REGEX/`; a position in that
+            // rule means nothing to the caller.
+            let e = match g {
+                Grammar::Regex(_) => e.split_once("): ").map_or(e.as_str(), |(_, rest)| rest).to_string(),
+                _ => e,
+            };
+            KilnError::Grammar(format!("{what}: {e}"))
+        })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(KilnError::Grammar(format!("{what}: {e}")));
@@ -153,7 +177,7 @@ impl GrammarEnv {
             .iter()
             .map(|t| constraint::TriggerMatcher::new(t, self.n_vocab()))
             .collect::<Result<Arc<[_]>>>()?;
-        Ok(CompiledGrammar { env: self.clone(), matcher, triggers })
+        Ok(CompiledGrammar { env: self.clone(), matcher, triggers, mask_first: spec.mask_first })
     }
 }
 
@@ -169,7 +193,9 @@ impl gbnf::TokenLookup for GrammarEnv {
 impl CompiledGrammar {
     /// A constraint for one sequence, at the start of its output.
     pub fn constraint(&self) -> Constraint {
-        Constraint::new(self.env.clone(), self.matcher.clone(), self.triggers.clone())
+        let mut c = Constraint::new(self.env.clone(), self.matcher.clone(), self.triggers.clone());
+        c.set_mask_first(self.mask_first);
+        c
     }
 
     /// Whether the whole of `text` matches the grammar (triggers ignored), checked byte by
