@@ -148,7 +148,7 @@ async fn generate(
                 events: tx.clone(),
                 enqueued,
             };
-            jobs.push(Job::Gen(job));
+            jobs.push(Job::Gen(Box::new(job)));
         }
     }
     let index = jobs.len();

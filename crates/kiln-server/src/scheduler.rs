@@ -51,7 +51,7 @@ pub struct EmbedJob {
 }
 
 pub enum Job {
-    Gen(GenJob),
+    Gen(Box<GenJob>),
     Embed(EmbedJob),
 }
 
@@ -270,7 +270,7 @@ impl Scheduler {
 
     fn admit(&mut self, job: Job) {
         let job = match job {
-            Job::Gen(j) => j,
+            Job::Gen(j) => *j,
             Job::Embed(job) => {
                 self.evict_if_full();
                 self.embeds.push_back(EmbedWork { done: Vec::with_capacity(job.inputs.len()), job });

@@ -307,7 +307,7 @@ impl ToolCallParser {
                     }
                     (Phase::KeyOrClose | Phase::CommaOrClose, b'}') => {
                         self.consume(1);
-                        return self.close_call(c, after, out);
+                        return self.close_call(&c, after, out);
                     }
                     (Phase::Colon, b':') => {
                         self.consume(1);
@@ -431,7 +431,7 @@ impl ToolCallParser {
 
     pub(super) fn close_call(
         &mut self,
-        c: Box<CallScan>,
+        c: &CallScan,
         after: After,
         out: &mut Parsed,
     ) -> (Option<State>, bool) {
