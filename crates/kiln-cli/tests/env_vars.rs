@@ -37,11 +37,7 @@ fn few_and_documented() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut names = BTreeSet::new();
     names_in(crates, &mut names);
-    assert!(
-        names.len() <= MOST,
-        "{} KILN_* names outside tests/ (at most {MOST}): {names:?}",
-        names.len()
-    );
+    assert!(names.len() <= MOST, "{} KILN_* names outside tests/ (at most {MOST}): {names:?}", names.len());
     let doc = fs::read_to_string(crates.join("../docs/cli.md")).unwrap();
     let table: BTreeSet<&str> = doc
         .lines()
