@@ -126,6 +126,7 @@ pub fn serve(
         api_key: api_key.filter(|k| !k.is_empty()),
         limits: kiln_server::ConnLimits::default(),
         max_request_tokens: None,
+        allow_image_urls: false,
     };
     let stop = Arc::new(Notify::new());
     let (ready_tx, ready_rx) = sync_channel(1);

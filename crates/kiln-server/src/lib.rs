@@ -5,6 +5,7 @@
 
 mod conn;
 mod error;
+mod image;
 mod metrics;
 mod params;
 mod routes;
@@ -53,6 +54,8 @@ pub struct ServerOptions {
     pub limits: ConnLimits,
     /// Most prompt or input tokens one request may ask to evaluate; `None`: 8 × `n_ctx`.
     pub max_request_tokens: Option<usize>,
+    /// Fetch `http(s)` image URLs of `image_url` content parts (else only `data:` URLs).
+    pub allow_image_urls: bool,
 }
 
 /// The id `/v1/models` reports: the alias, else the catalog name, else a Hub name without
@@ -112,6 +115,7 @@ async fn run(
     eprintln!("kiln: loading {} (port bound: http://{local})", opts.model);
     let mut app = App::new(model_id(&opts.model, opts.alias.as_deref()), opts.api_key.clone());
     app.max_request_tokens = opts.max_request_tokens;
+    app.allow_image_urls = opts.allow_image_urls;
     let app = Arc::new(app);
     let stop = Arc::new(tokio::sync::Notify::new());
     let stop2 = stop.clone();

@@ -1,13 +1,17 @@
 //! OpenAI request bodies → what the scheduler runs. Bodies are parsed by hand from JSON so
 //! that every wrong type, value or unsupported field gets a 400 naming the field.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use kiln::engine::Engine;
 use kiln::grammar::CompiledGrammar;
 use kiln::sample::SamplerParams;
+use kiln::vision::{ImageRows, MEDIA_MARKER};
 
 use crate::error::ApiError;
+use crate::image;
 use crate::structured::{self, Tools};
 
 type Obj = Map<String, Value>;
@@ -24,6 +28,8 @@ pub enum Kind {
 pub struct GenRequest {
     /// One tokenized prompt per prompt given (chat: exactly one).
     pub prompts: Vec<Vec<u32>>,
+    /// What the prompt's image-row ids stand for (chat messages with `image_url` parts).
+    pub images: Option<Arc<ImageRows>>,
     pub max_tokens: Option<usize>,
     pub params: SamplerParams,
     pub stop: Vec<String>,
@@ -172,16 +178,25 @@ fn check_unsupported(o: &Obj, kind: Kind) -> Result<(), ApiError> {
 }
 
 /// Parses a chat or completion body; `n_ctx` is each request's context.
-pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> Result<GenRequest, ApiError> {
+pub fn parse_generation(
+    o: &Obj,
+    kind: Kind,
+    engine: &Engine,
+    n_ctx: usize,
+    allow_image_urls: bool,
+) -> Result<GenRequest, ApiError> {
     check_unsupported(o, kind)?;
     let n_vocab = engine.config().n_vocab;
     let tools = match kind {
         Kind::Chat => structured::tools(o, engine)?,
         Kind::Completion => Tools::default(),
     };
-    let prompts = match kind {
-        Kind::Chat => vec![chat_prompt(o, engine, &tools)?],
-        Kind::Completion => completion_prompts(o, engine)?,
+    let (prompts, images) = match kind {
+        Kind::Chat => {
+            let (p, images) = chat_prompt(o, engine, &tools, allow_image_urls)?;
+            (vec![p], images.map(Arc::new))
+        }
+        Kind::Completion => (completion_prompts(o, engine)?, None),
     };
     let mut p = SamplerParams::default();
     if let Some(t) = opt_num(o, "temperature", 0.0, 2.0)? {
@@ -273,6 +288,7 @@ pub fn parse_generation(o: &Obj, kind: Kind, engine: &Engine, n_ctx: usize) -> R
     let grammar = structured::grammar(o, engine, &tools)?;
     Ok(GenRequest {
         prompts,
+        images,
         max_tokens,
         params: p,
         stop,
@@ -305,9 +321,15 @@ fn logit_bias(o: &Obj, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     Ok(out)
 }
 
-/// Renders `messages` with the model's chat template (content parts flattened to text,
-/// with the request's tools) and tokenizes the result as `kiln run` does.
-fn chat_prompt(o: &Obj, engine: &Engine, tools: &Tools) -> Result<Vec<u32>, ApiError> {
+/// Renders `messages` with the model's chat template (content parts flattened to text, an
+/// `image_url` part to the media marker; with the request's tools) and tokenizes the result
+/// as `kiln run` does, each image encoded and placed at its marker.
+fn chat_prompt(
+    o: &Obj,
+    engine: &Engine,
+    tools: &Tools,
+    allow_urls: bool,
+) -> Result<(Vec<u32>, Option<ImageRows>), ApiError> {
     let bad = |m: String| ApiError::param("messages", m);
     let msgs = match present(o, "messages") {
         None => return Err(bad("'messages' is required".into())),
@@ -315,6 +337,7 @@ fn chat_prompt(o: &Obj, engine: &Engine, tools: &Tools) -> Result<Vec<u32>, ApiE
         Some(_) => return Err(bad("'messages' must be a non-empty array".into())),
     };
     let mut norm = Vec::with_capacity(msgs.len());
+    let mut images = Vec::new();
     for (i, m) in msgs.iter().enumerate() {
         let mut m = m.as_object().cloned().ok_or_else(|| bad(format!("messages[{i}] must be an object")))?;
         let role = match m.get("role") {
@@ -340,6 +363,17 @@ fn chat_prompt(o: &Obj, engine: &Engine, tools: &Tools) -> Result<Vec<u32>, ApiE
                 for (j, p) in parts.iter().enumerate() {
                     match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                         (Some("text"), Some(t)) => text.push_str(t),
+                        (Some("image_url"), _) => {
+                            let at = format!("messages[{i}].content[{j}].image_url");
+                            let url = p
+                                .get("image_url")
+                                .and_then(|u| u.get("url").or(Some(u)))
+                                .and_then(Value::as_str);
+                            let url =
+                                url.ok_or_else(|| ApiError::param(&at, "expected {\"url\": string}"))?;
+                            images.push(image::load(url, allow_urls).map_err(|e| ApiError::param(&at, e))?);
+                            text.push_str(MEDIA_MARKER);
+                        }
                         _ => {
                             return Err(ApiError::unsupported(&format!("messages[{i}].content[{j}]"))
                                 .with_code("unsupported_content"))
@@ -359,7 +393,32 @@ fn chat_prompt(o: &Obj, engine: &Engine, tools: &Tools) -> Result<Vec<u32>, ApiE
         .ok_or_else(|| ApiError::bad("the model has no chat template; use /v1/completions"))?;
     let text = kiln::chat::tools::render_chat(tpl, &Value::Array(norm), &tools.chat, true)
         .map_err(|e| bad(e.to_string()))?;
-    engine.tokenizer().encode_prompt(&text).map_err(|e| bad(e.to_string()))
+    let tok = engine.tokenizer();
+    if images.is_empty() {
+        return Ok((tok.encode_prompt(&text).map_err(|e| bad(e.to_string()))?, None));
+    }
+    let enc = engine
+        .vision()
+        .ok_or_else(|| ApiError::bad("the model takes no images (start kiln serve with --mmproj FILE)"))?;
+    let segments: Vec<&str> = text.split(MEDIA_MARKER).collect();
+    if segments.len() - 1 != images.len() {
+        return Err(bad(format!(
+            "{} media markers in the messages for {} images",
+            segments.len() - 1,
+            images.len()
+        )));
+    }
+    let mut rows = ImageRows::default();
+    let mut ids = tok.encode_prompt(segments[0]).map_err(|e| bad(e.to_string()))?;
+    for (seg, img) in segments[1..].iter().zip(&images) {
+        let e = rows.encode(enc, tok, img).map_err(|e| bad(e.to_string()))?;
+        ids.extend_from_slice(&e.ids);
+        ids.extend(tok.encode(seg, false, true).map_err(|e| bad(e.to_string()))?);
+    }
+    if ids.last().is_some_and(|&id| rows.contains(id)) {
+        return Err(bad("the prompt ends with an image: the template must follow it with text".into()));
+    }
+    Ok((ids, Some(rows)))
 }
 
 /// An assistant message's `tool_calls`: an array of `{"id", "type": "function",

@@ -120,7 +120,7 @@ async fn generate(
     let ready = app.ready()?;
     let o = params::object(body)?;
     app.check_model(params::model(&o)?)?;
-    let req = params::parse_generation(&o, kind, &ready.engine, ready.n_ctx)?;
+    let req = params::parse_generation(&o, kind, &ready.engine, ready.n_ctx, app.allow_image_urls)?;
     let jobs = req.prompts.len().saturating_mul(req.n);
     let tokens = req.prompts.iter().map(Vec::len).sum::<usize>().saturating_mul(req.n);
     let what = if kind == Kind::Chat { "messages" } else { "prompt" };
@@ -137,6 +137,7 @@ async fn generate(
             params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
             let job = GenJob {
                 prompt: prompt.clone(),
+                images: req.images.clone(),
                 max_tokens,
                 params,
                 stop: req.stop.clone(),

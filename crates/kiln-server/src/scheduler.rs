@@ -19,6 +19,8 @@ use kiln::grammar::{CompiledGrammar, Constraint};
 use kiln::model::{Entry, OutputKind, SeqId};
 use kiln::sample::{argmax, Sampler, SamplerParams, StopMatcher};
 use kiln::tokenizer::Detokenizer;
+use kiln::vision::prompt::run_end;
+use kiln::vision::ImageRows;
 use tokio::sync::{mpsc::UnboundedSender, oneshot};
 
 use crate::state::Shared;
@@ -29,6 +31,8 @@ const DRAIN_GRACE: Duration = Duration::from_millis(3500);
 
 pub struct GenJob {
     pub prompt: Arc<Vec<u32>>,
+    /// What the prompt's image-row ids stand for.
+    pub images: Option<Arc<ImageRows>>,
     pub max_tokens: usize,
     pub params: SamplerParams,
     pub stop: Vec<String>,
@@ -288,7 +292,8 @@ impl Scheduler {
                 return;
             }
         };
-        for &t in job.prompt.iter() {
+        // Image rows are no tokens to penalize.
+        for &t in job.prompt.iter().filter(|&&t| (t as usize) < n_vocab) {
             sampler.accept(t);
         }
         // Prefix reuse: continue the idle sequence sharing the longest prefix (token
@@ -351,8 +356,48 @@ impl Scheduler {
         self.idle.push(Idle { seq, tokens: tokens.to_vec(), last_used: self.clock });
     }
 
+    /// Evaluates the image rows next in each prompt, one image run per slot (each its own
+    /// forward: the rows are inputs, not tokens); a slot whose forward fails is dropped with
+    /// an error.
+    fn feed_images(&mut self) {
+        let runner = self.engine.runner();
+        let d = self.engine.config().n_embd;
+        let mut i = 0;
+        while i < self.slots.len() {
+            let s = &mut self.slots[i];
+            let Some(images) = s.job.images.clone() else {
+                i += 1;
+                continue;
+            };
+            let mut failed = None;
+            while s.n_eval < s.tokens.len() && images.contains(s.tokens[s.n_eval]) {
+                let end = run_end(&s.tokens, s.n_eval, usize::MAX, Some(&images));
+                let ids = &s.tokens[s.n_eval..end];
+                let r = images.gather(ids, d).and_then(|rows| runner.decode_embd(s.seq, ids, &rows, false));
+                match r {
+                    Ok(_) => s.n_eval = end,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                let s = self.slots.swap_remove(i);
+                let _ = s
+                    .job
+                    .events
+                    .send(Event::Error { index: s.job.index, message: format!("decode failed: {e}") });
+                runner.free_seq(s.seq);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// One batched forward over every active generation.
     fn step(&mut self) {
+        self.feed_images();
         let t0 = Instant::now();
         // Decode tokens first, then prompt chunks in arrival order with what the budget leaves.
         let budget = self.step_tokens;
@@ -367,7 +412,12 @@ impl Scheduler {
         let mut owners = Vec::with_capacity(n);
         for &i in &order {
             let s = &mut self.slots[i];
-            let take = (s.tokens.len() - s.n_eval).min(budget - entries.len());
+            // Up to the next image rows (fed by the next step's `feed_images`).
+            let room = budget - entries.len();
+            let take = match (&s.job.images, s.n_eval < s.tokens.len()) {
+                (Some(images), true) => run_end(&s.tokens, s.n_eval, room, Some(images)) - s.n_eval,
+                _ => (s.tokens.len() - s.n_eval).min(room),
+            };
             s.feeding = take;
             for pos in s.n_eval..s.n_eval + take {
                 let output = pos + 1 == s.tokens.len();

@@ -40,6 +40,8 @@ pub struct App {
     pub created: u64,
     /// `--max-request-tokens`; `None`: 8 contexts.
     pub max_request_tokens: Option<usize>,
+    /// `--allow-image-urls`.
+    pub allow_image_urls: bool,
 }
 
 impl App {
@@ -53,6 +55,7 @@ impl App {
             api_key,
             created,
             max_request_tokens: None,
+            allow_image_urls: false,
         }
     }
 

@@ -80,6 +80,9 @@ pub struct EngineOptions {
     /// GPU profiling printed to stderr after each step: 0 off, 1 the host's time recording,
     /// submitting and waiting, 2 also each kernel's GPU time (timestamps).
     pub gpu_profile: u8,
+    /// A multimodal projector file (llama.cpp's mmproj GGUF): the vision encoder that lets
+    /// sessions take images. Its output width must be the model's embedding width.
+    pub mmproj: Option<PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -96,11 +99,18 @@ impl Default for EngineOptions {
             progress: None,
             batch_invariant: false,
             gpu_profile: 0,
+            mmproj: None,
         }
     }
 }
 
 impl EngineOptions {
+    /// The vision encoder's mmproj file.
+    pub fn with_mmproj(mut self, path: impl Into<PathBuf>) -> Self {
+        self.mmproj = Some(path.into());
+        self
+    }
+
     /// Context per sequence.
     pub fn with_n_ctx(mut self, n: usize) -> Self {
         self.n_ctx = Some(n);
@@ -170,6 +180,8 @@ pub(crate) struct EngineInner {
     pub sha256: OnceLock<String>,
     /// The vocabulary as the grammar engine sees it, built on first use.
     pub grammar_env: OnceLock<Arc<GrammarEnv>>,
+    /// The vision encoder, when an mmproj file was given.
+    pub vision: Option<Arc<crate::vision::VisionEncoder>>,
 }
 
 #[cfg(feature = "gpu")]
@@ -295,6 +307,23 @@ impl Engine {
                 boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks, opts.greedy_lookahead)
             }
         };
+        let vision = match &opts.mmproj {
+            Some(p) => {
+                let g = Arc::new(GgufFile::open(p)?);
+                let enc = crate::vision::VisionEncoder::load(g, Arc::new(CpuBackend::new(n_threads)))
+                    .map_err(|e| KilnError::invalid(format!("{}: {e}", p.display())))?;
+                if enc.config().n_embd_out != cfg.n_embd {
+                    return Err(KilnError::invalid(format!(
+                        "{}: the projector's output is {} wide but the model's embeddings are {}: not this model's mmproj",
+                        p.display(),
+                        enc.config().n_embd_out,
+                        cfg.n_embd
+                    )));
+                }
+                Some(Arc::new(enc))
+            }
+            None => None,
+        };
         let load_ms = t0.elapsed().as_secs_f64() * 1e3;
         Ok(Engine {
             inner: Arc::new(EngineInner {
@@ -307,8 +336,14 @@ impl Engine {
                 load_ms,
                 sha256: OnceLock::new(),
                 grammar_env: OnceLock::new(),
+                vision,
             }),
         })
+    }
+
+    /// The vision encoder (from [`EngineOptions::with_mmproj`]), if any.
+    pub fn vision(&self) -> Option<&crate::vision::VisionEncoder> {
+        self.inner.vision.as_deref()
     }
 
     /// A new conversation on this engine.

@@ -62,6 +62,7 @@ pub mod quant;
 pub mod sample;
 pub mod session;
 pub mod tokenizer;
+pub mod vision;
 
 pub use backend::cpu::AttnArith;
 pub use chat::Message;

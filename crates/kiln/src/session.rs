@@ -31,6 +31,8 @@ use crate::model::{Entry, OutputKind, SeqId};
 use crate::progress::{report, ProgressFn, Stage};
 use crate::sample::{Sampler, SamplerParams, StopMatcher};
 use crate::tokenizer::Detokenizer;
+use crate::vision::prompt::run_end;
+use crate::vision::{EncodedImage, ImageRows, RgbImage, MEDIA_MARKER};
 
 /// Version of the session file format `save` writes.
 pub const SESSION_FORMAT_VERSION: u64 = 1;
@@ -178,6 +180,10 @@ pub struct Timings {
     pub gen_n: usize,
     /// Milliseconds generating.
     pub gen_ms: f64,
+    /// Images encoded (the same pixels twice in a session: once).
+    pub image_n: usize,
+    /// Milliseconds encoding images (decoding the files not included).
+    pub image_ms: f64,
 }
 
 /// The result of one `generate`.
@@ -239,6 +245,10 @@ pub struct Session {
     cancel: Arc<AtomicBool>,
     timings: Timings,
     n_evaluated: usize,
+    /// The images encoded for this conversation: what its image-row ids stand for.
+    images: ImageRows,
+    /// The chat history's images, in the order of their markers.
+    chat_images: Vec<Arc<EncodedImage>>,
 }
 
 impl Session {
@@ -256,6 +266,8 @@ impl Session {
             cancel: Arc::new(AtomicBool::new(false)),
             timings: Timings::default(),
             n_evaluated: 0,
+            images: ImageRows::default(),
+            chat_images: Vec::new(),
         })
     }
 
@@ -301,6 +313,8 @@ impl Session {
         self.tokens.clear();
         self.history.clear();
         self.tools = ChatTools::default();
+        self.images.clear();
+        self.chat_images.clear();
         self.logits = None;
         self.next_id = None;
         self.engine.runner().truncate_seq(self.seq, 0);
@@ -329,7 +343,7 @@ impl Session {
     /// tools of the last [`append_chat_with`](Self::append_chat_with) (none at first).
     pub fn append_chat(&mut self, messages: &[Message]) -> Result<Vec<u32>> {
         let tools = self.tools.clone();
-        self.append_chat_with(messages, &tools)
+        self.chat(messages, &[], &tools)
     }
 
     /// [`append_chat`](Self::append_chat) with tools the model may call: they reach it
@@ -337,19 +351,90 @@ impl Session {
     /// `Summary::tool_calls` and `Event::tool_calls`) in the template's format. Tool
     /// results go back as `Message::tool(..)` messages with a `tool_call_id`.
     pub fn append_chat_with(&mut self, messages: &[Message], tools: &ChatTools) -> Result<Vec<u32>> {
+        self.chat(messages, &[], tools)
+    }
+
+    /// Like [`Session::append_chat`], with images: each message's text holds the marker
+    /// [`MEDIA_MARKER`] where an image goes, and `images` are the new messages' images in
+    /// order (the history's stay as they were). A user message that names no marker gets
+    /// one per image in front of its text, as `llama-mtmd-cli` does.
+    pub fn append_chat_with_images(&mut self, messages: &[Message], images: &[RgbImage]) -> Result<Vec<u32>> {
+        let tools = self.tools.clone();
+        self.chat(messages, images, &tools)
+    }
+
+    /// Encodes `img` with the engine's vision encoder and appends it as its family's span of
+    /// marker tokens and image rows (as llama.cpp's mtmd places an image at its marker).
+    /// Returns the span's ids (image rows have ids past the vocabulary).
+    pub fn append_image(&mut self, img: &RgbImage) -> Result<Vec<u32>> {
+        let enc = self.encode_image(img)?;
+        let mut all = self.tokens.clone();
+        all.extend_from_slice(&enc.ids);
+        self.set_tokens(all)?;
+        Ok(enc.ids.clone())
+    }
+
+    /// Adds `messages` (with `images` at their markers) to the history, renders it with the
+    /// template and `tools`, and evaluates what the KV does not hold yet. With a vision
+    /// encoder, the history's markers stand for its images.
+    fn chat(&mut self, messages: &[Message], images: &[RgbImage], tools: &ChatTools) -> Result<Vec<u32>> {
         let tpl = self
             .engine
             .chat_template()
             .ok_or_else(|| KilnError::Template("the model has no chat template".into()))?;
         let mut history = self.history.clone();
-        history.extend_from_slice(messages);
+        let mut new: Vec<Message> = messages.to_vec();
+        let named: usize = new.iter().map(|m| m.content.matches(MEDIA_MARKER).count()).sum();
+        if named == 0 && !images.is_empty() {
+            if let Some(m) = new.iter_mut().rev().find(|m| m.role == "user") {
+                m.content = MEDIA_MARKER.repeat(images.len()) + &m.content;
+            }
+        }
+        history.extend(new);
         let json = serde_json::to_value(&history).map_err(|e| KilnError::Template(e.to_string()))?;
         let text = render_chat(tpl, &json, tools, true)?;
-        let ids = self.encode(&text, true)?;
+        let (ids, encoded) = if images.is_empty() && self.engine.vision().is_none() {
+            (self.encode(&text, true)?, Vec::new())
+        } else {
+            let segments: Vec<&str> = text.split(MEDIA_MARKER).collect();
+            if segments.len() - 1 != self.chat_images.len() + images.len() {
+                return Err(KilnError::invalid(format!(
+                    "{} image markers in the messages for {} images",
+                    (segments.len() - 1).saturating_sub(self.chat_images.len()),
+                    images.len()
+                )));
+            }
+            let mut encoded = self.chat_images.clone();
+            for img in images {
+                encoded.push(self.encode_image(img)?);
+            }
+            let mut ids = self.encode(segments[0], true)?;
+            for (seg, img) in segments[1..].iter().zip(&encoded) {
+                ids.extend_from_slice(&img.ids);
+                ids.extend(self.encode(seg, false)?);
+            }
+            (ids, encoded)
+        };
         self.set_tokens(ids.clone())?;
         self.history = history;
         self.tools = tools.clone();
+        self.chat_images = encoded;
         Ok(ids)
+    }
+
+    /// Encodes `img` (once per session for the same pixels) and registers its rows.
+    fn encode_image(&mut self, img: &RgbImage) -> Result<Arc<EncodedImage>> {
+        let enc = self.engine.vision().ok_or_else(|| {
+            KilnError::invalid("the model takes no images: load its vision encoder (an mmproj file) with it")
+        })?;
+        let t0 = Instant::now();
+        let n = self.images.len();
+        let e = self.images.encode(enc, self.engine.tokenizer(), img)?;
+        if self.images.len() > n {
+            self.timings.image_n += 1;
+            self.timings.image_ms += t0.elapsed().as_secs_f64() * 1e3;
+        }
+        Ok(e)
     }
 
     /// Appends `ids` to the conversation and evaluates them (in micro-batches), keeping
@@ -372,7 +457,7 @@ impl Session {
             )));
         }
         let n_vocab = self.engine.config().n_vocab;
-        if let Some(&bad) = target.iter().find(|&&t| t as usize >= n_vocab) {
+        if let Some(&bad) = target.iter().find(|&&t| t as usize >= n_vocab && !self.images.contains(t)) {
             return Err(KilnError::invalid(format!("token id {bad} is outside the vocabulary ({n_vocab})")));
         }
         if target.is_empty() {
@@ -401,11 +486,17 @@ impl Session {
             if self.cancel.load(Ordering::SeqCst) {
                 break;
             }
-            let end = (at + chunk).min(n);
-            let entries: Vec<Entry> = (at..end)
-                .map(|i| Entry { seq: self.seq, token: self.tokens[i], output: i + 1 == n })
-                .collect();
-            let out = runner.decode(&entries, OutputKind::Logits)?;
+            // A run of text tokens or of image rows, at most a micro-batch.
+            let end = run_end(&self.tokens, at, chunk, Some(&self.images));
+            let out = if self.images.contains(self.tokens[at]) {
+                let rows = self.images.gather(&self.tokens[at..end], self.engine.config().n_embd)?;
+                runner.decode_embd(self.seq, &self.tokens[at..end], &rows, end == n)?
+            } else {
+                let entries: Vec<Entry> = (at..end)
+                    .map(|i| Entry { seq: self.seq, token: self.tokens[i], output: i + 1 == n })
+                    .collect();
+                runner.decode(&entries, OutputKind::Logits)?
+            };
             self.n_evaluated += end - at;
             self.timings.prompt_n += end - at;
             report(
@@ -461,7 +552,8 @@ impl Session {
             (None, Some(f)) => compile_tool_grammar(&self.engine, f, &self.tools)?.map(|g| g.constraint()),
             (None, None) => None,
         };
-        for &t in &self.tokens {
+        // Image rows are no tokens to penalize (llama.cpp's sampler never sees them).
+        for &t in self.tokens.iter().filter(|&&t| (t as usize) < n_vocab) {
             sampler.accept(t);
         }
         // Plain greedy decoding needs only each step's argmax, computed on the device.
@@ -607,6 +699,11 @@ impl Session {
     /// is not stored; `restore` recomputes it, bit-identical by batch invariance.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
+        if self.tokens.iter().any(|&t| self.images.contains(t)) {
+            return Err(KilnError::invalid(
+                "a conversation with images cannot be saved (the file holds tokens only)",
+            ));
+        }
         let doc = json!({
             "format": "kiln-session",
             "version": SESSION_FORMAT_VERSION,

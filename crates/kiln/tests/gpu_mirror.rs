@@ -144,6 +144,10 @@ impl Backend for Mirror {
         self.check("embed", out, ids.len() * table.0.cols);
         Ok(())
     }
+    fn write_rows(&self, buf: &mut Self::Buf, v: &[f32]) {
+        self.cpu.write_rows(&mut buf.0, v);
+        self.gpu.write_rows(&mut buf.1, v);
+    }
     fn rms_norm(
         &self,
         x: &Self::Buf,

@@ -1,7 +1,7 @@
 //! `kiln chat`: interactive multi-turn chat. Replies stream to stdout; the KV cache of
 //! earlier turns is reused, so each turn evaluates only its new tokens. Ctrl-C cancels
 //! the reply being generated (at the prompt it quits). Commands: `/reset`, `/save FILE`,
-//! `/load FILE`, `/quit`. With piped stdin, each line is one user message.
+//! `/load FILE`, `/image FILE` (an image for the next message, with `--mmproj`), `/quit`. With piped stdin, each line is one user message.
 
 use std::io::{BufRead, IsTerminal};
 use std::ops::ControlFlow;
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use kiln::chat::Message;
 use kiln::session::{GenerateOptions, Session};
+use kiln::vision::RgbImage;
 use kiln::KilnError;
 
 use super::common::{print_out, ModelArgs};
@@ -97,13 +98,15 @@ pub fn run(a: Args) -> kiln::Result<()> {
     });
     if tty {
         eprintln!(
-            "kiln chat: {} — /reset, /save FILE, /load FILE, /quit; Ctrl-C stops a reply",
+            "kiln chat: {} — /reset, /save FILE, /load FILE, /image FILE, /quit; Ctrl-C stops a reply",
             engine.path().display()
         );
     }
 
     let stdin = std::io::stdin();
     let mut lines = stdin.lock();
+    // Images attached with /image, for the next message.
+    let mut images: Vec<RgbImage> = Vec::new();
     let mut line = String::new();
     loop {
         if tty {
@@ -127,8 +130,18 @@ pub fn run(a: Args) -> kiln::Result<()> {
                 ("load", f) if !f.is_empty() => {
                     session.restore(f).map(|_| format!("loaded {f} ({} tokens)", session.tokens().len()))
                 }
+                ("image", f) if !f.is_empty() => match engine.vision() {
+                    None => Err(KilnError::invalid(
+                        "the model takes no images: start kiln chat with --mmproj FILE",
+                    )),
+                    Some(_) => RgbImage::open(f).map(|img| {
+                        let note = format!("{f} ({}x{}) goes with your next message", img.width, img.height);
+                        images.push(img);
+                        note
+                    }),
+                },
                 _ => Err(KilnError::invalid(format!(
-                    "unknown command /{cmd} (try /reset, /save FILE, /load FILE, /quit)"
+                    "unknown command /{cmd} (try /reset, /save FILE, /load FILE, /image FILE, /quit)"
                 ))),
             };
             match done {
@@ -140,7 +153,8 @@ pub fn run(a: Args) -> kiln::Result<()> {
         if msg.is_empty() {
             continue;
         }
-        if let Err(e) = turn(&mut session, msg, a.system.as_deref(), chat_mode, &opts) {
+        let attached = std::mem::take(&mut images);
+        if let Err(e) = turn(&mut session, msg, &attached, a.system.as_deref(), chat_mode, &opts) {
             // Piped input stops at the first failed turn (main prints the error once); at a
             // terminal the conversation goes on.
             if !tty {
@@ -155,6 +169,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
 fn turn(
     s: &mut Session,
     msg: &str,
+    images: &[RgbImage],
     system: Option<&str>,
     chat_mode: bool,
     opts: &GenerateOptions,
@@ -168,8 +183,11 @@ fn turn(
                 msgs.extend(system.map(Message::system));
             }
             msgs.push(Message::user(msg));
-            s.append_chat(&msgs)?;
+            s.append_chat_with_images(&msgs, images)?;
         } else {
+            for img in images {
+                s.append_image(img)?;
+            }
             s.append_text(msg)?;
         }
         s.generate(opts, |ev| {

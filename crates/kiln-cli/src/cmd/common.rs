@@ -29,6 +29,9 @@ pub struct ModelArgs {
     /// its batch (the GPU then leaves its tensor-core matmul unused).
     #[arg(long)]
     pub batch_invariant: bool,
+    /// A vision encoder for the model (llama.cpp's mmproj GGUF): images in run, chat, serve.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<String>,
 }
 
 /// The help of `-hf, --hf-repo` wherever a model is taken.
@@ -101,6 +104,9 @@ impl ModelArgs {
         }
         if let Some(b) = self.batch_size {
             o = o.with_batch(b);
+        }
+        if let Some(m) = &self.mmproj {
+            o = o.with_mmproj(m);
         }
         Ok(o)
     }

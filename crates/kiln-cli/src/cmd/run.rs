@@ -2,8 +2,10 @@
 
 use std::ops::ControlFlow;
 
+use kiln::chat::Message;
 use kiln::sample::SamplerParams;
-use kiln::session::GenerateOptions;
+use kiln::session::{GenerateOptions, Session};
+use kiln::vision::{RgbImage, MEDIA_MARKER};
 use kiln::KilnError;
 use serde_json::json;
 
@@ -30,6 +32,10 @@ pub struct Args {
     /// Use the prompt as plain text, without the chat template.
     #[arg(long)]
     raw: bool,
+    /// An image for the prompt (needs --mmproj); repeatable. It goes where the prompt says
+    /// <__media__>, else before the text.
+    #[arg(long, value_name = "FILE")]
+    image: Vec<String>,
     #[arg(long)]
     json: bool,
 }
@@ -98,18 +104,61 @@ fn parse_bias(s: &str) -> kiln::Result<(u32, f32)> {
     Ok((id, sign * mag))
 }
 
+/// The prompt with images placed as `llama-mtmd-cli -p PROMPT --image IMG` places them: at
+/// each media marker, else before the text; in chat mode inside the user message.
+fn prompt_with_images(
+    s: &mut Session,
+    prompt: &str,
+    images: &[RgbImage],
+    system: Option<&str>,
+    raw: bool,
+) -> kiln::Result<Vec<u32>> {
+    if s.engine().chat_template().is_some() && !raw {
+        let mut msgs: Vec<Message> = system.map(Message::system).into_iter().collect();
+        msgs.push(Message::user(prompt));
+        return s.append_chat_with_images(&msgs, images);
+    }
+    let text = if prompt.contains(MEDIA_MARKER) {
+        prompt.to_string()
+    } else {
+        MEDIA_MARKER.repeat(images.len()) + prompt
+    };
+    let segments: Vec<&str> = text.split(MEDIA_MARKER).collect();
+    if segments.len() - 1 != images.len() {
+        return Err(KilnError::invalid(format!(
+            "{} image markers in the prompt for {} images",
+            segments.len() - 1,
+            images.len()
+        )));
+    }
+    for (i, seg) in segments.iter().enumerate() {
+        if !seg.is_empty() {
+            s.append_text(seg)?;
+        }
+        if let Some(img) = images.get(i) {
+            s.append_image(img)?;
+        }
+    }
+    Ok(s.tokens())
+}
+
 pub fn run(a: Args) -> kiln::Result<()> {
     let prompt = a.text.require()?;
     let params = a.sampling.params()?;
     let grammar = a.grammar.grammar()?;
+    let images = a.image.iter().map(RgbImage::open).collect::<kiln::Result<Vec<_>>>()?;
     let engine = a.model.load()?;
     params.validate(engine.config().n_vocab)?;
     grammar::check(&engine, &grammar)?;
-    let ids = prompt_ids(&engine, &prompt, a.system.as_deref(), a.raw)?;
     let mut session = engine.session(super::common::session_options())?;
-    let appended = session.append_tokens(&ids);
+    let appended = if images.is_empty() {
+        prompt_ids(&engine, &prompt, a.system.as_deref(), a.raw)
+            .and_then(|ids| session.append_tokens(&ids).map(|_| ids))
+    } else {
+        prompt_with_images(&mut session, &prompt, &images, a.system.as_deref(), a.raw)
+    };
     crate::bars::clear();
-    appended?;
+    let ids = appended?;
     let mut opts = GenerateOptions::default()
         .with_sampler(params)
         .with_stop(a.sampling.stop.clone())
@@ -135,7 +184,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
             "finish_reason": summary.finish_reason.as_str(),
             "timings": {"load_ms": engine.load_ms(), "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms,
                         "prompt_tok_s": rate(t.prompt_n, t.prompt_ms), "gen_n": t.gen_n, "gen_ms": t.gen_ms,
-                        "gen_tok_s": rate(t.gen_n, t.gen_ms)},
+                        "gen_tok_s": rate(t.gen_n, t.gen_ms), "image_n": t.image_n, "image_ms": t.image_ms},
         });
         print_out(&format!("{out}\n"));
     } else {

@@ -45,6 +45,9 @@ pub struct Args {
     /// prompts and choices (default: 8 x -c).
     #[arg(long = "max-request-tokens", value_name = "N")]
     max_request_tokens: Option<usize>,
+    /// Fetch http(s) image URLs of image_url content parts (default: data: URLs only).
+    #[arg(long = "allow-image-urls")]
+    allow_image_urls: bool,
 }
 
 /// The longest timeout accepted (a day): longer is no timeout at all.
@@ -89,5 +92,6 @@ pub fn run(a: Args) -> kiln::Result<()> {
         api_key,
         limits,
         max_request_tokens: a.max_request_tokens,
+        allow_image_urls: a.allow_image_urls,
     })
 }

@@ -158,6 +158,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// `out[i] = table[ids[i]] * scale`.
     fn embed(&self, table: &Self::Weight, ids: &[u32], scale: f32, out: &mut Self::Buf) -> Result<()>;
+    /// Overwrites the start of `buf` with host values: input rows given as embeddings (an
+    /// image's encoded rows) instead of looked up.
+    fn write_rows(&self, buf: &mut Self::Buf, v: &[f32]);
     /// RMS-normalizes each of `rows` rows of `dim` values and multiplies by `w`.
     fn rms_norm(
         &self,

@@ -30,6 +30,9 @@ pub struct UBatch<'a> {
     pub seq: &'a [u32],
     /// Entries whose output (logits or hidden state) is wanted, ascending.
     pub outputs: &'a [u32],
+    /// The entries' input rows (`n_embd` each), given instead of looked up from `tokens`
+    /// (an image's encoded rows).
+    pub embd: Option<&'a [f32]>,
 }
 
 /// What the forward returns for the output rows.
@@ -214,7 +217,10 @@ impl<B: Backend> Model<B> {
             })
             .collect();
 
-        if last_argmax {
+        if let Some(rows) = ub.embd {
+            debug_assert_eq!(rows.len(), n * d);
+            b.write_rows(&mut s.x, rows);
+        } else if last_argmax {
             b.embed_last_argmax(&w.token_embd, n, cfg.embd_scale, &mut s.x)?;
         } else {
             b.embed(&w.token_embd, ub.tokens, cfg.embd_scale, &mut s.x)?;

@@ -50,6 +50,12 @@ pub trait Runner: Send + Sync {
     /// `n_ubatch` at a time. Returns the outputs of the entries marked `output`, in order,
     /// each `n_vocab` (logits) or `n_embd` (hidden) wide. On error nothing is appended.
     fn decode(&self, entries: &[Entry], kind: OutputKind) -> Result<Vec<f32>>;
+    /// Appends positions to `seq` whose inputs are the rows of `embd` (`ids.len()` rows of
+    /// `n_embd`: an image's encoded rows) instead of token embeddings. `ids` name the
+    /// positions for prefix reuse (any values; images use ids past the vocabulary derived
+    /// from their pixels' hash). Returns the last row's logits when `output`, else nothing.
+    /// On error nothing is appended.
+    fn decode_embd(&self, seq: SeqId, ids: &[u32], embd: &[f32], output: bool) -> Result<Vec<f32>>;
     /// Fraction of KV blocks in use (blocks held only by the prefix cache count as used).
     fn kv_usage(&self) -> f32;
     /// Blocks the prefix cache names now, and the most it may name.
@@ -356,7 +362,7 @@ impl<B: Backend> ModelRunner<B> {
     ) -> Result<IdsTicket> {
         let tables: Vec<&[u32]> =
             st.seqs.iter().map(|s| s.as_ref().map_or(&[][..], |s| &s.table.blocks[..])).collect();
-        let ub = UBatch { tokens: &[token], pos: &[pos as u32], seq: &[seq], outputs: &[0] };
+        let ub = UBatch { tokens: &[token], pos: &[pos as u32], seq: &[seq], outputs: &[0], embd: None };
         self.model.forward_greedy(&ub, last_argmax, &mut st.kv, &tables, &mut st.scratch)
     }
 }
@@ -509,20 +515,54 @@ impl<B: Backend> Runner for ModelRunner<B> {
     }
 
     fn decode(&self, entries: &[Entry], kind: OutputKind) -> Result<Vec<f32>> {
-        let cfg = &self.model.cfg;
         let st = &mut *self.lock();
         if let [e] = entries {
             if e.output && kind == OutputKind::Argmax && self.looks_ahead() {
                 return self.decode_greedy(st, *e);
             }
         }
+        self.decode_entries(st, entries, None, kind)
+    }
+
+    fn decode_embd(&self, seq: SeqId, ids: &[u32], embd: &[f32], output: bool) -> Result<Vec<f32>> {
+        let d = self.model.cfg.n_embd;
+        if embd.len() != ids.len() * d {
+            return Err(KilnError::invalid(format!(
+                "{} embedding values for {} rows of {d}",
+                embd.len(),
+                ids.len()
+            )));
+        }
+        let n = ids.len();
+        let entries: Vec<Entry> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| Entry { seq, token, output: output && i + 1 == n })
+            .collect();
+        let st = &mut *self.lock();
+        self.decode_entries(st, &entries, Some(embd), OutputKind::Logits)
+    }
+}
+
+impl<B: Backend> ModelRunner<B> {
+    /// `decode` without the greedy lookahead: `embd`, when given, holds the entries' input
+    /// rows (their tokens then need not be in the vocabulary).
+    fn decode_entries(
+        &self,
+        st: &mut State<B>,
+        entries: &[Entry],
+        embd: Option<&[f32]>,
+        kind: OutputKind,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.model.cfg;
+        let n_vocab = if embd.is_some() { usize::MAX } else { cfg.n_vocab };
         self.drop_lookahead(st);
         // Validate everything and count new positions per sequence before changing anything.
         let mut new_len: Vec<usize> =
             st.seqs.iter().map(|s| s.as_ref().map_or(0, |s| s.table.n_tokens)).collect();
         let mut pos = Vec::with_capacity(entries.len());
         for e in entries {
-            st.check_entry(e.seq, e.token, cfg.n_vocab)?;
+            st.check_entry(e.seq, e.token, n_vocab)?;
             let s = e.seq as usize;
             pos.push(new_len[s] as u32);
             new_len[s] += 1;
@@ -565,6 +605,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
                     pos: &pos[start..end],
                     seq: &seqs[start..end],
                     outputs: &outputs,
+                    embd: embd.map(|e| &e[start * cfg.n_embd..end * cfg.n_embd]),
                 };
                 let dst = &mut out[written * width..(written + outputs.len()) * width];
                 self.model.forward(&ub, &mut st.kv, &tables, &mut st.scratch, kind, dst)?;

@@ -161,6 +161,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn write_rows(&self, buf: &mut Vec<f32>, v: &[f32]) {
+        buf[..v.len()].copy_from_slice(v);
+    }
+
     fn rms_norm(&self, x: &Vec<f32>, w: &CpuWeight, eps: f32, rows: usize, dim: usize, out: &mut Vec<f32>) {
         let w = self.vector(w);
         // A row's sum of squares is one f64 chain (ggml's order): a prompt's rows go to the

@@ -998,6 +998,10 @@ impl Backend for GpuBackend {
         Ok(())
     }
 
+    fn write_rows(&self, buf: &mut GpuBuf, v: &[f32]) {
+        self.write(buf, v);
+    }
+
     fn embeds_last_argmax(&self) -> bool {
         !self.lock().timing_each()
     }
