@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The official `openai` Python client against a real `kiln serve`: smollm2
 # (tests/server/test_openai.py), and qwen2.5-coder-0.5b and smollm2 for tool calling and
-# structured output (tests/server/test_tools.py). Makes a venv with `openai` and `jsonschema`
+# structured output (tests/server/test_tools.py), and images as data URLs with a synthetic
+# SmolVLM-family mmproj (tests/server/test_images.py). Makes a venv with `openai` and `jsonschema`
 # from PyPI on first use (outside the repo, under $KILN_HOME), builds the release binary, runs
 # the tests. A few minutes.
 set -euo pipefail
@@ -12,6 +13,13 @@ if ! "$venv/bin/python" -c "import openai, jsonschema" 2>/dev/null; then
     "$venv/bin/pip" install --quiet --upgrade openai jsonschema
 fi
 cargo build --release -p kiln-cli
-target/release/kiln pull smollm2-135m >/dev/null
+cargo build --release -q -p kiln --example synth
+smollm2=$(target/release/kiln pull smollm2-135m)
 target/release/kiln pull qwen2.5-coder-0.5b >/dev/null
-exec "$venv/bin/python" -W ignore::ResourceWarning -m unittest -v tests/server/test_openai.py tests/server/test_tools.py "$@"
+KILN_VISION_DIR=$(mktemp -d)
+export KILN_VISION_DIR
+trap 'rm -rf "$KILN_VISION_DIR"' EXIT
+target/release/examples/synth smollm2-image-tokens:"$smollm2" "$KILN_VISION_DIR/lm.gguf"
+target/release/examples/synth idefics3-tiny-mmproj "$KILN_VISION_DIR/mmproj.gguf"
+"$venv/bin/python" -W ignore::ResourceWarning -m unittest -v tests/server/test_openai.py tests/server/test_tools.py \
+    tests/server/test_images.py "$@"
