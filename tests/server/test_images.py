@@ -26,7 +26,7 @@ def setUpModule():
     if not VISION:
         raise unittest.SkipTest("KILN_VISION_DIR is not set (run scripts/test-server.sh)")
     SERVER = Server("-m", os.path.join(VISION, "lm.gguf"), "--mmproj", os.path.join(VISION, "mmproj.gguf"),
-                    "-c", "512", "--parallel", "2")
+                    "-c", "512", "--parallel", "2", "--alias", "m")
 
 
 def tearDownModule():
