@@ -2,7 +2,7 @@
 //! loopback connection of the server's own connection handling (hyper's HTTP/1 parser under
 //! the watchdog and the connection cap, the router with its JSON error layer, a scheduler
 //! with a tiny random-weight model), the client then closes its write side and reads until
-//! the server closes. What comes back must be well-formed HTTP/1.1 responses: no 500, every
+//! the server closes. What comes back must be well-formed HTTP/1.x responses: no 500, every
 //! error with a body in OpenAI's JSON shape, bodiless errors only where hyper answers a head
 //! that does not parse (400, 414, 431); the server must close within its timeouts and keep
 //! answering `/health`. (`server_request` fuzzes the bodies behind a parsed head.)
@@ -123,6 +123,7 @@ fn check(out: &[u8], head_only: bool, reset: bool) {
         let status_line = lines.next().unwrap_or("");
         let code: u16 = status_line
             .strip_prefix("HTTP/1.1 ")
+            .or_else(|| status_line.strip_prefix("HTTP/1.0 ")) // the answer to an HTTP/1.0 request
             .and_then(|s| s.get(..3))
             .and_then(|c| c.parse().ok())
             .unwrap_or_else(|| panic!("a bad status line {status_line:?}"));
