@@ -141,7 +141,8 @@ fn check(out: &[u8], head_only: bool, reset: bool) {
                 n.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
             })
         };
-        let body: Vec<u8> = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        let body: Vec<u8> = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+        {
             match chunked(rest) {
                 Some((body, after)) => {
                     rest = after;
@@ -170,8 +171,9 @@ fn check(out: &[u8], head_only: bool, reset: bool) {
             if body.is_empty() {
                 assert!(matches!(code, 400 | 414 | 431), "a bodiless {code}: {:?}", show(out));
             } else {
-                let v: serde_json::Value = serde_json::from_slice(&body)
-                    .unwrap_or_else(|e| panic!("{code}: the error body is not JSON ({e}): {:?}", show(&body)));
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| {
+                    panic!("{code}: the error body is not JSON ({e}): {:?}", show(&body))
+                });
                 let e = &v["error"];
                 assert!(e["message"].is_string() && e["type"].is_string(), "{code}: {v}");
                 assert!(e.get("param").is_some() && e.get("code").is_some(), "{code}: {v}");
