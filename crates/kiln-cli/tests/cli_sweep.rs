@@ -303,7 +303,7 @@ fn every_flag_with_odd_values_exits_cleanly() {
     );
 }
 
-/// `-m` naming a directory, a device or a FIFO is refused at once, naming what it is
+/// `-m` naming a directory, a device, a FIFO or a socket is refused at once, naming what it is
 /// (a FIFO is never opened: opening it for reading would wait for a writer).
 #[test]
 fn a_model_path_that_is_not_a_regular_file_is_refused() {
@@ -312,8 +312,16 @@ fn a_model_path_that_is_not_a_regular_file_is_refused() {
     let fifo = dir.join("model.gguf");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let fifo = fifo.to_string_lossy().into_owned();
+    let socket = dir.join("socket.gguf");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let socket = socket.to_string_lossy().into_owned();
     let d = dir.to_string_lossy().into_owned();
-    for (path, kind) in [(fifo.as_str(), "a FIFO"), (d.as_str(), "a directory"), ("/dev/null", "a device")] {
+    for (path, kind) in [
+        (fifo.as_str(), "a FIFO"),
+        (socket.as_str(), "a socket"),
+        (d.as_str(), "a directory"),
+        ("/dev/null", "a device"),
+    ] {
         for cmd in
             [&["run", "-p", "hi"][..], &["inspect"], &["tokenize", "-p", "hi"], &["serve", "--port", "0"]]
         {
