@@ -73,7 +73,7 @@ pub struct EngineOptions {
     pub progress: Option<ProgressFn>,
     /// Keep every sequence on one arithmetic whatever shares its batch: its outputs alone
     /// and inside any batch are then identical. Off by default: where the GPU has
-    /// cooperative matrices, prompt chunks and decode batches of 16 tokens or more run on
+    /// cooperative matrices, prompt chunks and decode batches of 32 tokens or more run on
     /// them (far faster), and a token's sums then depend on its batch's size, as in
     /// llama.cpp and vLLM. The CPU is always batch invariant.
     pub batch_invariant: bool,

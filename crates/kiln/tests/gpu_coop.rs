@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use half::f16;
 use kiln::backend::cpu::CpuBackend;
-use kiln::backend::wgpu::coop::{CoopCaps, CoopShape, Ops};
+use kiln::backend::wgpu::coop::{self, CoopCaps, CoopShape, Ops};
 use kiln::backend::wgpu::kernels::{self, Kernel, Outs};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
 use kiln::backend::Backend;
@@ -94,7 +94,7 @@ fn gpu() -> GpuBackend {
 
 /// A GPU whose matmuls of `MIN_TOKENS`+ tokens run on tiles: real cooperative matrices where the
 /// adapter has them, else emulated ones.
-fn tile_gpu() -> GpuBackend {
+fn selecting_gpu() -> GpuBackend {
     let mut g = gpu();
     assert!(g.emulate_coop(), "{}: no f16 with subgroups, so no tile kernels to test", g.name());
     eprintln!(
@@ -102,6 +102,15 @@ fn tile_gpu() -> GpuBackend {
         g.name(),
         if g.has_coop_hardware() { "cooperative matrices" } else { "emulated" }
     );
+    g
+}
+
+/// A GPU whose matmuls of any batch run on the tiles `coop::shape` picks (those of
+/// batches under `MIN_TOKENS` too: every shape is tested whatever the threshold).
+fn tile_gpu() -> GpuBackend {
+    let mut g = selecting_gpu();
+    let caps = g.coop_caps().expect("tiles");
+    g.set_shape_choice(Some(Arc::new(move |tokens, rows, k| coop::shape(&caps, tokens, rows, k))));
     g
 }
 
@@ -196,6 +205,25 @@ fn tile_matmul_matches_its_f16_reference_and_the_cpu() {
 }
 
 #[test]
+fn any_number_of_splits_of_k_adds_up() {
+    // One pipeline serves every split count (a parameter): counts that divide k's 16
+    // chunks unevenly (3: 6 + 6 + 4) or leave a split one chunk (15) give the product too.
+    let g = model();
+    let name = &format!("w.{}", GgmlType::Q4_K.name());
+    let n = 20;
+    let r = f16_reference(&g, name, n);
+    for ks in [1u32, 3, 15] {
+        let mut gpu = tile_gpu();
+        let caps = gpu.coop_caps().expect("tiles");
+        gpu.set_shape_choice(Some(Arc::new(move |tokens, rows, k| {
+            coop::shape(&caps, tokens, rows, k).map(|s| CoopShape { ks, ..s })
+        })));
+        let e = nmse(&matmul_out(&gpu, &g, name, n), &r);
+        assert!(e <= TILE_NMSE, "k in {ks} splits on {}: NMSE {e:e} against the f16 reference", gpu.name());
+    }
+}
+
+#[test]
 fn weights_loaded_together_and_split_run_on_tiles() {
     // q/k/v with biases in one buffer (one kernel, outputs routed by row), Q4_K q and k
     // with a Q6_K v (a kernel per type), and a weight split by rows over buffers.
@@ -277,7 +305,7 @@ fn tiles_run_only_where_chosen_and_the_rest_stays_batch_invariant() {
             );
         }
     }
-    let tiles = tile_gpu();
+    let tiles = selecting_gpu();
     for n in [coop_min_tokens() - 1, coop_min_tokens()] {
         let e = nmse(&matmul_out(&tiles, &g, name, n), &f16_reference(&g, name, n));
         assert_eq!(e <= TILE_NMSE, n >= coop_min_tokens(), "x{n}: NMSE {e:e} against the f16 reference");
@@ -303,7 +331,7 @@ fn tile_kernels_compile_for_cooperative_matrices() {
     let mut shapes = Vec::new();
     for tokens in [8, 16, 17, 32, 33, 64, 95, 96, 512] {
         for (rows, k) in [(896, 4864), (4096, 4096), (14336, 4096), (4096, 14336)] {
-            let s: CoopShape = kiln::backend::wgpu::coop::shape(&caps, tokens, rows, k).expect("fits 48 KiB");
+            let s: CoopShape = coop::shape(&caps, tokens, rows, k).expect("fits 48 KiB").kernel_key();
             assert_eq!(s.ops, Ops::Coop);
             assert!(s.storage() <= 49152, "{s:?}");
             if !shapes.contains(&s) {

@@ -226,7 +226,7 @@ impl<B: Backend> ModelRunner<B> {
     /// Runs once each kind of step a model's use meets, on scratch sequences, so every
     /// pipeline and bind group they need is made now instead of in the first request: a
     /// prompt chunk past the first 256 positions (the split attention's second chunk),
-    /// greedy and sampled decode steps there, and batches of 2 to 64 tokens (the tile
+    /// greedy and sampled decode steps there, and batches of 2 to 128 tokens (the tile
     /// matmul's shapes). Leaves the pool as it was: the sequences are freed and no block
     /// stays in the prefix cache.
     pub fn warm_up(&self) -> Result<()> {
@@ -248,7 +248,7 @@ impl<B: Backend> ModelRunner<B> {
             })();
             self.free_seq(seq);
             steps?;
-            for n in [2, 8, 16, 32, 64] {
+            for n in [2, 8, 16, 32, 64, 128] {
                 if n > room {
                     break;
                 }

@@ -28,7 +28,9 @@ pub enum Ops {
 /// A tile kernel's shape: each of SGM x SGN subgroups computes FM x FN tiles of 16 tokens
 /// by 16 weight rows; the workgroup has NSG = SGM x SGN subgroups of up to `sg`
 /// invocations; k is split over `ks` workgroups (1: not split), whose partial sums
-/// `Kernel::CoopReduce` adds.
+/// `Kernel::CoopReduce` adds. The kernel reads the number of splits from its parameters:
+/// one pipeline serves every split count (`kernel_key`), so a batch size met for the first
+/// time never waits for a driver compile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopShape {
     pub fm: u32,
@@ -48,6 +50,10 @@ impl CoopShape {
     /// Weight rows per workgroup.
     pub fn bn(self) -> u32 {
         16 * self.fn_ * self.sgn
+    }
+    /// The shape a pipeline is built for: split or not (the count is a parameter).
+    pub fn kernel_key(self) -> CoopShape {
+        CoopShape { ks: self.ks.min(2), ..self }
     }
     /// Weight rows each invocation stages (the workgroup may have fewer invocations than
     /// the tile has rows).
@@ -73,19 +79,25 @@ pub fn coop_type(ty: GgmlType) -> bool {
     matches!(ty, F16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K | Q5_K | Q6_K)
 }
 
-/// Tokens from which a matmul runs on the tiles (below, the vec path's integer dots).
-pub const MIN_TOKENS: usize = 16;
+/// Tokens from which a matmul runs on the tiles (below, the vec path's integer dots, which
+/// are batch invariant). On the H200 (Llama-3-8B Q4_K_M, whole prompt steps) the tiles lose
+/// at 16 tokens (vec 1.6x faster), tie at 24 and win from 32 (1.15x; 64: 1.9x).
+pub const MIN_TOKENS: usize = 32;
 
 /// Weight-row tiles under which a narrower tile (half the rows) is taken so more
 /// workgroups share the weight reads of a small batch.
 const MIN_ROW_TILES: usize = 64;
 
-/// Workgroups a matmul should have at least (a few per multiprocessor of a large GPU, so
-/// each has work in flight while others wait for memory): fewer, and k is split.
-const MIN_WORKGROUPS: usize = 512;
+/// Workgroups a matmul should have at least: fewer, and k is split. Tiles of up to 64 tokens
+/// wait on memory more than on their products and want several workgroups per
+/// multiprocessor in flight; 128-token tiles are busy with their products, and a split only
+/// adds its partial sums' traffic. (H200, examples/gpu_tiles: 4096 x 4096 Q4_K at 512 tokens
+/// 242 us whole, 311 us in 4 splits; at 32 tokens 51 us in 4 splits, 55 us in 8.)
+const MIN_WORKGROUPS: usize = 1024;
+const MIN_WORKGROUPS_WIDE: usize = 128;
 
 /// Most splits of k, and the fewest 32-value chunks a split takes.
-const MAX_SPLITS: usize = 8;
+const MAX_SPLITS: usize = 4;
 const MIN_SPLIT_CHUNKS: usize = 8;
 
 /// The shape for `tokens` tokens of a weight of `rows` rows of `k` values: 128 x 128 tiles
@@ -113,7 +125,8 @@ pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize, k: usize) -> Option<Co
         })
         .find(|c| c.storage() <= caps.workgroup_storage && c.wgs() <= caps.max_invocations)?;
     let tiles = tokens.div_ceil(c.bm() as usize) * rows.div_ceil(c.bn() as usize);
-    let ks = MIN_WORKGROUPS.div_ceil(tiles).min(MAX_SPLITS).min(k / 32 / MIN_SPLIT_CHUNKS).max(1);
+    let min_workgroups = if c.bm() >= 128 { MIN_WORKGROUPS_WIDE } else { MIN_WORKGROUPS };
+    let ks = min_workgroups.div_ceil(tiles).min(MAX_SPLITS).min(k / 32 / MIN_SPLIT_CHUNKS).max(1);
     // Splits of whole chunks, none empty.
     c.ks = (k / 32).div_ceil((k / 32).div_ceil(ks)) as u32;
     Some(c)
@@ -126,7 +139,7 @@ pub fn source(s: CoopShape, body: &str) -> String {
     let mut out = format!(
         "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst FM: u32 = {}u;\nconst FN: u32 = {}u;\n\
          const SGM: u32 = {}u;\nconst NSG: u32 = {nsg}u;\nconst WGS: u32 = {wgs}u;\n\
-         const NW: u32 = {}u;\nconst NX: u32 = {}u;\nconst KS: u32 = {}u;\n",
+         const NW: u32 = {}u;\nconst NX: u32 = {}u;\n",
         s.bm(),
         s.bn(),
         s.fm,
@@ -134,8 +147,13 @@ pub fn source(s: CoopShape, body: &str) -> String {
         s.sgm,
         s.rows_per_invocation(),
         (8 * s.bm()).div_ceil(wgs),
-        s.ks,
     );
+    // The number of splits of k: the dispatch's (parameter 6) where k is split.
+    out.push_str(if s.ks > 1 {
+        "fn n_splits() -> u32 {\n    return prm[6];\n}\n"
+    } else {
+        "fn n_splits() -> u32 {\n    return 1u;\n}\n"
+    });
     if s.ops == Ops::Emulated {
         out.push_str(EMULATED);
     }

@@ -677,7 +677,7 @@ impl GpuBackend {
                     let kernel = Kernel::MatmulCoop(
                         w.ty,
                         kernels::Outs { n: 1, bias: false, rope: false, tail: 0 },
-                        cs,
+                        cs.kernel_key(),
                     );
                     dispatches.push(Dispatch { kernel, prm: prm.clone(), bufs, groups: g });
                     let mut bufs = vec![part];

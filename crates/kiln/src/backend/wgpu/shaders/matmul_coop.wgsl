@@ -6,7 +6,7 @@
 // its block of FM x FN 16x16 tiles into f32 accumulators held in registers (kernels.rs
 // writes those statements out: `//MMA`, `//STORE`). Stages are double-buffered: the next
 // stage's loads are issued before this stage's products, one barrier per stage.
-// Small batches split k over KS workgroups (wid.z) where the rows alone would give few
+// Small batches split k over n_splits() workgroups (wid.z) where the rows alone would give few
 // workgroups: each writes its partial sums (`store` then writes them to a scratch buffer,
 // kernels.rs) and coop_reduce.wgsl adds them up in order.
 // Sums are f32 in the tensor cores' order: results differ from the integer paths by
@@ -80,7 +80,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let n_tok = prm[2];
     // This workgroup's chunks of k: c0.. (ns of them).
     let nk = prm[1] / 32u;
-    let per = (nk + KS - 1u) / KS;
+    let per = (nk + n_splits() - 1u) / n_splits();
     let c0 = min(wid.z * per, nk - 1u);
     let ns = min(per, nk - min(wid.z * per, nk));
     g_split = wid.z;
