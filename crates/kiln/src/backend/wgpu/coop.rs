@@ -81,7 +81,7 @@ pub fn coop_type(ty: GgmlType) -> bool {
 
 /// Tokens from which a matmul runs on the tiles (below, the vec path's integer dots, which
 /// are batch invariant). On the H200 (Llama-3-8B Q4_K_M, whole prompt steps) the tiles lose
-/// at 16 tokens (vec 1.6x faster), tie at 24 and win from 32 (1.15x; 64: 1.9x).
+/// at 16 tokens (vec 3.5x faster), tie at 24 and win from 32 (1.2x; 64: 2x).
 pub const MIN_TOKENS: usize = 32;
 
 /// Weight-row tiles under which a narrower tile (half the rows) is taken so more
