@@ -62,6 +62,8 @@ fn main() {
                 n_head_kv: n_kv,
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
+                q_scale: &[],
+                softcap: 0.0,
                 window: None,
             };
             let mut out = vec![0f32; n_tok * n_head * hd];

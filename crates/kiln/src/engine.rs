@@ -290,7 +290,7 @@ impl Engine {
         let runner: Box<dyn Runner> = match gpu {
             #[cfg(feature = "gpu")]
             Some(gpu) => {
-                let model = Model::load_with(&gguf, gpu, progress(Stage::Upload))?;
+                let model = Model::load_with(&gguf, gpu, progress(Stage::Upload))?.with_n_ctx(n_ctx);
                 let runner = ModelRunner::new(model, n_slots, n_ubatch)?;
                 // Every pipeline the model's steps use is built now, not in the first
                 // request (and kept in the driver's pipeline cache for the next start).
@@ -303,7 +303,7 @@ impl Engine {
             }
             _ => {
                 let backend = CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith);
-                let model = Model::load_with(&gguf, backend, progress(Stage::Load))?;
+                let model = Model::load_with(&gguf, backend, progress(Stage::Load))?.with_n_ctx(n_ctx);
                 boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks, opts.greedy_lookahead)
             }
         };

@@ -356,6 +356,12 @@ impl Backend for Mirror {
         self.gpu.scale(&mut x.1, s, len);
         self.check("scale", x, len);
     }
+    fn softcap(&self, x: &mut Self::Buf, cap: f32, len: usize) {
+        self.sync(x);
+        self.cpu.softcap(&mut x.0, cap, len);
+        self.gpu.softcap(&mut x.1, cap, len);
+        self.check("softcap", x, len);
+    }
     fn gather_rows(&self, x: &Self::Buf, rows: &[u32], dim: usize, out: &mut Self::Buf) {
         self.sync(x);
         self.cpu.gather_rows(&x.0, rows, dim, &mut out.0);

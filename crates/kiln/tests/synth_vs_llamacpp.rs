@@ -1,13 +1,14 @@
 //! Architectures and features with no real model at hand (qwen3 q/k norms, granite
 //! multipliers, llama-3 rope_freqs, YaRN, gemma3's sliding window, qwen2 biases, the
-//! mixtures of experts), checked on synthetic models against llama.cpp on the same files
+//! mixtures of experts, phi3, gemma2, olmo2, smollm3, mistral3), checked on synthetic
+//! models against llama.cpp on the same files
 //! (`scripts/gen-synth-fixtures` regenerates the fixtures; they record llama.cpp's
 //! version): next-token logits after a prompt, and for the peaked presets greedy ids and
 //! perplexity on a text the model wrote.
 
 mod support;
 
-use kiln::engine::{Engine, EngineOptions};
+use kiln::engine::{Device, Engine, EngineOptions};
 use kiln::eval::log_softmax_at;
 use kiln::gguf::{GgufWriter, Value};
 use kiln::model::{synth, Entry, OutputKind};
@@ -18,41 +19,54 @@ const TAU: f32 = 0.05;
 
 /// The engine of `preset` (its file edited by `edit` first), on the CPU.
 fn load(preset: &str, tag: &str, edit: impl FnOnce(&mut GgufWriter)) -> Engine {
+    load_on(preset, tag, Device::Cpu, edit)
+}
+
+/// [`load`] on `device`.
+fn load_on(preset: &str, tag: &str, device: Device, edit: impl FnOnce(&mut GgufWriter)) -> Engine {
+    load_spec(synth::preset(preset).unwrap(), preset, tag, device, edit)
+}
+
+/// The engine of the model `spec` writes (edited by `edit` first).
+fn load_spec(
+    spec: synth::SynthSpec,
+    preset: &str,
+    tag: &str,
+    device: Device,
+    edit: impl FnOnce(&mut GgufWriter),
+) -> Engine {
     let dir = std::env::temp_dir().join(format!("kiln-synth-{}-{preset}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{preset}.gguf"));
-    let mut w = synth::preset(preset).unwrap().build().unwrap();
+    let mut w = spec.build().unwrap();
     edit(&mut w);
     w.write_file(&path).unwrap();
-    let opts = EngineOptions::default().with_n_ctx(256).with_threads(2);
+    let opts = EngineOptions::default().with_n_ctx(256).with_threads(2).with_device(device);
     let e = Engine::load(path.to_str().unwrap(), opts).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     e
 }
 
 fn check(preset: &str) {
+    check_on(preset, Device::Cpu)
+}
+
+fn check_on(preset: &str, device: Device) {
     let fx = fixture_json(&format!("synth/{preset}.json"));
-    let want: Vec<f32> =
-        fx["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    let want = fixture_logits(&fx);
     let prompt = ids(&fx["prompt_ids"]);
-    let e = load(preset, "logits", |_| {});
-    let r = e.runner();
-    let seq = r.new_seq();
-    let entries: Vec<Entry> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| Entry { seq, token: t, output: i + 1 == prompt.len() })
-        .collect();
-    let got = r.decode(&entries, OutputKind::Logits).unwrap();
+    let e = load_on(preset, "logits", device, |_| {});
+    let got = prompt_logits(&e, &prompt);
     assert_eq!(got.len(), want.len(), "{preset}: n_vocab");
-    let max_abs = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let max_abs = max_abs_diff(&got, &want);
     let top = kiln::eval::top_k(&want, 20);
     let max_lp = top
         .iter()
         .map(|&(id, _)| (log_softmax_at(&got, id as usize) - log_softmax_at(&want, id as usize)).abs())
         .fold(0.0f64, f64::max);
     eprintln!(
-        "{preset}: {} prompt tokens, max |Δ logit| {max_abs:.5}, max |Δ logprob| over top 20 {max_lp:.5}",
+        "{preset} on {}: {} prompt tokens, max |Δ logit| {max_abs:.5}, max |Δ logprob| over top 20 {max_lp:.5}",
+        e.backend_name(),
         prompt.len()
     );
     if top[0].1 - top[1].1 >= TAU {
@@ -64,6 +78,27 @@ fn check(preset: &str) {
     if fx.get("greedy").is_some() {
         greedy(&e, preset, &fx);
     }
+}
+
+/// llama.cpp's next-token logits after the prompt of `fx`.
+fn fixture_logits(fx: &serde_json::Value) -> Vec<f32> {
+    fx["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// kiln's next-token logits after `prompt`, in one micro-batch.
+fn prompt_logits(e: &Engine, prompt: &[u32]) -> Vec<f32> {
+    let r = e.runner();
+    let seq = r.new_seq();
+    let entries: Vec<Entry> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Entry { seq, token: t, output: i + 1 == prompt.len() })
+        .collect();
+    r.decode(&entries, OutputKind::Logits).unwrap()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max)
 }
 
 /// kiln's greedy continuation (one token a step) against llama.cpp's: the same ids up to
@@ -134,11 +169,23 @@ synth_tests! {
     mixtral: "mixtral-tiny";
     olmoe: "olmoe-tiny";
     granitemoe_shared_expert: "granitemoe-tiny";
+    phi3_fused_longrope: "phi3-tiny";
+    phi3_longrope_long_factors: "phi3-long-tiny";
+    gemma2_softcap: "gemma2-tiny";
+    olmo2_post_norms: "olmo2-tiny";
+    smollm3_nope_layers: "smollm3-tiny";
+    mistral3_temperature: "mistral3-tiny";
 }
 
 #[test]
 fn perplexity_matches_llama_cpp() {
-    for preset in ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny"] {
+    for preset in PEAKED_DENSE.iter().chain(&[
+        "qwen3moe-tiny",
+        "qwen2moe-tiny",
+        "mixtral-tiny",
+        "olmoe-tiny",
+        "granitemoe-tiny",
+    ]) {
         check_perplexity(preset);
     }
 }
@@ -163,4 +210,48 @@ fn perplexity_depends_on_the_routing() {
     moved("granitemoe-tiny", "no shared expert", &|w| {
         w.set("granitemoe.expert_shared_feed_forward_length", Value::U32(0));
     });
+}
+
+/// The dense architectures added with the mixtures of experts (peaked presets).
+const PEAKED_DENSE: [&str; 6] =
+    ["phi3-tiny", "phi3-long-tiny", "gemma2-tiny", "olmo2-tiny", "smollm3-tiny", "mistral3-tiny"];
+
+/// The dense presets exercise what sets their architecture apart: without it (the file
+/// edited, or read as plain llama), kiln's logits lie more than 0.5 from llama.cpp's, five
+/// times what the parity tests allow.
+#[test]
+fn dense_features_matter() {
+    let moved = |preset: &str, tag: &str, spec: synth::SynthSpec, edit: &dyn Fn(&mut GgufWriter)| {
+        let fx = fixture_json(&format!("synth/{preset}.json"));
+        let e = load_spec(spec, preset, tag, Device::Cpu, edit);
+        let d = max_abs_diff(&prompt_logits(&e, &ids(&fx["prompt_ids"])), &fixture_logits(&fx));
+        eprintln!("{preset}, {tag}: max |Δ logit| {d:.3} from llama.cpp's");
+        assert!(d > 0.5, "{preset}: {tag} moved the logits by only {d}");
+    };
+    let edited = |preset: &str, tag: &str, key: &str, v: Value| {
+        moved(preset, tag, synth::preset(preset).unwrap(), &|w| {
+            w.set(key, v.clone());
+        })
+    };
+    edited("gemma2-tiny", "no attention soft-capping", "gemma2.attn_logit_softcapping", Value::F32(1e9));
+    edited("gemma2-tiny", "no final soft-capping", "gemma2.final_logit_softcapping", Value::F32(1e9));
+    edited("gemma2-tiny", "no sliding window", "gemma2.attention.sliding_window", Value::U32(1 << 20));
+    edited("olmo2-tiny", "no sliding window", "olmo2.attention.sliding_window", Value::U32(0));
+    edited("mistral3-tiny", "no temperature", "mistral3.attention.temperature_scale", Value::F32(0.0));
+    // The LongRoPE factor sets swapped: the original context past, or beyond, the prompt.
+    edited("phi3-tiny", "long factors", "phi3.rope.scaling.original_context_length", Value::U32(32));
+    edited("phi3-long-tiny", "short factors", "phi3.rope.scaling.original_context_length", Value::U32(256));
+    // RoPE on every layer: the same weights read as llama.
+    let llama = synth::SynthSpec { arch: "llama".into(), ..synth::preset("smollm3-tiny").unwrap() };
+    moved("smollm3-tiny", "RoPE on every layer", llama, &|_| {});
+}
+
+/// The dense presets on the GPU (lavapipe in CI): the same logits and greedy ids as on the
+/// CPU, against llama.cpp's.
+#[cfg(feature = "gpu")]
+#[test]
+fn dense_presets_on_the_gpu() {
+    for preset in ["qwen3-tiny", "llama-yarn-tiny", "gemma3-tiny"].iter().chain(&PEAKED_DENSE) {
+        check_on(preset, Device::Gpu);
+    }
 }

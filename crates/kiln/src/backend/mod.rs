@@ -92,7 +92,14 @@ pub struct AttnPlan<'a> {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    /// Scale of q·k.
     pub scale: f32,
+    /// Per query token, a multiplier of its query applied before the query is rounded to
+    /// f16, where llama.cpp's graph scales q itself (phi3's and gemma2's attention scale,
+    /// mistral3's temperature); empty: none.
+    pub q_scale: &'a [f32],
+    /// Soft-capping of the scores, `cap · tanh(score / cap)` (gemma2); 0: none.
+    pub softcap: f32,
     pub window: Option<u32>,
 }
 
@@ -101,6 +108,20 @@ impl AttnPlan<'_> {
     pub fn slot(&self, s: u32, p: u32) -> usize {
         let table = self.tables[s as usize];
         table[p as usize / self.block_size] as usize * self.block_size + p as usize % self.block_size
+    }
+
+    /// Token `i`'s query multiplier (`q_scale`).
+    pub fn q_scale(&self, i: usize) -> f32 {
+        self.q_scale.get(i).copied().unwrap_or(1.0)
+    }
+
+    /// The multiplier of q·k before soft-capping: ggml divides the scale by the cap.
+    pub fn score_scale(&self) -> f32 {
+        if self.softcap != 0.0 {
+            self.scale / self.softcap
+        } else {
+            self.scale
+        }
     }
 
     /// First position token `i` attends to.
@@ -298,6 +319,9 @@ pub trait Backend: Send + Sync + 'static {
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, scale: f32, len: usize);
     /// `x *= s` over `len` values.
     fn scale(&self, x: &mut Self::Buf, s: f32, len: usize);
+    /// Soft-capping, `x = cap · tanh(x · (1 / cap))` over `len` values (gemma2's logits),
+    /// as ggml's scale, tanh, scale.
+    fn softcap(&self, x: &mut Self::Buf, cap: f32, len: usize);
     /// The index of the largest value of each of `rows` rows of `n` (by `total_cmp`, the
     /// lowest on ties): greedy decoding reads back only these ids.
     fn argmax(&self, x: &Self::Buf, rows: usize, n: usize) -> Vec<u32> {

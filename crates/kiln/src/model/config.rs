@@ -37,6 +37,8 @@ pub struct ModelConfig {
     pub residual_scale: f32,
     /// Logits are divided by this (granite).
     pub logit_scale: f32,
+    /// Soft-capping of the logits, `cap · tanh(logit / cap)` (gemma2).
+    pub final_softcap: Option<f32>,
     /// What each layer is made of.
     pub layers: Vec<Layer>,
 }
@@ -403,7 +405,12 @@ impl Hparams {
         let mut attn_factor = m.f32("rope.scaling.yarn_attn_factor")?.unwrap_or(1.0);
         if ext_factor != 0.0 {
             let f = 1.0 / freq_scale;
-            let mscale = if f <= 1.0 { 1.0 } else { 0.1 * f.ln() + 1.0 };
+            let mscale = |m: f32| if f <= 1.0 { 1.0 } else { 0.1 * m * f.ln() + 1.0 };
+            // `yarn_log_multiplier` (mistral3: mscale_all_dim) divides it out.
+            let mscale = match m.f32("rope.scaling.yarn_log_multiplier")? {
+                Some(all) if all != 0.0 => mscale(1.0) / mscale(all),
+                _ => mscale(1.0),
+            };
             // ggml multiplies by 1 + 0.1 ln(f) again inside rope; cancel it as llama.cpp does.
             attn_factor = mscale / (1.0 + 0.1 * f.ln());
         }
@@ -462,6 +469,7 @@ impl Hparams {
             embd_scale: 1.0,
             residual_scale: 1.0,
             logit_scale: 1.0,
+            final_softcap: None,
             layers,
         }
     }

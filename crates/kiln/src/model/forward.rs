@@ -94,6 +94,8 @@ impl<B: Backend> Model<B> {
         r
     }
 
+    /// Loads a model for sequences of at most its original training context (LongRoPE's
+    /// short factors); [`Self::with_n_ctx`] says otherwise.
     pub fn load(gguf: &Arc<GgufFile>, backend: B) -> Result<Self> {
         Self::load_with(gguf, backend, None)
     }
@@ -106,13 +108,28 @@ impl<B: Backend> Model<B> {
     ) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;
         let weights = Weights::load(gguf, &cfg, &backend, progress)?;
-        let freq_factors = weights.rope_freqs.clone().map(Arc::new);
-        let rope = cfg
-            .layers
-            .iter()
-            .map(|l| l.attn.rope.clone().map(|r| RopeParams { freq_factors: freq_factors.clone(), ..r }))
-            .collect();
-        Ok(Model { cfg, weights, backend, rope })
+        let mut m = Model { cfg, weights, backend, rope: Vec::new() };
+        m.set_rope(0);
+        Ok(m)
+    }
+
+    /// The model for sequences of up to `n_ctx` tokens: LongRoPE takes its long factors
+    /// where the context is past the original training context
+    /// (`rope.scaling.original_context_length`), as llama.cpp chooses by its per-sequence
+    /// context, which it rounds up to a multiple of 256.
+    pub fn with_n_ctx(mut self, n_ctx: usize) -> Self {
+        self.set_rope(n_ctx.next_multiple_of(256));
+        self
+    }
+
+    /// Each layer's rotation with the file's frequency factors for contexts of `n_ctx`.
+    fn set_rope(&mut self, n_ctx: usize) {
+        let w = &self.weights;
+        let rope = |r: &RopeParams| {
+            let longrope = if n_ctx > r.n_ctx_orig { &w.rope_long } else { &w.rope_short };
+            RopeParams { freq_factors: w.rope_freqs.as_ref().or(longrope.as_ref()).cloned(), ..r.clone() }
+        };
+        self.rope = self.cfg.layers.iter().map(|l| l.attn.rope.as_ref().map(rope)).collect();
     }
 
     /// Runs one micro-batch (at most `scratch.n_ubatch()` entries) and writes the outputs
@@ -193,6 +210,9 @@ impl<B: Backend> Model<B> {
             s.logits_rows = n_out;
         }
         b.matmul(w.output.as_ref().unwrap_or(&w.token_embd), &s.out_rows, n_out, &mut s.logits);
+        if let Some(cap) = cfg.final_softcap {
+            b.softcap(&mut s.logits, cap, n_out * cfg.n_vocab);
+        }
         Ok(())
     }
 

@@ -17,8 +17,12 @@ pub struct Weights<B: Backend> {
     /// `None`: tied to `token_embd`.
     pub output: Option<B::Weight>,
     pub layers: Vec<LayerWeights<B>>,
-    /// llama-3 `rope_freqs` (divisors of theta per dimension pair).
-    pub rope_freqs: Option<Vec<f32>>,
+    /// Divisors of theta per dimension pair: llama-3's `rope_freqs` for every context, or
+    /// LongRoPE's (phi3) `rope_factors_long` past the original training context and
+    /// `rope_factors_short` within it.
+    pub rope_freqs: Option<Arc<Vec<f32>>>,
+    pub rope_long: Option<Arc<Vec<f32>>>,
+    pub rope_short: Option<Arc<Vec<f32>>>,
 }
 
 /// Looks tensors up in a file, checks their shapes and loads them on a backend.
@@ -117,6 +121,11 @@ impl<B: Backend> Loader<'_, B> {
         self.backend.load_experts(self.g, t, n_expert, parts).map(Some)
     }
 
+    /// `split` of a fused tensor the file must have.
+    pub fn fused<const N: usize>(&self, name: &str, cols: usize, rows: [usize; N]) -> Result<[B::Weight; N]> {
+        self.split(name, cols, rows)?.ok_or_else(|| missing(name))
+    }
+
     fn load_together<const N: usize>(&self, ts: &[TensorInfo]) -> Result<[B::Weight; N]> {
         let refs: Vec<&TensorInfo> = ts.iter().collect();
         let ws = self.backend.load_weights(self.g, &refs)?;
@@ -152,26 +161,26 @@ impl<B: Backend> Weights<B> {
             })
             .collect::<Result<_>>()?;
         let n_rot = cfg.layers.iter().find_map(|l| l.attn.rope.as_ref()).map_or(0, |r| r.n_rot);
-        let rope_freqs = match g.tensor("rope_freqs.weight") {
-            None => None,
-            Some(t) => {
-                if t.n_elements() as usize != n_rot / 2 {
-                    return Err(KilnError::Tensor {
-                        name: t.name.clone(),
-                        msg: format!("{} values, expected n_rot/2 = {}", t.n_elements(), n_rot / 2),
-                    });
-                }
-                let mut v = vec![0.0; n_rot / 2];
-                quant::dequantize_row(t.ty, g.tensor_data(t), &mut v)?;
-                Some(v)
+        let factors = |name: &str| -> Result<Option<Arc<Vec<f32>>>> {
+            let Some(t) = g.tensor(name) else { return Ok(None) };
+            if t.n_elements() as usize != n_rot / 2 || t.dims.len() != 1 {
+                return Err(KilnError::Tensor {
+                    name: t.name.clone(),
+                    msg: format!("shape {:?}, expected [n_rot/2 = {}]", t.dims, n_rot / 2),
+                });
             }
+            let mut v = vec![0.0; n_rot / 2];
+            quant::dequantize_row(t.ty, g.tensor_data(t), &mut v)?;
+            Ok(Some(Arc::new(v)))
         };
         let weights = Weights {
             token_embd: l.get("token_embd.weight", d, cfg.n_vocab)?,
             output_norm: l.get("output_norm.weight", d, 1)?,
             output: l.opt("output.weight", d, cfg.n_vocab)?,
             layers,
-            rope_freqs,
+            rope_freqs: factors("rope_freqs.weight")?,
+            rope_long: factors("rope_factors_long.weight")?,
+            rope_short: factors("rope_factors_short.weight")?,
         };
         if let Some((f, stage, label)) = progress {
             f.report(stage, label, total, total);

@@ -274,6 +274,11 @@ impl Backend for CpuBackend {
         x[..len].iter_mut().for_each(|x| *x *= s);
     }
 
+    fn softcap(&self, x: &mut Vec<f32>, cap: f32, len: usize) {
+        let inv = 1.0 / cap;
+        x[..len].iter_mut().for_each(|x| *x = (*x * inv).tanh() * cap);
+    }
+
     fn argmax(&self, x: &Vec<f32>, rows: usize, n: usize) -> Vec<u32> {
         ops::argmax_rows(&x[..rows * n], n)
     }

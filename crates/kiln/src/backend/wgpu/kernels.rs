@@ -366,6 +366,7 @@ pub enum Kernel {
     Add,
     AddBias,
     Scale,
+    Softcap,
     Gather,
     Argmax,
     /// The best of each row's parts (argmax.wgsl's `combine`).
@@ -396,6 +397,7 @@ impl Kernel {
             Add => (ew, "add"),
             AddBias => (ew, "add_bias"),
             Scale => (ew, "scale"),
+            Softcap => (ew, "softcap"),
             Gather => (ew, "gather"),
             Argmax => (include_str!("shaders/argmax.wgsl"), "main"),
             ArgmaxCombine => (include_str!("shaders/argmax.wgsl"), "combine"),
@@ -811,7 +813,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if src.contains("rope_pair(") {
         s.push_str(ROPE_CORE);
     }
-    if s.contains("exp_acc(") || src.contains("exp_acc(") {
+    if s.contains("exp_acc(") || src.contains("exp_acc(") || src.contains("softcap_score(") {
         s.push_str(EXP);
     }
     let body = if subgroups {

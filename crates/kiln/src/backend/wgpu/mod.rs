@@ -1291,8 +1291,8 @@ impl Backend for GpuBackend {
             plan.head_dim
         );
         let n_tok = plan.pos.len();
-        let tok_off = 10u32;
-        let tab_off = tok_off + 3 * n_tok as u32;
+        let tok_off = 11u32;
+        let tab_off = tok_off + 4 * n_tok as u32;
         let mut table_off = Vec::with_capacity(plan.tables.len());
         let mut tables = Vec::new();
         for t in plan.tables {
@@ -1312,15 +1312,17 @@ impl Backend for GpuBackend {
             plan.n_head as u32,
             plan.n_head_kv as u32,
             plan.head_dim as u32,
-            f(plan.scale),
+            f(plan.score_scale()),
             plan.block_size as u32,
             tok_off,
             tab_off,
             0,
             chunks,
+            f(plan.softcap),
         ];
         for i in 0..n_tok {
-            prm.extend_from_slice(&[plan.pos[i], plan.first_pos(i), table_off[plan.seq[i] as usize]]);
+            let seq = table_off[plan.seq[i] as usize];
+            prm.extend_from_slice(&[plan.pos[i], plan.first_pos(i), seq, f(plan.q_scale(i))]);
         }
         prm.extend_from_slice(&tables);
         let groups = grid(n_tok * plan.n_head, 1);
@@ -1365,6 +1367,11 @@ impl Backend for GpuBackend {
     fn scale(&self, x: &mut GpuBuf, s: f32, len: usize) {
         self.op();
         self.run(Kernel::Scale, &[len as u32, f(s)], &[&x.buf], grid(len, 64));
+    }
+
+    fn softcap(&self, x: &mut GpuBuf, cap: f32, len: usize) {
+        self.op();
+        self.run(Kernel::Softcap, &[len as u32, f(cap), f(1.0 / cap)], &[&x.buf], grid(len, 64));
     }
 
     fn argmax(&self, x: &GpuBuf, rows: usize, n: usize) -> Vec<u32> {

@@ -6,14 +6,19 @@
 //! Adding an architecture: a file here with its `config`, one line in [`ARCHS`], a
 //! synthetic preset (`model::synth`) and its test against llama.cpp (DESIGN.md's checklist).
 
+mod gemma2;
 mod gemma3;
 mod granite;
 mod llama;
+mod mistral3;
+mod olmo2;
 mod olmoe;
+mod phi3;
 mod qwen2;
 mod qwen2moe;
 mod qwen3;
 mod qwen3moe;
+mod smollm3;
 
 use super::config::{Meta, ModelConfig};
 use crate::error::Result;
@@ -32,6 +37,11 @@ const ARCHS: &[(&str, Config)] = &[
     ("qwen3moe", qwen3moe::config),
     ("qwen2moe", qwen2moe::config),
     ("olmoe", olmoe::config),
+    ("phi3", phi3::config),
+    ("gemma2", gemma2::config),
+    ("mistral3", mistral3::config),
+    ("smollm3", smollm3::config),
+    ("olmo2", olmo2::config),
 ];
 
 /// The architecture named `name`: its name (static) and how to read its config.

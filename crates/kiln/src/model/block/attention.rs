@@ -1,6 +1,7 @@
 //! The attention block: q, k, v projections (separate `attn_q/k/v` or one fused
 //! `attn_qkv`, optional biases), optional RMSNorm of q and k, RoPE, causal attention over
-//! the KV cache (optionally within a sliding window), the output projection `attn_output`.
+//! the KV cache (optionally within a sliding window, with soft-capped scores), the output
+//! projection `attn_output`.
 
 use super::{blk, NormWeights, Norms};
 use crate::backend::{AttnPlan, Backend, RopeParams};
@@ -20,6 +21,31 @@ pub struct Attention {
     pub window: Option<u32>,
     /// Scale of q·k.
     pub scale: f32,
+    /// `scale` multiplies the queries before attention instead of the scores, as
+    /// llama.cpp's graph does for some architectures (phi3, gemma2): the same up to the
+    /// rounding of the query to f16, which then matches theirs.
+    pub scale_q: bool,
+    /// Soft-capping of the scores, `cap · tanh(score / cap)` (gemma2).
+    pub softcap: Option<f32>,
+    /// Queries scaled by their position (llama-4's temperature tuning; mistral3).
+    pub temperature: Option<Temperature>,
+}
+
+/// Llama-4's attention temperature: the query at position `p` is multiplied by
+/// `1 + scale · ln(⌊(p + offset) / floor⌋ + 1)`, 1 within the first `floor` positions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Temperature {
+    pub scale: f32,
+    pub floor: f32,
+    pub offset: f32,
+}
+
+impl Temperature {
+    /// The multiplier at `pos`, in llama.cpp's float and double steps.
+    pub fn at(&self, pos: u32) -> f32 {
+        let f = ((pos as f32 + self.offset) / self.floor).floor() as f64;
+        ((f + 1.0).ln() * self.scale as f64 + 1.0) as f32
+    }
 }
 
 /// RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`).
@@ -36,7 +62,26 @@ pub enum QkNorm {
 impl Attention {
     /// Llama's attention: pre-norm, no q/k norm, `rope` at every position, full context.
     pub fn new(rope: RopeParams, scale: f32) -> Self {
-        Attention { norms: Norms::PRE, qk_norm: QkNorm::None, rope: Some(rope), window: None, scale }
+        Attention {
+            norms: Norms::PRE,
+            qk_norm: QkNorm::None,
+            rope: Some(rope),
+            window: None,
+            scale,
+            scale_q: false,
+            softcap: None,
+            temperature: None,
+        }
+    }
+
+    /// The multiplier of the query at `pos` where the query is scaled (`scale_q`,
+    /// `temperature`), else `None`.
+    pub fn q_scale(&self, pos: u32) -> Option<f32> {
+        let s = if self.scale_q { self.scale } else { 1.0 };
+        match self.temperature {
+            Some(t) => Some(t.at(pos) * s),
+            None => self.scale_q.then_some(s),
+        }
     }
 }
 
@@ -166,6 +211,7 @@ pub fn forward<B: Backend>(
         ),
         None => b.kv_store(kc, vc, &s.k, &s.v, batch.slots, n_head_kv * hd),
     }
+    let q_scale: Vec<f32> = batch.pos.iter().map_while(|&p| a.q_scale(p)).collect();
     let plan = AttnPlan {
         pos: batch.pos,
         seq: batch.seq,
@@ -174,7 +220,9 @@ pub fn forward<B: Backend>(
         n_head,
         n_head_kv,
         head_dim: hd,
-        scale: a.scale,
+        scale: if a.scale_q { 1.0 } else { a.scale },
+        q_scale: &q_scale,
+        softcap: a.softcap.unwrap_or(0.0),
         window: a.window,
     };
     b.attention(&s.q, kc, vc, &plan, &mut s.att);

@@ -1,5 +1,6 @@
 //! The feed-forward block: a gated linear unit, `down · (act(gate · x) * (up · x))`
-//! (`ffn_gate`, `ffn_up`, `ffn_down`), or a mixture of experts (`block::moe`).
+//! (`ffn_gate`, `ffn_up`, `ffn_down`; or gate and up fused in one `ffn_up` of twice the
+//! rows, gate first, as phi3 has them), or a mixture of experts (`block::moe`).
 
 use super::moe::{self, Moe, MoeScratch, MoeWeights};
 use super::{blk, NormWeights, Norms};
@@ -62,7 +63,13 @@ impl<W> Glu<W> {
     ) -> Result<Self> {
         let d = l.cfg.n_embd;
         let n = |s: &str| blk(il, &format!("ffn_{s}{suffix}.weight"));
-        let [gate, up] = l.group([(n("gate"), d, ff), (n("up"), d, ff)])?;
+        // Fused: no gate, an up of twice the rows.
+        let fused = l.g.tensor(&n("gate")).is_none()
+            && l.g.tensor(&n("up")).is_some_and(|t| t.rows_cols().0 == 2 * ff);
+        let [gate, up] = match fused {
+            true => l.fused(&n("up"), d, [ff, ff])?,
+            false => l.group([(n("gate"), d, ff), (n("up"), d, ff)])?,
+        };
         Ok(Glu { gate, up, down: l.get(&n("down"), ff, d)? })
     }
 }

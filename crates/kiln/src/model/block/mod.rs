@@ -7,7 +7,7 @@ pub mod attention;
 pub mod ffn;
 pub mod moe;
 
-pub use attention::{Attention, AttnWeights, QkNorm};
+pub use attention::{Attention, AttnWeights, QkNorm, Temperature};
 pub use ffn::{Ffn, FfnWeights, Glu};
 pub use moe::{Moe, SharedExpert};
 

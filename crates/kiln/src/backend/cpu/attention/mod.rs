@@ -587,6 +587,10 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         let (t, h) = row(r);
         let dst = &mut qs[r * hd..(r + 1) * hd];
         dst.copy_from_slice(&q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd]);
+        let qs = plan.q_scale(t);
+        if qs != 1.0 {
+            dst.iter_mut().for_each(|x| *x *= qs);
+        }
         round_f16(dst);
     }
     acc.fill(0.0);
@@ -731,7 +735,12 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             let e = r + run.div_ceil(run.div_ceil(K::SCORE_ROWS));
             if wts[r].a < wts[r].b {
                 let q = &qs[r * hd..e * hd];
-                K::scores_rows(q, tile_of(r), plan.scale, &mut wts[r..e], &mut mbs[r..e]);
+                K::scores_rows(q, tile_of(r), plan.score_scale(), &mut wts[r..e], &mut mbs[r..e]);
+                if plan.softcap != 0.0 {
+                    for (wt, mb) in wts[r..e].iter_mut().zip(&mut mbs[r..e]) {
+                        *mb = softcap(&mut wt.w[wt.a..wt.b], plan.softcap);
+                    }
+                }
             }
             fetch(0, ahead_spans, part(r)..part(e));
             r = e;
@@ -803,6 +812,19 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             }
         }
     }
+}
+
+/// ggml's soft-capping of scaled scores, `cap · tanhf(s)` (libm's tanhf, as ggml's);
+/// returns their maximum.
+fn softcap(w: &mut [f32], cap: f32) -> f32 {
+    w.iter_mut().fold(f32::NEG_INFINITY, |m, w| {
+        *w = cap * w.tanh();
+        if *w > m {
+            *w
+        } else {
+            m
+        }
+    })
 }
 
 /// Asks for the cache lines of `row` in L2 (a hint; no effect on results).
@@ -1155,6 +1177,7 @@ mod reference_tests {
             for h in 0..n_head {
                 let kvh = h / (n_head / plan.n_head_kv);
                 let mut qr = q[(t * n_head + h) * hd..][..hd].to_vec();
+                qr.iter_mut().for_each(|x| *x *= plan.q_scale(t));
                 round_f16(&mut qr);
                 let row = |p: u32| plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
                 let widened = |c: &[f16], p: u32| {
@@ -1162,7 +1185,15 @@ mod reference_tests {
                     widen(&c[row(p)..row(p) + hd], &mut x);
                     x
                 };
-                let key = |p: u32| (dot_f16(&qr, &widened(&krows, p)) * plan.scale, widened(vc, p));
+                let score = |p: u32| {
+                    let s = dot_f16(&qr, &widened(&krows, p)) * plan.score_scale();
+                    if plan.softcap != 0.0 {
+                        plan.softcap * s.tanh()
+                    } else {
+                        s
+                    }
+                };
+                let key = |p: u32| (score(p), widened(vc, p));
                 let mut folded = vec![0f32; hd];
                 let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
                 let (first, last) = (plan.first_pos(t), plan.pos[t]);
@@ -1295,7 +1326,8 @@ mod reference_tests {
             let prompt: Vec<(u32, u32)> = (0..37).map(|p| (p + 3, 0)).chain((0..5).map(|p| (p, 1))).collect();
             // A prompt whose queries cross a chunk boundary.
             let long: Vec<(u32, u32)> = (250..262).map(|p| (p, 0)).collect();
-            for (toks, window) in [
+            // Plain, and with gemma2's soft-capping and queries scaled per token.
+            let cases = [
                 (decode.clone(), None),
                 (decode, Some(100)),
                 (decode_late, Some(40)),
@@ -1303,9 +1335,11 @@ mod reference_tests {
                 (prompt.clone(), None),
                 (prompt, Some(5)),
                 (long, None),
-            ] {
+            ];
+            for ((toks, window), capped) in cases.into_iter().flat_map(|c| [(c.clone(), false), (c, true)]) {
                 let pos: Vec<u32> = toks.iter().map(|t| t.0).collect();
                 let seq: Vec<u32> = toks.iter().map(|t| t.1).collect();
+                let q_scale: Vec<f32> = pos.iter().map(|&p| 0.3 + p as f32 / 100.0).collect();
                 let plan = AttnPlan {
                     pos: &pos,
                     seq: &seq,
@@ -1315,6 +1349,8 @@ mod reference_tests {
                     n_head_kv: n_kv,
                     head_dim: hd,
                     scale: 1.0 / (hd as f32).sqrt(),
+                    q_scale: if capped { &q_scale } else { &[] },
+                    softcap: if capped { 5.0 } else { 0.0 },
                     window,
                 };
                 let q: Vec<f32> = (0..pos.len() * n_head * hd).map(|_| rng.f() * 8.0).collect();
@@ -1327,7 +1363,7 @@ mod reference_tests {
                             assert_eq!(
                                 a.to_bits(),
                                 b.to_bits(),
-                                "{arith:?}, heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, {} threads: value {i}",
+                                "{arith:?}, heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, capped {capped}, {} threads: value {i}",
                                 pos.len(),
                                 pool.n_threads()
                             );

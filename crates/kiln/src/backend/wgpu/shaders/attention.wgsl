@@ -3,9 +3,9 @@
 // Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256. Tiles are aligned
 // to absolute positions, and keys go in chunks of CH positions, folded in f32 as the CPU's
 // (attention/mod.rs `fold`, KV_CHUNK).
-// prm: n_tok, n_head, n_head_kv, head_dim, scale, block_size, tok_off, tab_off, quantize
-// mode, (split kernels) chunks; per token at tok_off: pos, first_pos, table offset (into
-// tab_off) of its sequence.
+// prm: n_tok, n_head, n_head_kv, head_dim, score scale (AttnPlan::score_scale), block_size,
+// tok_off, tab_off, quantize mode, (split kernels) chunks, soft-cap (0: none); per token at
+// tok_off: pos, first_pos, table offset (into tab_off) of its sequence, q multiplier.
 // `attn_tail` (kernels.rs) is empty, or quantizes the head's output for the next matmul.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<f32>;
@@ -132,12 +132,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kv_dim = prm[2] * hd;
     let scale = pf(4u);
     let bs = prm[5];
-    let ti = prm[6] + 3u * t;
+    let ti = prm[6] + 4u * t;
     let pos = prm[ti];
     let first = prm[ti + 1u];
     let tab = prm[7] + prm[ti + 2u];
     for (var d = lid; d < hd; d = d + WG) {
-        q16[d] = f16r(qs[th * hd + d]);
+        q16[d] = f16r(qs[th * hd + d] * pf(ti + 3u));
     }
     workgroupBarrier();
     // Scores are computed a tile at a time (one key per invocation), then each key's
@@ -172,7 +172,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if live {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
-            pj[lid] = dot_ggml(base, hd) * scale;
+            pj[lid] = softcap_score(dot_ggml(base, hd) * scale, pf(10u));
             bj[lid] = base >> 1u;
         }
         let nv = min(WG, pos - p0 + 1u);

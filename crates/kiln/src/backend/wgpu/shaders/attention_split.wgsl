@@ -69,7 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kv_dim = prm[2] * hd;
     let scale = pf(4u);
     let bs = prm[5];
-    let ti = prm[6] + 3u * (th / n_head);
+    let ti = prm[6] + 4u * (th / n_head);
     let pos = prm[ti];
     let k0 = prm[ti + 1u] + chunk * CH;
     let tab = prm[7] + prm[ti + 2u];
@@ -86,13 +86,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let nk = min(CH, pos - k0 + 1u);
     if lid < hd / 4u {
         let o = th * hd + 4u * lid;
-        q16[lid] = unpack4x16(qs[o], qs[o + 1u], qs[o + 2u], qs[o + 3u]);
+        let qm = pf(ti + 3u);
+        q16[lid] = unpack4x16(qs[o] * qm, qs[o + 1u] * qm, qs[o + 2u] * qm, qs[o + 3u] * qm);
     }
     workgroupBarrier();
     // Key lid's score (keys past the chunk's end: -inf, weight 0).
     let p = k0 + min(lid, nk - 1u);
     let kb = (prm[tab + p / bs] * bs + p % bs) * kv_dim + kvh * hd;
-    let s = select(neg_inf, score(kb, hd) * scale, lid < nk);
+    let s = select(neg_inf, softcap_score(score(kb, hd) * scale, pf(10u)), lid < nk);
     bw[lid] = kb >> 1u;
     let m = tree(s, lid, true);
     let e = exp(s - m);

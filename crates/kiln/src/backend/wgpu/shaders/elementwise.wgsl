@@ -53,6 +53,17 @@ fn scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     xa[i] = xa[i] * pf(1u);
 }
 
+// softcap: xa = cap · tanh(xa · (1 / cap)), cap = prm[1], 1 / cap = prm[2].
+@compute @workgroup_size(64)
+fn softcap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = gidx(wid, nwg, lid);
+    if i >= prm[0] {
+        return;
+    }
+    xa[i] = softcap_score(xa[i] * pf(2u), pf(1u));
+}
+
 // gather: xa[j * dim + e] = xb[rows[j] * dim + e]; prm: len, dim, rows...
 @compute @workgroup_size(64)
 fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -74,3 +74,34 @@ fn exp_acc(x: f32) -> f32 {
     let n1 = n / 2;
     return y * pow2i(n1) * pow2i(n - n1);
 }
+
+// tanh to a few ulp (the CPU's is libm's tanhf): the odd Taylor series near 0, else from
+// exp_acc(2|x|) as (e - 1) / (e + 1) (e - 1 exact below e = 4) or 1 - 2 / (e + 1).
+fn tanh_acc(x: f32) -> f32 {
+    let a = abs(x);
+    var t: f32;
+    if a < 0.25 {
+        let u = a * a;
+        let p = -0.33333334 + u * (0.13333334 + u * (-0.053968254 + u * (0.021869488 + u * -0.008863236)));
+        t = a + a * u * p;
+    } else if a < 9.0 {
+        let e = exp_acc(2.0 * a);
+        if a < 0.55 {
+            t = (e - 1.0) / (e + 1.0);
+        } else {
+            t = 1.0 - 2.0 / (e + 1.0);
+        }
+    } else {
+        t = 1.0;
+    }
+    return select(t, -t, x < 0.0);
+}
+
+// ggml's soft-capping of a value already divided by the cap (an attention score scaled by
+// scale / cap, a logit times 1 / cap): cap · tanh(s); cap 0: none.
+fn softcap_score(s: f32, cap: f32) -> f32 {
+    if cap == 0.0 {
+        return s;
+    }
+    return cap * tanh_acc(s);
+}
