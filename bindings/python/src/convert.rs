@@ -1,6 +1,7 @@
 //! Python objects ↔ JSON values (chat messages, tool definitions, response formats), and
 //! chat messages as the templates take them.
 
+use kiln::chat::tools::{ChatTools, Tool, ToolChoice};
 use kiln::chat::Message;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -122,4 +123,31 @@ pub fn messages(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Message>> {
         return Err(invalid("messages must not be empty"));
     }
     Ok(out)
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` as OpenAI's API takes them: a list of
+/// `{"type": "function", "function": {"name", "description", "parameters"}}`; `"auto"`,
+/// `"none"`, `"required"` or `{"type": "function", "function": {"name": ...}}`; a bool.
+pub fn chat_tools(
+    tools: Option<&Bound<'_, PyAny>>,
+    choice: Option<&Bound<'_, PyAny>>,
+    parallel: Option<bool>,
+) -> PyResult<ChatTools> {
+    let list = match tools.map(|t| to_json(t, "tools")).transpose()? {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Tool::from_openai(t).map_err(|e| invalid(format!("tools[{i}]: {e}"))))
+            .collect::<PyResult<_>>()?,
+        Some(_) => return Err(PyTypeError::new_err("tools must be a list of dicts")),
+    };
+    let choice = match choice.map(|c| to_json(c, "tool_choice")).transpose()? {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(v) => ToolChoice::from_openai(&v).map_err(|e| invalid(e.to_string()))?,
+    };
+    ChatTools::new(list)
+        .and_then(|t| t.with_choice(choice))
+        .map(|t| t.with_parallel(parallel.unwrap_or(true)))
+        .map_err(|e| invalid(e.to_string()))
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use kiln::embed::{embed_tokens, normalize as unit_length, Pooling};
 use kiln::{Device, EngineOptions, SessionOptions};
-use pyo3::exceptions::{PyNotImplementedError, PyTypeError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict, PyList, PyString};
 
@@ -116,14 +116,20 @@ impl Engine {
     }
 
     /// A reply to `messages` (a list of {"role": ..., "content": ...} dicts) with the model's
-    /// chat template applied. Returns a Completion, or with stream=True a Stream of Pieces.
-    #[pyo3(signature = (messages, tools=None, response_format=None, **sampling))]
+    /// chat template applied. `tools` (OpenAI's function tools), `tool_choice` and
+    /// `parallel_tool_calls` let the model call functions: its calls come back parsed, in
+    /// `tool_calls`, their arguments valid against each tool's schema. Returns a Completion,
+    /// or with stream=True a Stream of Pieces.
+    #[pyo3(signature = (messages, tools=None, response_format=None, *, tool_choice=None, parallel_tool_calls=None, **sampling))]
+    #[allow(clippy::too_many_arguments)]
     fn chat(
         &self,
         py: Python<'_>,
         messages: &Bound<'_, PyAny>,
         tools: Option<&Bound<'_, PyAny>>,
         response_format: Option<&Bound<'_, PyAny>>,
+        tool_choice: Option<&Bound<'_, PyAny>>,
+        parallel_tool_calls: Option<bool>,
         sampling: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
         let msgs = crate::convert::messages(messages)?;
@@ -135,16 +141,15 @@ impl Engine {
             kw.set_item("response_format", rf)?;
         }
         let s = sampling::parse(Some(&kw), self.inner.config().n_vocab)?;
-        if tools.is_some_and(|t| !t.is_none()) {
-            return Err(PyNotImplementedError::new_err(
-                "tools need tool calling, which this build of kiln lacks",
-            ));
+        let tools = crate::convert::chat_tools(tools, tool_choice, parallel_tool_calls)?;
+        if tools.active() && self.inner.chat_template().is_none() {
+            return Err(invalid("the model has no chat template, so it cannot be given tools"));
         }
         let session = self.inner.session(SessionOptions::default()).or_raise()?;
         let job = Job {
             cancel: session.cancel_handle(),
             target: Target::Owned(session),
-            prepare: Box::new(move |s| s.append_chat(&msgs)),
+            prepare: Box::new(move |s| s.append_chat_with(&msgs, &tools)),
             opts: s.opts,
             stream_open: None,
         };

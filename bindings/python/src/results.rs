@@ -1,7 +1,11 @@
 //! What generation returns: `Completion` (the whole result), `Piece` (one streamed step)
 //! and `Timings`.
 
+use kiln::chat::tools::ToolCallDelta;
 use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::convert::from_json;
 
 /// Where the time went: prompt tokens evaluated (and reused from the KV cache), generated
 /// tokens, and the milliseconds each took.
@@ -56,17 +60,32 @@ impl From<&kiln::session::Timings> for Timings {
 
 /// One streamed step: the text it releases (valid UTF-8, possibly empty while a character
 /// or a possible stop string is incomplete), the sampled token id (None for text released
-/// at the end, which belongs to no new token) and, when asked for, log-probabilities.
-#[pyclass(module = "kiln", frozen, get_all)]
+/// at the end, which belongs to no new token), when asked for, log-probabilities, and in a
+/// chat with tools the pieces of calls this step completed.
+#[pyclass(module = "kiln", frozen)]
 pub struct Piece {
+    #[pyo3(get)]
     pub text: String,
+    #[pyo3(get)]
     pub id: Option<u32>,
+    #[pyo3(get)]
     pub logprob: Option<f32>,
+    #[pyo3(get)]
     pub top_logprobs: Vec<(u32, f32)>,
+    calls: Vec<ToolCallDelta>,
 }
 
 #[pymethods]
 impl Piece {
+    /// OpenAI's `delta.tool_calls` entries: a call's index, id, type and name first (with
+    /// empty arguments), then fragments of its arguments.
+    #[getter]
+    fn tool_calls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(
+            py,
+            self.calls.iter().map(|c| from_json(py, &c.to_openai())).collect::<PyResult<Vec<_>>>()?,
+        )
+    }
     fn __str__(&self) -> &str {
         &self.text
     }
@@ -83,6 +102,7 @@ impl Piece {
             id: (!ev.flush).then_some(ev.token),
             logprob: ev.logprob,
             top_logprobs: ev.top_logprobs.to_vec(),
+            calls: ev.tool_calls.to_vec(),
         }
     }
 }
@@ -104,6 +124,10 @@ pub struct Completion {
     pub logprobs: Option<Vec<f32>>,
     /// With `logprobs=N`: each step's N most likely `(id, logprob)`, best first.
     pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    /// In a chat with tools: the calls the reply made, in OpenAI's shape (`{"id", "type":
+    /// "function", "function": {"name", "arguments"}}`, arguments a JSON string), ready to
+    /// go back into the history as an assistant message's `tool_calls`.
+    pub tool_calls: Py<PyList>,
 }
 
 #[pymethods]
@@ -111,12 +135,14 @@ impl Completion {
     fn __str__(&self) -> &str {
         &self.text
     }
-    fn __repr__(&self) -> String {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let n = self.tool_calls.bind(py).len();
         format!(
-            "Completion(text={:?}, finish_reason={:?}, n_tokens={})",
+            "Completion(text={:?}, finish_reason={:?}, n_tokens={}{})",
             self.text,
             self.finish_reason,
-            self.ids.len()
+            self.ids.len(),
+            if n > 0 { format!(", n_tool_calls={n}") } else { String::new() }
         )
     }
 }
@@ -151,7 +177,10 @@ impl Outcome {
             Some(l) => (Some(l.logprob), Some(l.top)),
             None => (None, None),
         };
+        let calls =
+            s.tool_calls.iter().map(|c| from_json(py, &c.to_openai())).collect::<PyResult<Vec<_>>>()?;
         Ok(Completion {
+            tool_calls: PyList::new(py, calls)?.unbind(),
             text: s.text,
             ids: s.ids,
             prompt_ids: self.prompt_ids,

@@ -89,20 +89,23 @@ impl Session {
 
     /// Adds messages to the chat history, renders it with the model's chat template and
     /// evaluates what the cache lacks. Returns the whole rendered conversation's ids.
-    #[pyo3(signature = (messages, tools=None))]
+    /// `tools`, `tool_choice` and `parallel_tool_calls` (as Engine.chat) hold from here on;
+    /// when none of them is given, the tools of the previous append_chat stay.
+    #[pyo3(signature = (messages, tools=None, *, tool_choice=None, parallel_tool_calls=None))]
     fn append_chat(
         &self,
         py: Python<'_>,
         messages: &Bound<'_, PyAny>,
         tools: Option<&Bound<'_, PyAny>>,
+        tool_choice: Option<&Bound<'_, PyAny>>,
+        parallel_tool_calls: Option<bool>,
     ) -> PyResult<Vec<u32>> {
         let msgs = crate::convert::messages(messages)?;
-        if tools.is_some_and(|t| !t.is_none()) {
-            return Err(pyo3::exceptions::PyNotImplementedError::new_err(
-                "tools need structured output, which this build of kiln lacks",
-            ));
+        if tools.is_none() && tool_choice.is_none() && parallel_tool_calls.is_none() {
+            return self.with(py, move |s| s.append_chat(&msgs));
         }
-        self.with(py, move |s| s.append_chat(&msgs))
+        let tools = crate::convert::chat_tools(tools, tool_choice, parallel_tool_calls)?;
+        self.with(py, move |s| s.append_chat_with(&msgs, &tools))
     }
 
     /// Generates from where the conversation stands (after an append_chat, the reply joins

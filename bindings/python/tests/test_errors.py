@@ -96,7 +96,3 @@ def test_bad_prompts_and_messages(engine):
     # The engine is unharmed.
     assert engine.complete("Hi", max_tokens=2).finish_reason == "length"
 
-
-def test_tools_wait_for_tool_calling(engine):
-    with pytest.raises(NotImplementedError):
-        engine.chat([{"role": "user", "content": "Hi"}], tools=[{"type": "function", "function": {"name": "f"}}])

@@ -104,6 +104,10 @@ class Completion:
     token has none)."""
     top_logprobs: Optional[list[list[tuple[int, float]]]]
     """With logprobs=N: each step's N most likely (id, logprob), best first."""
+    tool_calls: list[dict[str, Any]]
+    """In a chat with tools: the reply's calls in OpenAI's shape, {"id": "call_...",
+    "type": "function", "function": {"name": ..., "arguments": JSON string}} (empty
+    otherwise); they can go back into the history as an assistant message's tool_calls."""
     def __str__(self) -> str: ...
 
 class Piece:
@@ -117,6 +121,9 @@ class Piece:
     """The sampled token; None for text released at the end (no new token)."""
     logprob: Optional[float]
     top_logprobs: list[tuple[int, float]]
+    tool_calls: list[dict[str, Any]]
+    """In a chat with tools: OpenAI's delta.tool_calls entries of the calls this step
+    completed: a call's index, id, type and name first, then its arguments' fragments."""
     def __str__(self) -> str: ...
 
 class Stream(Iterator[Piece]):
@@ -198,9 +205,11 @@ class Engine:
     def chat(
         self,
         messages: Sequence[Message],
-        tools: None = None,
+        tools: Optional[Sequence[Mapping[str, Any]]] = None,
         response_format: Optional[Mapping[str, Any]] = None,
         *,
+        tool_choice: Optional[Union[str, Mapping[str, Any]]] = None,
+        parallel_tool_calls: Optional[bool] = None,
         stream: Literal[False] = False,
         **sampling: Unpack[Sampling],
     ) -> Completion: ...
@@ -208,22 +217,32 @@ class Engine:
     def chat(
         self,
         messages: Sequence[Message],
-        tools: None = None,
+        tools: Optional[Sequence[Mapping[str, Any]]] = None,
         response_format: Optional[Mapping[str, Any]] = None,
         *,
+        tool_choice: Optional[Union[str, Mapping[str, Any]]] = None,
+        parallel_tool_calls: Optional[bool] = None,
         stream: Literal[True],
         **sampling: Unpack[Sampling],
     ) -> Stream: ...
     def chat(
         self,
         messages: Sequence[Message],
-        tools: None = None,
+        tools: Optional[Sequence[Mapping[str, Any]]] = None,
         response_format: Optional[Mapping[str, Any]] = None,
+        *,
+        tool_choice: Optional[Union[str, Mapping[str, Any]]] = None,
+        parallel_tool_calls: Optional[bool] = None,
         **sampling: Unpack[StreamingSampling],
     ) -> Union[Completion, Stream]:
         """A reply to `messages` with the model's chat template applied (as `kiln run` and
-        /v1/chat/completions). `response_format` constrains the reply (see Sampling);
-        `tools` raises NotImplementedError in this build."""
+        /v1/chat/completions). `response_format` constrains the reply (see Sampling).
+        `tools` are OpenAI's function tools ({"type": "function", "function": {"name",
+        "description", "parameters"}}); `tool_choice` is "auto" (default), "none",
+        "required" or {"type": "function", "function": {"name": ...}}; with
+        parallel_tool_calls=False a reply makes one call at most. The model's calls come
+        back in Completion.tool_calls (streamed: Piece.tool_calls), their arguments valid
+        against each tool's schema; the text holds only the reply's content."""
     @overload
     def embed(
         self,
@@ -288,9 +307,20 @@ class Session:
         """Tokenize (BOS first when the session is empty and the model wants one), append
         and evaluate `text`. Returns the new token ids."""
     def append_tokens(self, ids: Sequence[int]) -> None: ...
-    def append_chat(self, messages: Sequence[Message], tools: None = None) -> list[int]:
+    def append_chat(
+        self,
+        messages: Sequence[Message],
+        tools: Optional[Sequence[Mapping[str, Any]]] = None,
+        *,
+        tool_choice: Optional[Union[str, Mapping[str, Any]]] = None,
+        parallel_tool_calls: Optional[bool] = None,
+    ) -> list[int]:
         """Add messages to the chat history, render it with the chat template and evaluate
-        what the cache lacks. Returns the whole rendered conversation's token ids."""
+        what the cache lacks. Returns the whole rendered conversation's token ids.
+        `tools`, `tool_choice` and `parallel_tool_calls` (as Engine.chat) hold for the
+        following generates; when none is given, the previous append_chat's tools stay.
+        Replies with calls join the history with their tool_calls; send results back as
+        {"role": "tool", "tool_call_id": ..., "content": ...} messages."""
     @overload
     def generate(self, *, stream: Literal[False] = False, **sampling: Unpack[Sampling]) -> Completion: ...
     @overload
