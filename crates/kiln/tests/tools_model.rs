@@ -60,6 +60,8 @@ fn call_grammars_accept_calls_and_nothing_else() {
         (ToolFormat::Hermes, ToolChoice::Required, true, r#"{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}"#.into(), false),
         (ToolFormat::Hermes, ToolChoice::Required, true, r#"{"name": "get_weather", "arguments": {"city": "Paris",  "unit": "celsius"}}"#.into(), false),
         (ToolFormat::Hermes, ToolChoice::Required, true, r#"{"name": "get_wind", "arguments": {"city": "Paris"}}"#.into(), false),
+        // Objects that list their properties are closed, as in response_format's schemas.
+        (ToolFormat::Hermes, ToolChoice::Required, true, r#"{"name": "get_time", "arguments": {"timezone": "UTC", "type": "string"}}"#.into(), false),
         (ToolFormat::Hermes, ToolChoice::Required, true, "Sure, I can help.".into(), false),
         (ToolFormat::MistralNemo, ToolChoice::Required, true, r#"[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]"#.into(), true),
         (ToolFormat::MistralNemo, ToolChoice::Required, true, r#"[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "short"}]"#.into(), false),

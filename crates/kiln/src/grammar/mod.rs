@@ -27,7 +27,7 @@
 mod constraint;
 mod env;
 mod gbnf;
-mod json;
+pub(crate) mod json;
 
 pub use constraint::{Constraint, ConstraintStats};
 pub use env::GrammarEnv;

@@ -5,13 +5,15 @@
 //! constrains the rest. The generic format constrains the whole reply always.
 //!
 //! Grammars are llguidance Lark: fixed parts as literals (markers that are control tokens
-//! as `<[id]>`), each function's arguments as `%json` of its schema, written with `, ` and
+//! as `<[id]>`), each function's arguments as `%json` of its schema (with kiln's JSON schema
+//! restrictions: objects that list `properties` are closed), written with `, ` and
 //! `: ` separators and no other whitespace.
 
 use serde_json::{json, Value};
 
 use super::{ChatTools, Tool, ToolChoice, ToolFormat};
 use crate::engine::Engine;
+use crate::grammar::json::with_defaults;
 use crate::grammar::{CompiledGrammar, Grammar, GrammarSpec, Trigger};
 use crate::tokenizer::Tokenizer;
 use crate::{KilnError, Result};
@@ -34,7 +36,8 @@ pub fn tool_grammar(format: ToolFormat, tools: &ChatTools, tok: &Tokenizer) -> R
         mistral_args: marker(tok, "[ARGS]").0,
         mistral_id: marker(tok, "[CALL_ID]").0,
     };
-    let bodies: Vec<String> = callable.iter().enumerate().map(|(i, t)| g.call(i, t, format)).collect();
+    let bodies: Vec<String> =
+        callable.iter().enumerate().map(|(i, t)| g.call(i, t, format)).collect::<Result<_>>()?;
     g.rule("body", &bodies.join(" | "));
     let forced = !matches!(tools.choice, ToolChoice::Auto);
     let many = |item: &str, sep: &str| {
@@ -165,8 +168,10 @@ fn regex_escape(s: &str) -> String {
         .collect()
 }
 
-/// The arguments schema as `%json` takes it: kiln's separators, no free whitespace.
-fn args_json(t: &Tool) -> String {
+/// The arguments schema as `%json` takes it: kiln's separators, no free whitespace, and
+/// the restrictions every kiln JSON schema gets (closed objects, implied types, bounded
+/// integers), as llama.cpp's tool grammars have them too.
+fn args_json(t: &Tool) -> Result<String> {
     let mut schema = t.parameters.clone();
     if let Value::Object(m) = &mut schema {
         m.insert(
@@ -174,7 +179,9 @@ fn args_json(t: &Tool) -> String {
             json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
         );
     }
-    schema.to_string()
+    let schema = with_defaults(&schema)
+        .map_err(|e| KilnError::Grammar(format!("the parameters of tool '{}': {e}", t.name)))?;
+    Ok(schema.to_string())
 }
 
 /// A Lark grammar under construction.
@@ -192,8 +199,8 @@ impl Lark {
 
     /// Tool `i`'s call in `format` (rule `call_i`, arguments rule `args_i`); returns the
     /// rule's name.
-    fn call(&mut self, i: usize, t: &Tool, format: ToolFormat) -> String {
-        self.rule(&format!("args_{i}"), &format!("%json {}", args_json(t)));
+    fn call(&mut self, i: usize, t: &Tool, format: ToolFormat) -> Result<String> {
+        self.rule(&format!("args_{i}"), &format!("%json {}", args_json(t)?));
         let key = |k: &str| format!("{} WS? \":\" WS?", lit(&format!("\"{k}\"")));
         let name = lit(&format!("\"{}\"", t.name));
         let body = match format {
@@ -226,7 +233,7 @@ impl Lark {
             }
         };
         self.rule(&format!("call_{i}"), &body);
-        format!("call_{i}")
+        Ok(format!("call_{i}"))
     }
 
     /// Tool `i` as a Llama 3.1 builtin call, `name.call(key=value, ...)` with each property
@@ -242,6 +249,7 @@ impl Lark {
             if let Value::Object(m) = &mut schema {
                 m.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
             }
+            let schema = with_defaults(&schema)?;
             self.rule(&format!("builtin_{i}_{j}"), &format!("%json {schema}"));
             parts.push(format!("{} builtin_{i}_{j}", lit(&format!("{k}="))));
         }
