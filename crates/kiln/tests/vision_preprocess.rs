@@ -80,6 +80,17 @@ fn bad_images_are_clear_errors() {
     assert!(e.contains("unknown format"), "{e}");
     let e = RgbImage::decode(&[]).unwrap_err().to_string();
     assert!(e.contains("not a readable image") || e.contains("unknown format"), "{e}");
+    // Not files: refused at once (reading a FIFO would wait for a writer forever).
+    let dir = std::env::temp_dir().join(format!("kiln-vision-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("image.png");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    for p in [fifo.as_path(), dir.as_path(), std::path::Path::new("/dev/zero")] {
+        let e = RgbImage::open(p).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
     // A 20,000 x 20,000 PNG: the header alone says so; refused before decoding.
     let e = RgbImage::decode(&bomb_png(20_000, 20_000)).unwrap_err().to_string();
     assert!(e.contains("more than the limit"), "{e}");

@@ -81,6 +81,10 @@ impl RgbImage {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| KilnError::io(path, e))?;
+        if !meta.is_file() {
+            // A FIFO or device would block or never end; a directory cannot be read.
+            return Err(KilnError::invalid(format!("{}: not a regular file", path.display())));
+        }
         if meta.len() > MAX_FILE_BYTES {
             return Err(KilnError::invalid(format!(
                 "{}: {} bytes, over the image file limit of {MAX_FILE_BYTES}",
