@@ -142,7 +142,7 @@ fn experts_and_active_parameters() {
     for (preset, count, used, shared) in [
         ("olmoe-tiny", 16, 4, Json::Null),
         ("qwen2moe-tiny", 8, 2, serde_json::json!({"n_ff": 64, "gated": true})),
-        ("granitemoe-tiny", 8, 2, serde_json::json!({"n_ff": 48, "gated": false})),
+        ("granitemoe-tiny", 8, 2, serde_json::json!({"n_ff": 64, "gated": false})),
     ] {
         let path = tmp(&format!("inspect-{preset}.gguf"));
         kiln::model::synth::preset(preset).unwrap().build().unwrap().write_file(&path).unwrap();

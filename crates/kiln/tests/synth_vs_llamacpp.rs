@@ -35,7 +35,8 @@ fn load_spec(
     device: Device,
     edit: impl FnOnce(&mut GgufWriter),
 ) -> Engine {
-    let dir = std::env::temp_dir().join(format!("kiln-synth-{}-{preset}-{tag}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("kiln-synth-{}-{preset}-{tag}-{device:?}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{preset}.gguf"));
     let mut w = spec.build().unwrap();
@@ -175,6 +176,15 @@ synth_tests! {
     olmo2_post_norms: "olmo2-tiny";
     smollm3_nope_layers: "smollm3-tiny";
     mistral3_temperature: "mistral3-tiny";
+}
+
+/// The mixtures of experts on the GPU (lavapipe in CI): the same bars against llama.cpp.
+#[cfg(feature = "gpu")]
+#[test]
+fn moe_presets_on_the_gpu() {
+    for preset in ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny"] {
+        check_on(preset, Device::Gpu);
+    }
 }
 
 #[test]

@@ -504,7 +504,7 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
         },
         "granitemoe-tiny" => SynthSpec {
             arch: "granitemoe".into(),
-            experts: Some(SynthExperts { shared_ff: Some(48), ..moe(8, 2, 32) }),
+            experts: Some(SynthExperts { shared_ff: Some(64), ..moe(8, 2, 32) }),
             metadata: vec![
                 f("embedding_scale", 12.0),
                 f("residual_scale", 0.22),

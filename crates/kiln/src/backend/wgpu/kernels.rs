@@ -371,6 +371,17 @@ pub enum Kernel {
     Argmax,
     /// The best of each row's parts (argmax.wgsl's `combine`).
     ArgmaxCombine,
+    /// A mixture of experts' matmul, each slot's row through its own expert (the ids read
+    /// from a device buffer; moe.rs): `true` a workgroup per row (the exact kernel's
+    /// arithmetic), `false` an invocation per row (software adapters). Both bit-identical
+    /// to the CPU's dense matmul of the same rows.
+    MatmulId(GgmlType, bool),
+    /// The router's top-k per token (moe.wgsl).
+    MoeRoute,
+    /// The routing-weighted sum of each token's expert outputs.
+    MoeSum,
+    /// A shared expert's output added through its sigmoid gate.
+    MoeGatedAdd,
 }
 
 impl Kernel {
@@ -401,6 +412,14 @@ impl Kernel {
             Gather => (ew, "gather"),
             Argmax => (include_str!("shaders/argmax.wgsl"), "main"),
             ArgmaxCombine => (include_str!("shaders/argmax.wgsl"), "combine"),
+            // The exact kernel's file (its dot_wg) with the expert-indexed entry points.
+            MatmulId(_, exact) => (
+                concat!(include_str!("shaders/matmul.wgsl"), include_str!("shaders/matmul_id.wgsl")),
+                if exact { "by_id_exact" } else { "by_id_rows" },
+            ),
+            MoeRoute => (include_str!("shaders/moe.wgsl"), "route"),
+            MoeSum => (include_str!("shaders/moe.wgsl"), "sum"),
+            MoeGatedAdd => (include_str!("shaders/moe.wgsl"), "gated_add"),
         }
     }
 }
@@ -671,6 +690,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     | Kernel::MatmulRows(ty, _)
     | Kernel::MatmulVec(ty, ..)
     | Kernel::MatmulCoop(ty, ..)
+    | Kernel::MatmulId(ty, _)
     | Kernel::Embed(ty, _) = k
     {
         // Fetch slots: one, or the tile matmul's rows per invocation.
@@ -684,7 +704,15 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
              fn load_chunk(b: u32, c: u32) {{\n    fetch_chunk(b, c, 0u);\n    unpack_chunk(c, 0u);\n}}\n"
         ));
     }
-    if let Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs, ..) = k {
+    let dot = match k {
+        Kernel::Matmul(ty, outs) | Kernel::MatmulRows(ty, outs) | Kernel::MatmulVec(ty, outs, ..) => {
+            Some((ty, outs))
+        }
+        // (Its store is for matmul.wgsl's own entry point, unused.)
+        Kernel::MatmulId(ty, _) => Some((ty, Outs { n: 1, bias: false, rope: false, tail: 0 })),
+        _ => None,
+    };
+    if let Some((ty, outs)) = dot {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
         s.push_str(&matmul_store(outs, 3));
@@ -718,7 +746,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         s.push_str(&format!("const DIRECT: bool = {};\n", k != Kernel::AttnPartial));
     }
     let src = match k {
-        Kernel::Matmul(..) => {
+        Kernel::Matmul(..) | Kernel::MatmulId(..) => {
             s.push_str(&format!("const RG: u32 = {EXACT_ROWS}u;\n"));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * EXACT_ROWS))
         }
@@ -813,7 +841,11 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if src.contains("rope_pair(") {
         s.push_str(ROPE_CORE);
     }
-    if s.contains("exp_acc(") || src.contains("exp_acc(") || src.contains("softcap_score(") {
+    if s.contains("exp_acc(")
+        || src.contains("exp_acc(")
+        || src.contains("softcap_score(")
+        || src.contains("expf_ggml(")
+    {
         s.push_str(EXP);
     }
     let body = if subgroups {

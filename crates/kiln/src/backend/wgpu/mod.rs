@@ -238,6 +238,34 @@ fn grid(n_items: usize, per_group: usize) -> [u32; 3] {
     }
 }
 
+/// A matrix's rows of `cols` values as the kernels read them: in its own format where a
+/// kernel reads it, else widened to F16.
+fn matrix_data(ty: GgmlType, cols: usize, raw: &[u8]) -> Result<(GgmlType, std::borrow::Cow<'_, [u8]>)> {
+    if kernels::gpu_weight_type(ty) {
+        return Ok((ty, raw.into()));
+    }
+    let mut v = vec![0f32; cols];
+    let src_row = ty.row_size(cols)?;
+    let mut out = Vec::with_capacity(raw.len() / src_row * cols * 2);
+    for row in raw.chunks_exact(src_row) {
+        quant::dequantize_row(ty, row, &mut v)?;
+        out.extend(v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()));
+    }
+    Ok((GgmlType::F16, out.into()))
+}
+
+/// How a weight of type `ty` takes its activations: quantized to its dot type (quantize.wgsl's
+/// mode, and its block size), or as f32 (None).
+fn dot_mode(ty: GgmlType) -> Option<(u32, usize)> {
+    match ty.vec_dot_type() {
+        GgmlType::Q8_0 => Some((0, 32)),
+        GgmlType::Q8_1 => Some((3, 32)),
+        GgmlType::Q8_K => Some((1, 256)),
+        GgmlType::F16 => Some((2, 32)),
+        _ => None,
+    }
+}
+
 fn f(x: f32) -> u32 {
     x.to_bits()
 }
@@ -564,13 +592,10 @@ impl GpuBackend {
         // The tiles take f16 activations (packed, mode 4).
         let tiles = self.coop_shape(w.ty, rows, all_rows, w.cols);
         // Activations quantized as the CPU does (quantize.wgsl), then exact integer dots.
-        let (mode, bs) = match w.ty.vec_dot_type() {
+        let (mode, bs) = match dot_mode(w.ty) {
             _ if tiles.is_some() => (Some(4u32), 32),
-            GgmlType::Q8_0 => (Some(0u32), 32),
-            GgmlType::Q8_1 => (Some(3), 32),
-            GgmlType::Q8_K => (Some(1), 256),
-            GgmlType::F16 => (Some(2), 32),
-            _ => (None, 32),
+            Some((m, bs)) => (Some(m), bs),
+            None => (None, 32),
         };
         let n = rows * k;
         let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
@@ -906,17 +931,8 @@ impl Backend for GpuBackend {
             let mut v = vec![0f32; cols];
             quant::dequantize_row(t.ty, raw, &mut v)?;
             (GgmlType::F32, bytemuck::cast_slice(&v).to_vec().into())
-        } else if kernels::gpu_weight_type(t.ty) {
-            (t.ty, raw.into())
         } else {
-            let mut v = vec![0f32; cols];
-            let src_row = t.ty.row_size(cols)?;
-            let mut out = Vec::with_capacity(rows * cols * 2);
-            for r in 0..rows {
-                quant::dequantize_row(t.ty, &raw[r * src_row..(r + 1) * src_row], &mut v)?;
-                out.extend(v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()));
-            }
-            (GgmlType::F16, out.into())
+            matrix_data(t.ty, cols, raw)?
         };
         if !cols.is_multiple_of(32) && rows > 1 {
             return Err(err(format!("row length {cols} is not a multiple of 32")));

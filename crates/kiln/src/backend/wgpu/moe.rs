@@ -1,56 +1,207 @@
-//! Mixture-of-experts ops on the GPU.
+//! Mixture-of-experts ops on the GPU (moe.wgsl, matmul_id.wgsl), each with the CPU
+//! backend's arithmetic: the router's top-k, the experts' matmuls (each slot's expert read
+//! from the ids on the device: no host round trip; a slot's dot is the dense matmul's, so
+//! it does not depend on the slots sharing its expert), their weighted sum and a shared
+//! expert's sigmoid gate.
 
 use std::sync::Arc;
 
-use super::{GpuBackend, GpuBuf};
-use crate::backend::Routing;
+use ::wgpu;
+
+use super::kernels::Kernel;
+use super::{grid, matrix_data, GpuBackend, GpuBuf, MatmulPath};
+use crate::backend::{Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::GgmlType;
 
-/// A stack of expert matrices on the device.
+/// The most experts a router may score (moe.wgsl's MAX_EXPERTS).
+const MAX_EXPERTS: usize = 256;
+
+/// Slots per dispatch (the grid's z dimension, one slot each).
+const MAX_SLOTS: usize = 65535;
+
+/// Whole experts of a 3-D tensor in one buffer: the buffer, its first expert, how many.
+struct ExpertBuf {
+    buf: wgpu::Buffer,
+    e0: usize,
+    n: usize,
+}
+
+/// A stack of expert matrices of `rows × cols` on the device: rows `start..start + rows`
+/// of every expert of a 3-D tensor (`stride` rows per expert: one matrix, or a fused gate
+/// and up), in its GGUF block format (F16 where no kernel reads that format).
 pub struct GpuExperts {
-    _private: (),
+    bufs: Arc<Vec<ExpertBuf>>,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_size: usize,
+    stride: usize,
+    start: usize,
 }
 
 impl GpuBackend {
     pub(super) fn load_experts_impl(
         &self,
-        _gguf: &Arc<GgufFile>,
+        gguf: &Arc<GgufFile>,
         t: &TensorInfo,
-        _n_expert: usize,
-        _parts: &[usize],
+        n_expert: usize,
+        parts: &[usize],
     ) -> Result<Vec<GpuExperts>> {
-        Err(KilnError::Tensor {
-            name: t.name.clone(),
-            msg: "mixture-of-experts layers do not run on the GPU yet".into(),
-        })
+        let err = |msg: String| KilnError::Tensor { name: t.name.clone(), msg };
+        if !t.ty.is_supported() {
+            return Err(err(format!("unsupported tensor type {}", t.ty.name())));
+        }
+        let (rows, cols) = t.rows_cols();
+        let stride: usize = parts.iter().sum();
+        if n_expert == 0 || rows != n_expert * stride {
+            return Err(err(format!("{rows} rows, expected {n_expert} experts of {stride}")));
+        }
+        if n_expert > MAX_EXPERTS {
+            return Err(err(format!("{n_expert} experts: the GPU router takes at most {MAX_EXPERTS}")));
+        }
+        if !cols.is_multiple_of(32) {
+            return Err(err(format!("row length {cols} is not a multiple of 32")));
+        }
+        let (ty, data) = matrix_data(t.ty, cols, gguf.tensor_data(t))?;
+        let row_size = ty.row_size(cols)?;
+        // Whole experts per buffer, under the binding limit.
+        let expert_bytes = stride * row_size;
+        let per_buf = ((self.split_bytes as usize - 4) / expert_bytes).max(1);
+        let mut bufs = Vec::new();
+        for e0 in (0..n_expert).step_by(per_buf) {
+            let n = per_buf.min(n_expert - e0);
+            let buf = self.ctx.upload(&data[e0 * expert_bytes..(e0 + n) * expert_bytes], &t.name)?;
+            // Bound the staging memory of big models: let each buffer's copy go out.
+            self.ctx.queue.submit([]);
+            bufs.push(ExpertBuf { buf, e0, n });
+        }
+        let bufs = Arc::new(bufs);
+        let mut start = 0;
+        Ok(parts
+            .iter()
+            .map(|&rows| {
+                let x = GpuExperts { bufs: bufs.clone(), ty, rows, cols, row_size, stride, start };
+                start += rows;
+                x
+            })
+            .collect())
     }
 
-    pub(super) fn moe_route_impl(&self, _: &GpuBuf, _: usize, _: &Routing, _: &mut GpuBuf, _: &mut GpuBuf) {
-        unreachable!("no experts load on the GPU")
+    pub(super) fn moe_route_impl(
+        &self,
+        logits: &GpuBuf,
+        rows: usize,
+        r: &Routing,
+        ids: &mut GpuBuf,
+        weights: &mut GpuBuf,
+    ) {
+        self.op();
+        let gating = match r.gating {
+            Gating::Softmax => 0,
+            Gating::Sigmoid => 1,
+        };
+        let prm = [rows as u32, r.n_expert as u32, r.k as u32, gating, r.norm as u32, r.scale.to_bits()];
+        self.run(Kernel::MoeRoute, &prm, &[&logits.buf, &ids.buf, &weights.buf], grid(rows, 64));
     }
-}
 
-impl GpuBackend {
+    /// `x` (`rows` rows of `k`) as the matmul of a weight of type `ty` reads it: quantized to
+    /// its dot type into the activation scratch (with the op that writes `x`, where it is
+    /// held back), or itself; with the words where the block scales and sums start.
+    fn expert_input(&self, x: &GpuBuf, ty: GgmlType, rows: usize, k: usize) -> (wgpu::Buffer, u32, u32) {
+        let Some((mode, bs)) = super::dot_mode(ty) else {
+            return (x.buf.clone(), 0, 0);
+        };
+        let n = rows * k;
+        let act = self.act_buf(n);
+        let taken = {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
+        };
+        self.run_quantize(taken, x, mode, rows, k, &act);
+        (act, (n / 4) as u32, (n / 4 + rows * (k / bs)) as u32)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_id_impl(
         &self,
-        _: &[&GpuExperts],
-        _: &GpuBuf,
-        _: bool,
-        _: &GpuBuf,
-        _: usize,
-        _: usize,
-        _: &mut [&mut GpuBuf],
+        ws: &[&GpuExperts],
+        x: &GpuBuf,
+        per_slot: bool,
+        ids: &GpuBuf,
+        rows: usize,
+        k: usize,
+        outs: &mut [&mut GpuBuf],
     ) {
-        unreachable!("no experts load on the GPU")
+        // (Also forgets the activations a dense matmul quantized: the scratch is reused.)
+        self.op();
+        let n_slots = rows * k;
+        let x_rows = if per_slot { n_slots } else { rows };
+        let exact = self.matmul != MatmulPath::Rows;
+        // The input as the last weight read it, and its dot type.
+        let mut input = None;
+        let mut input_mode = None;
+        for (w, out) in ws.iter().zip(outs.iter()) {
+            // Quantized once for weights of one dot type (gate and up).
+            let mode = super::dot_mode(w.ty);
+            if input.is_none() || input_mode != mode {
+                input = Some(self.expert_input(x, w.ty, x_rows, w.cols));
+                input_mode = mode;
+            }
+            let (xq, xd, xs) = input.as_ref().expect("set above");
+            for b in w.bufs.iter() {
+                for s0 in (0..n_slots).step_by(MAX_SLOTS) {
+                    let prm = [
+                        w.rows as u32,
+                        w.cols as u32,
+                        n_slots as u32,
+                        w.row_size as u32,
+                        w.rows as u32,
+                        0,
+                        *xd,
+                        *xs,
+                        w.start as u32,
+                        w.stride as u32,
+                        k as u32,
+                        per_slot as u32,
+                        b.e0 as u32,
+                        (b.e0 + b.n) as u32,
+                        s0 as u32,
+                    ];
+                    let mut g =
+                        if exact { grid(w.rows, super::kernels::EXACT_ROWS) } else { grid(w.rows, 64) };
+                    g[2] = MAX_SLOTS.min(n_slots - s0) as u32;
+                    self.run(Kernel::MatmulId(w.ty, exact), &prm, &[&b.buf, xq, &out.buf, &ids.buf], g);
+                }
+            }
+        }
     }
 
-    pub(super) fn moe_sum_impl(&self, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize, _: usize, _: &mut GpuBuf) {
-        unreachable!("no experts load on the GPU")
+    pub(super) fn moe_sum_impl(
+        &self,
+        y: &GpuBuf,
+        weights: &GpuBuf,
+        rows: usize,
+        k: usize,
+        dim: usize,
+        out: &mut GpuBuf,
+    ) {
+        self.op();
+        let prm = [(rows * dim) as u32, dim as u32, k as u32];
+        self.run(Kernel::MoeSum, &prm, &[&y.buf, &weights.buf, &out.buf], grid(rows * dim, 64));
     }
 
-    pub(super) fn add_sigmoid_gated_impl(&self, _: &mut GpuBuf, _: &GpuBuf, _: &GpuBuf, _: usize, _: usize) {
-        unreachable!("no experts load on the GPU")
+    pub(super) fn add_sigmoid_gated_impl(
+        &self,
+        x: &mut GpuBuf,
+        y: &GpuBuf,
+        g: &GpuBuf,
+        rows: usize,
+        dim: usize,
+    ) {
+        self.op();
+        let prm = [(rows * dim) as u32, dim as u32];
+        self.run(Kernel::MoeGatedAdd, &prm, &[&x.buf, &y.buf, &g.buf], grid(rows * dim, 64));
     }
 }
