@@ -35,25 +35,9 @@ const ROWS: usize = 150;
 const TOKENS: [usize; 4] = [16, 20, 40, 131];
 const MAX_TOK: usize = 131;
 
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::{nmse, Rng};
 
 fn add_weight(w: &mut GgufWriter, rng: &mut Rng, name: &str, ty: GgmlType, rows: usize) {
     let v = rng.vec(rows * K);

@@ -34,25 +34,9 @@ const LONG: [(GgmlType, usize); 3] =
 const LONG_ROWS: usize = 5;
 const GROUPED: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16];
 
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::{nmse, Rng};
 
 /// A GGUF holding one matrix of each type, inputs (as F32 tables fed through `embed`),
 /// a norm weight and a bias.
