@@ -308,14 +308,29 @@ fn every_error_status_has_openai_shape() {
     // (About a second each here: 6,400 tokens, one forward per input.)
     let inputs = vec![vec![7; 100]; 64];
     let long = json!({"model": "m", "input": inputs}).to_string();
-    let busy: Vec<_> = (0..2)
-        .map(|i| {
+    // Each waits until the server shows its state (one running, then one waiting) rather
+    // than sleeping a guessed time: on a fast machine a request may finish in 100 ms.
+    let gauge = |name: &str| {
+        let (_, _, metrics) = exchange(addr, &request("GET", "/metrics", ""));
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
+        line.rsplit(' ').next().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0)
+    };
+    let until = |name: &str, want: usize| {
+        let start = Instant::now();
+        while gauge(name) != want {
+            assert!(start.elapsed() < Duration::from_secs(30), "{name} never reached {want}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let busy: Vec<_> = ["kiln_requests_running", "kiln_requests_waiting"]
+        .into_iter()
+        .map(|gauge_name| {
             let long = long.clone();
-            std::thread::sleep(Duration::from_millis(100 * i));
-            std::thread::spawn(move || exchange(addr, &request("POST", "/v1/embeddings", &long)).0)
+            let h = std::thread::spawn(move || exchange(addr, &request("POST", "/v1/embeddings", &long)).0);
+            until(gauge_name, 1);
+            h
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(200));
     let (status, head, body) =
         exchange(addr, &request("POST", "/v1/embeddings", r#"{"model":"m","input":"a"}"#));
     assert_eq!((status, api_error(status, &head, &body)["code"].clone()), (429, json!("queue_full")));
