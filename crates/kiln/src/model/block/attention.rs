@@ -83,6 +83,13 @@ impl Attention {
             None => self.scale_q.then_some(s),
         }
     }
+
+    /// The multipliers of the queries at `pos` into `out` (cleared first; left empty where
+    /// queries are not scaled), without allocating where `out` has room for them.
+    pub fn q_scales(&self, pos: &[u32], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend(pos.iter().map_while(|&p| self.q_scale(p)));
+    }
 }
 
 pub struct AttnWeights<W> {
@@ -152,6 +159,9 @@ pub struct AttnScratch<B: Backend> {
     k_normed: B::Buf,
     v: B::Buf,
     att: B::Buf,
+    /// Each token's query multiplier ([`Attention::q_scale`]), room for `n_ubatch` made
+    /// once so that filling it never allocates.
+    q_scale: Vec<f32>,
 }
 
 impl<B: Backend> AttnScratch<B> {
@@ -162,6 +172,7 @@ impl<B: Backend> AttnScratch<B> {
             k_normed: b.alloc(n * cfg.kv_dim())?,
             v: b.alloc(n * cfg.kv_dim())?,
             att: b.alloc(n * cfg.q_dim())?,
+            q_scale: Vec::with_capacity(n),
         })
     }
 }
@@ -211,7 +222,7 @@ pub fn forward<B: Backend>(
         ),
         None => b.kv_store(kc, vc, &s.k, &s.v, batch.slots, n_head_kv * hd),
     }
-    let q_scale: Vec<f32> = batch.pos.iter().map_while(|&p| a.q_scale(p)).collect();
+    a.q_scales(batch.pos, &mut s.q_scale);
     let plan = AttnPlan {
         pos: batch.pos,
         seq: batch.seq,
@@ -221,10 +232,43 @@ pub fn forward<B: Backend>(
         n_head_kv,
         head_dim: hd,
         scale: if a.scale_q { 1.0 } else { a.scale },
-        q_scale: &q_scale,
+        q_scale: &s.q_scale,
         softcap: a.softcap.unwrap_or(0.0),
         window: a.window,
     };
     b.attention(&s.q, kc, vc, &plan, &mut s.att);
     b.matmul(&w.wo, &s.att, n, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The query multipliers of a step fill the scratch's buffer in place: the values
+    /// [`Attention::q_scale`] gives, none where queries are not scaled, and no
+    /// reallocation from one step to the next.
+    #[test]
+    fn q_scales_fill_the_scratch_without_allocating() {
+        let rope = RopeParams::identity();
+        let plain = Attention::new(rope.clone(), 0.125);
+        let scaled = Attention { scale_q: true, ..plain.clone() };
+        let temperature = Temperature { scale: 0.1, floor: 16.0, offset: 0.0 };
+        let tempered = Attention { temperature: Some(temperature), ..plain.clone() };
+        let both = Attention { temperature: Some(temperature), ..scaled.clone() };
+        let mut buf = Vec::with_capacity(64);
+        let (ptr, cap) = (buf.as_ptr(), buf.capacity());
+        for step in 0..40u32 {
+            let pos: Vec<u32> = (0..1 + step % 64).map(|i| step * 7 + i).collect();
+            plain.q_scales(&pos, &mut buf);
+            assert!(buf.is_empty());
+            scaled.q_scales(&pos, &mut buf);
+            assert_eq!(buf, vec![0.125; pos.len()]);
+            tempered.q_scales(&pos, &mut buf);
+            assert_eq!(buf, pos.iter().map(|&p| temperature.at(p)).collect::<Vec<_>>());
+            both.q_scales(&pos, &mut buf);
+            assert_eq!(buf, pos.iter().map(|&p| temperature.at(p) * 0.125).collect::<Vec<_>>());
+            assert_eq!((buf.as_ptr(), buf.capacity()), (ptr, cap), "step {step} reallocated");
+        }
+        assert!(temperature.at(40) > 1.0, "the positions reach past the temperature's floor");
+    }
 }
