@@ -6,6 +6,8 @@ mod support;
 
 use std::ops::ControlFlow;
 
+use kiln::engine::Device;
+use kiln::model::{synth, Entry, OutputKind};
 use kiln::sample::SamplerParams;
 use kiln::{Engine, EngineOptions, FinishReason, GenerateOptions, Message, SessionOptions};
 use support::*;
@@ -70,6 +72,71 @@ fn context_shift_matches_llama_cpp() {
     let want = fx["completion"].as_str().unwrap();
     let same = text.chars().zip(want.chars()).take_while(|(a, b)| a == b).count();
     assert_eq!(text, want, "differs after {same} chars");
+}
+
+/// smollm3's layers without RoPE (the 4th of smollm3-tiny's 4) keep their keys as they are
+/// through a context shift: they were stored without a position, so rotating them (as
+/// llama.cpp's K-shift does, treating every layer as RoPE) would bend that layer's scores.
+/// With the RoPE layers' attention silenced (`attn_output` zero), the NoPE layer's keys and
+/// values are a function of the token alone, so after the shift the cache holds what a
+/// fresh evaluation of the kept tokens writes: the next token's logits must be the same,
+/// bit for bit.
+#[test]
+fn context_shift_leaves_the_keys_of_layers_without_rope() {
+    shift_without_rope(Device::Cpu);
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn context_shift_leaves_the_keys_of_layers_without_rope_on_the_gpu() {
+    shift_without_rope(Device::Gpu);
+}
+
+fn shift_without_rope(device: Device) {
+    let spec = synth::preset("smollm3-tiny").unwrap();
+    let (d, q_dim) = (spec.n_embd, spec.head_dim.unwrap_or(spec.n_embd / spec.n_head) * spec.n_head);
+    let mut w = spec.build().unwrap();
+    for il in 0..3 {
+        let name = format!("blk.{il}.attn_output.weight");
+        assert!(w.remove_tensor(&name));
+        w.add_f32(name, &[q_dim as u64, d as u64], &vec![0.0; q_dim * d]).unwrap();
+    }
+    let dir = tmp(&format!("shift-nope-{device:?}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("smollm3-tiny.gguf");
+    w.write_file(&path).unwrap();
+    let opts = EngineOptions::default().with_n_ctx(128).with_n_seq(3).with_threads(2).with_device(device);
+    let e = Engine::load(path.to_str().unwrap(), opts).unwrap();
+    let r = e.runner();
+
+    let prompt: Vec<u32> = (0..60u32).map(|i| 32 + (i * 37) % 95).collect();
+    let (n_keep, n_discard, next) = (4, 20, 77);
+    let kept: Vec<u32> = prompt[..n_keep].iter().chain(&prompt[n_keep + n_discard..]).copied().collect();
+    // The sequence's tokens, then `next` as the one output.
+    let feed = |seq, toks: &[u32]| {
+        let entries: Vec<Entry> = toks.iter().map(|&token| Entry { seq, token, output: false }).collect();
+        r.decode(&entries, OutputKind::Logits).unwrap();
+    };
+    let next_logits =
+        |seq| r.decode(&[Entry { seq, token: next, output: true }], OutputKind::Logits).unwrap();
+
+    let shifted = r.new_seq();
+    feed(shifted, &prompt);
+    r.shift_seq(shifted, n_keep, n_discard).unwrap();
+    let got = next_logits(shifted);
+    let fresh = r.new_seq();
+    feed(fresh, &kept);
+    let want = next_logits(fresh);
+    let unshifted = r.new_seq();
+    feed(unshifted, &prompt);
+    let before = next_logits(unshifted);
+
+    let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(diff(&before, &want) > 1e-3, "the discarded tokens do not reach the logits");
+    assert_eq!(got.len(), want.len());
+    let n = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(n, 0, "{n} logits differ from a fresh evaluation (max |Δ| {})", diff(&got, &want));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
