@@ -7,7 +7,7 @@
 # --no-repack: this llama.cpp build (GGML_NATIVE) picks an AMX repacked kernel that dies
 # with SIGILL on CPUs without AMX; the plain q4_1 x q8_1 path is what kiln mirrors anyway.
 set -euo pipefail
-bin=${1:-$HOME/.cache/kiln/peer/llama.cpp/build/bin}
+bin=${1:-${KILN_HOME:-$HOME/.cache/kiln}/peer-full/build/bin}
 model=${2:-$HOME/.cache/kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 out=$(dirname "$0")/../tests/fixtures/embed/smollm2-mean.json
 tmp=$(mktemp -d)

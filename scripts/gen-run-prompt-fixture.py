@@ -15,7 +15,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAT = os.path.join(ROOT, "tests", "fixtures", "chat")
-BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/kiln/peer/llama.cpp/build/bin")
+KILN_HOME = os.environ.get("KILN_HOME") or os.path.expanduser("~/.cache/kiln")
+BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(KILN_HOME, "peer-full", "build", "bin")
 MODELS = sys.argv[2] if len(sys.argv) > 2 else os.path.expanduser("~/.cache/kiln/models")
 # Catalog name -> GGUF stem, for the real models whose templates the chat fixtures hold.
 MODELS_WITH_TEMPLATES = {

@@ -5,7 +5,7 @@
 #
 #   scripts/gen-shift-fixture.sh [LLAMA_BIN_DIR] [MODEL.gguf]
 set -euo pipefail
-bin=${1:-$HOME/.cache/kiln/peer/llama.cpp/build/bin}
+bin=${1:-${KILN_HOME:-$HOME/.cache/kiln}/peer-full/build/bin}
 model=${2:-$HOME/.cache/kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 out=$(dirname "$0")/../tests/fixtures/shift/smollm2.json
 mkdir -p "$(dirname "$out")"
