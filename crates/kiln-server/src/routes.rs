@@ -120,7 +120,13 @@ async fn generate(
     let ready = app.ready()?;
     let o = params::object(body)?;
     app.check_model(params::model(&o)?)?;
-    let req = params::parse_generation(&o, kind, &ready.engine, ready.n_ctx, app.allow_image_urls)?;
+    // Parsing renders the template, tokenizes, compiles grammars and fetches, decodes and
+    // encodes images: blocking work, kept off the async runtime's worker threads.
+    let (engine, n_ctx, allow_urls) = (ready.engine.clone(), ready.n_ctx, app.allow_image_urls);
+    let req =
+        tokio::task::spawn_blocking(move || params::parse_generation(&o, kind, &engine, n_ctx, allow_urls))
+            .await
+            .map_err(|e| ApiError::internal(format!("parsing the request: {e}")))??;
     let jobs = req.prompts.len().saturating_mul(req.n);
     let tokens = req.prompts.iter().map(Vec::len).sum::<usize>().saturating_mul(req.n);
     let what = if kind == Kind::Chat { "messages" } else { "prompt" };

@@ -1,10 +1,11 @@
 //! `image_url` content parts through the server (SmolLM2-135M with SmolVLM's image tokens,
 //! the tiny synthetic idefics3 encoder): a data URL gives llama.cpp's greedy continuation
 //! (tests/fixtures/vision/run/), while other requests share the steps; remote URLs without
-//! `--allow-image-urls`, `file:` URLs and bytes that are no image are 400s.
+//! `--allow-image-urls`, `file:` URLs and bytes that are no image are 400s; fetching,
+//! decoding and encoding an image leaves the async runtime free.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,10 +16,11 @@ use kiln::vision::synth;
 use kiln_server::{router, start, App};
 use serde_json::{json, Value};
 
-fn serve(app: Arc<App>) -> SocketAddr {
+fn serve(app: Arc<App>, workers: usize) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let rt =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
         rt.block_on(async move {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(l.local_addr().unwrap()).unwrap();
@@ -48,6 +50,23 @@ fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
 }
 
+/// SmolLM2-135M with SmolVLM's image tokens and the tiny idefics3 encoder, written to a
+/// fresh directory (returned for removal); `None` when the model is not cached.
+fn vision_engine(name: &str) -> Option<(Engine, PathBuf)> {
+    let Some(src) = kiln::hub::find("smollm2-135m").map(kiln::hub::cached_path).filter(|p| p.exists()) else {
+        eprintln!("skipping: smollm2-135m is not in the cache (kiln pull smollm2-135m)");
+        return None;
+    };
+    let dir = std::env::temp_dir().join(format!("kiln-server-images-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (lm, mmproj) = (dir.join("lm.gguf"), dir.join("mmproj.gguf"));
+    let g = kiln::gguf::GgufFile::open(&src).unwrap();
+    synth::with_added_tokens(&g, &synth::smolvlm_image_tokens()).unwrap().write_file(&lm).unwrap();
+    synth::preset("idefics3-tiny-mmproj").unwrap().build().unwrap().write_file(&mmproj).unwrap();
+    let opts = EngineOptions::default().with_n_ctx(512).with_n_seq(2).with_threads(2).with_mmproj(&mmproj);
+    Some((Engine::load(lm.to_str().unwrap(), opts).unwrap(), dir))
+}
+
 fn ask(url: &str) -> Value {
     json!({"model": "m", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": url}},
@@ -56,23 +75,12 @@ fn ask(url: &str) -> Value {
 
 #[test]
 fn image_url_data_urls_match_llama_cpp() {
-    let Some(src) = kiln::hub::find("smollm2-135m").map(kiln::hub::cached_path).filter(|p| p.exists()) else {
-        eprintln!("skipping: smollm2-135m is not in the cache (kiln pull smollm2-135m)");
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("kiln-server-images-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (lm, mmproj) = (dir.join("lm.gguf"), dir.join("mmproj.gguf"));
-    let g = kiln::gguf::GgufFile::open(&src).unwrap();
-    synth::with_added_tokens(&g, &synth::smolvlm_image_tokens()).unwrap().write_file(&lm).unwrap();
-    synth::preset("idefics3-tiny-mmproj").unwrap().build().unwrap().write_file(&mmproj).unwrap();
-    let opts = EngineOptions::default().with_n_ctx(512).with_n_seq(2).with_threads(2).with_mmproj(&mmproj);
-    let engine = Engine::load(lm.to_str().unwrap(), opts).unwrap();
+    let Some((engine, dir)) = vision_engine("data-urls") else { return };
     let tok = engine.tokenizer().clone();
     let app = Arc::new(App::new("m".into(), None));
     // A small step budget: prompts go in chunks, image runs between them.
     start(&app, engine, 2, 8, 512, 24).unwrap();
-    let addr = serve(app);
+    let addr = serve(app, 2);
 
     let fx: Value = serde_json::from_str(
         &std::fs::read_to_string(fixture("vision/run/test-1.stb.idefics3-tiny-mmproj.json")).unwrap(),
@@ -108,5 +116,59 @@ fn image_url_data_urls_match_llama_cpp() {
         assert!(msg.contains(want), "{url}: {msg}");
         assert_eq!(v["error"]["param"], "messages[0].content[0].image_url");
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The status line of `GET path`, or the error that kept it from coming within `wait`.
+fn get_status(addr: SocketAddr, path: &str, wait: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(wait))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut line = [0u8; 12];
+    s.read_exact(&mut line)?;
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+#[test]
+fn image_work_runs_off_the_async_runtime() {
+    let Some((engine, dir)) = vision_engine("runtime") else { return };
+    let mut app = App::new("m".into(), None);
+    app.allow_image_urls = true;
+    let app = Arc::new(app);
+    start(&app, engine, 2, 8, 512, 24).unwrap();
+    // One worker thread: a request blocking it would stall every other request.
+    let addr = serve(app, 1);
+
+    // An image host that takes the request and answers only when told to.
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/test-1.png", host.local_addr().unwrap());
+    let (asked_tx, asked) = std::sync::mpsc::channel();
+    let (answer, answer_rx) = std::sync::mpsc::channel::<()>();
+    let png = std::fs::read(fixture("vision/test-1.stb.png")).unwrap();
+    std::thread::spawn(move || {
+        let (mut c, _) = host.accept().unwrap();
+        let mut req = Vec::new();
+        let mut b = [0u8; 1];
+        while !req.ends_with(b"\r\n\r\n") && c.read(&mut b).unwrap() == 1 {
+            req.push(b[0]);
+        }
+        asked_tx.send(()).unwrap();
+        answer_rx.recv().unwrap();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            png.len()
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        c.write_all(&png).unwrap();
+    });
+    let a = ask(&url);
+    let pending = std::thread::spawn(move || post(addr, &a));
+    asked.recv_timeout(Duration::from_secs(60)).expect("the server fetches the image");
+    // The fetch is in flight: the server still answers.
+    let health = get_status(addr, "/health", Duration::from_secs(20));
+    answer.send(()).unwrap();
+    let (status, v) = pending.join().unwrap();
+    assert_eq!(health.expect("/health while an image request waits for its image"), "HTTP/1.1 200");
+    assert_eq!(status, 200, "{v}");
     std::fs::remove_dir_all(&dir).ok();
 }

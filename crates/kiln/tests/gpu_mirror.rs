@@ -372,6 +372,8 @@ impl Backend for Mirror {
 
 /// Worst per-op NMSE allowed when both backends see the same inputs.
 const OP_NMSE: f64 = 1e-13;
+/// The exact kernels' bar on hardware adapters (gpu_ops.rs's HW_NMSE).
+const HW_OP_NMSE: f64 = 1e-5;
 
 fn mirror_run(fallback: bool) {
     run_mirror(fallback, None);
@@ -417,8 +419,10 @@ fn mirror_stats(
 
 /// The mixture-of-experts ops (router top-k, expert matmuls of F16, Q4_K, Q8_0 and Q6_K
 /// experts, weighted sum, shared expert gate) on the synthetic presets' shapes: on a
-/// software adapter, each call's output is the CPU's bit for bit (elsewhere within
-/// OP_NMSE). The other ops are printed only: the tiny presets' attention (head_dim 16)
+/// software adapter, each call's output is the CPU's bit for bit; on a hardware one within
+/// HW_OP_NMSE, as gpu_ops.rs's exact kernels (NVIDIA's f32 division, sqrt and exp are not
+/// IEEE-rounded, so the activations' quantization differs in the last bits; the H200 gave
+/// NMSE up to 1.1e-7 on F16 and Q8_0 experts). The other ops are printed only: the tiny presets' attention (head_dim 16)
 /// differs from the CPU's in the last bits (NMSE up to 1e-10), as it does without experts.
 #[test]
 fn mixture_of_experts_ops_match_cpu_bit_for_bit() {
@@ -447,7 +451,8 @@ fn mixture_of_experts_ops_match_cpu_bit_for_bit() {
             for (op, (n, worst, differs)) in s.iter() {
                 eprintln!("  {op:<22} {n:>5} calls  worst NMSE {worst:9.3e}  {differs:>5} not bit-identical");
                 let moe = op.starts_with("moe_") || op == "matmul_id" || op == "add_sigmoid_gated";
-                if moe && ((software && *differs > 0) || *worst > OP_NMSE) {
+                let bar = if software { OP_NMSE } else { HW_OP_NMSE };
+                if moe && ((software && *differs > 0) || *worst > bar) {
                     bad.push(format!("{what}: {op}"));
                 }
             }

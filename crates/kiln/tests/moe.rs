@@ -14,13 +14,16 @@ fn load(w: GgufWriter, tag: &str) -> kiln::Result<Engine> {
     load_on(w, tag, Device::Cpu)
 }
 
+/// On the GPU with `--batch-invariant`: hardware GPUs' default takes prompts of several
+/// tokens through tensor-core tiles, whose results depend on the batch (the documented
+/// trade); software adapters' exact kernels are the same either way.
 fn load_on(w: GgufWriter, tag: &str, device: Device) -> kiln::Result<Engine> {
     let dir = std::env::temp_dir().join(format!("kiln-moe-{}-{tag}-{device:?}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("m.gguf");
     w.write_file(&path).unwrap();
     let opts = EngineOptions::default().with_n_ctx(128).with_batch(64).with_n_seq(3).with_threads(2);
-    let opts = opts.with_device(device);
+    let opts = opts.with_device(device).with_batch_invariant(device == Device::Gpu);
     let e = Engine::load(path.to_str().unwrap(), opts);
     std::fs::remove_dir_all(&dir).ok();
     e
@@ -109,11 +112,16 @@ mod gpu {
         check_batch_invariance(q4_k_spec(), "qwen2moe q4_k", Device::Gpu);
     }
 
-    /// The whole forward on the GPU against the CPU's: within gpu_models.rs's bar (the dense
+    /// The whole forward on the GPU against the CPU's: within gpu_models.rs's bars (the dense
     /// synthetic presets' logits differ in the last bits too, through ops other than the
-    /// experts'; tests/gpu_mirror.rs checks the experts' ops bit for bit).
+    /// experts'; tests/gpu_mirror.rs checks the experts' ops bit for bit), the looser one on
+    /// hardware adapters, whose vec path regroups f32 sums.
     #[test]
     fn logits_match_the_cpu() {
+        let software = kiln::backend::wgpu::GpuBackend::new(kiln::backend::wgpu::AdapterPolicy::AnyGpu)
+            .unwrap()
+            .is_software();
+        let bar = if software { 1e-4 } else { 2e-2 };
         let presets = ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny"];
         let specs = presets.iter().map(|p| (p.to_string(), synth::preset(p).unwrap()));
         for (what, spec) in specs.chain([("qwen2moe q4_k".to_string(), q4_k_spec())]) {
@@ -129,7 +137,7 @@ mod gpu {
                     num / den,
                     c.len()
                 );
-                assert!(num / den < 1e-4, "{what}: sequence {s}: NMSE {}", num / den);
+                assert!(num / den < bar, "{what}: sequence {s}: NMSE {}", num / den);
             }
         }
     }
