@@ -1,13 +1,19 @@
 //! llama.cpp's multi-letter single-dash flags (`-hf`), accepted exactly as written beside
 //! their long forms. clap's short flags are one letter (`-hf` would read as `-h -f`), so
 //! these words are rewritten to their long flags before parsing. To accept another, add a
-//! row to [`WORDS`] once its long flag exists (issue 33 brings `-md`, `-ctk`, `-ctv`); a
-//! test checks that every row's long flag is one the command has.
+//! row to [`WORDS`] once its long flag exists; a test checks that every row's long flag is
+//! one the command has.
 
 use std::ffi::OsString;
 
 /// llama.cpp's spelling and the long flag it stands for.
-pub const WORDS: &[(&str, &str)] = &[("-hf", "--hf-repo"), ("-hfr", "--hf-repo")];
+pub const WORDS: &[(&str, &str)] = &[
+    ("-hf", "--hf-repo"),
+    ("-hfr", "--hf-repo"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-md", "--model-draft"),
+];
 
 /// `args` (program name first) with each word of [`WORDS`], alone or as `WORD=VALUE`,
 /// replaced by its long flag; nothing after a `--` is touched.

@@ -162,3 +162,37 @@ fn impossible_settings_are_errors() {
     let usage = kiln(&["run", "--temp"]);
     assert_eq!(usage.status.code(), Some(2));
 }
+
+/// llama.cpp's spellings `-md`, `-ctk`, `-ctv` as written: a q8_0 cache runs, and a draft
+/// model (smollm2 for itself) gives the same greedy ids with drafts counted in `timings`.
+#[test]
+fn run_takes_draft_and_cache_type_flags_as_llama_cpp_spells_them() {
+    let case = oracle_case(0);
+    let prompt = case["prompt"].as_str().unwrap();
+    let base = ["run", "--raw", "--temp", "0", "-n", "24", "-t", "2", "--json", "-p", prompt];
+    let plain = json_out(&kiln(&base));
+    let model = String::from_utf8(kiln(&["pull", "smollm2-135m"]).stdout).unwrap().trim().to_string();
+    let spec = json_out(&kiln(&[&base[..], &["-md", &model, "--draft-p-min", "0"]].concat()));
+    assert_eq!(spec["ids"], plain["ids"]);
+    assert!(spec["timings"]["draft_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(
+        spec["timings"]["accepted_tokens"], spec["timings"]["draft_tokens"],
+        "a model agrees with itself"
+    );
+    let lookup = json_out(&kiln(&[&base[..], &["--lookup-ngram", "2"]].concat()));
+    assert_eq!(lookup["ids"], plain["ids"]);
+    let q8 = json_out(&kiln(&[&base[..], &["-ctk", "q8_0", "-ctv", "q8_0"]].concat()));
+    assert_eq!(q8["ids"].as_array().unwrap().len(), 24);
+}
+
+/// An unknown cache type is a usage error (exit 2) naming the types; a draft model of
+/// another vocabulary exits 1 at load.
+#[test]
+fn bad_cache_types_and_drafts_are_refused() {
+    let out = kiln(&["run", "-ctk", "q3_k", "-p", "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert!(err.contains("unknown KV cache type") && err.contains("iq4_nl"), "stderr: {err}");
+    let gemma = String::from_utf8(kiln(&["pull", "gemma3-270m"]).stdout).unwrap().trim().to_string();
+    fails(&kiln(&["run", "-md", &gemma, "-n", "4", "-p", "x"]), "vocabulary does not match");
+}

@@ -135,6 +135,14 @@ async fn run(
             return Ok(());
         }
     };
+    let (kv, kv_row) = (engine.runner().kv_types(), engine.runner().kv_bytes_per_token());
+    eprintln!(
+        "kiln: KV cache {} keys, {} values: {kv_row} bytes per token, {:.1} MiB for {} slots",
+        kiln::kv::cache_type_name(kv.k),
+        kiln::kv::cache_type_name(kv.v),
+        (kv_row * engine.runner().n_slots()) as f64 / (1 << 20) as f64,
+        engine.runner().n_slots()
+    );
     let worker = start(&app, engine, parallel, opts.queue, n_ctx, opts.engine.n_batch)?;
     eprintln!("kiln: listening on http://{local}");
     on_ready(local);

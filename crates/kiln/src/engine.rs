@@ -10,9 +10,12 @@ use crate::chat::ChatTemplate;
 use crate::error::{KilnError, Result};
 use crate::gguf::GgufFile;
 use crate::grammar::{CompiledGrammar, GrammarEnv, GrammarSpec};
+use crate::kv::KvTypes;
 use crate::model::{Model, ModelConfig, ModelRunner, Runner};
 use crate::progress::{ProgressFn, Stage};
+use crate::quant::GgmlType;
 use crate::session::{Session, SessionOptions};
+use crate::spec::SpecOptions;
 use crate::tokenizer::Tokenizer;
 
 /// Where the model runs.
@@ -69,6 +72,13 @@ pub struct EngineOptions {
     /// waits for the host between steps, at the price of one step of work at the end of each
     /// generation. On by default; off gives one step at a time (for measurements).
     pub greedy_lookahead: bool,
+    /// How the KV cache stores keys (`k`) and values (`v`): f16 (the default), or a block
+    /// type of [`crate::kv::CACHE_TYPES`] (llama.cpp's `-ctk`/`-ctv`; `q8_0` takes 34/64 of
+    /// the memory of f16; see [`crate::kv::KvTypes`]). The CPU backend only.
+    pub kv_types: KvTypes,
+    /// Speculative decoding: a draft model or prompt lookup, and the drafts' lengths (see
+    /// [`crate::spec`]). Off by default.
+    pub spec: SpecOptions,
     /// Where progress of downloading, loading and uploading the model goes (none by default).
     pub progress: Option<ProgressFn>,
     /// Keep every sequence on one arithmetic whatever shares its batch: its outputs alone
@@ -96,6 +106,8 @@ impl Default for EngineOptions {
             prefix_cache_tokens: None,
             attn_arith: AttnArith::default(),
             greedy_lookahead: true,
+            kv_types: KvTypes::default(),
+            spec: SpecOptions::default(),
             progress: None,
             batch_invariant: false,
             gpu_profile: 0,
@@ -161,6 +173,16 @@ impl EngineOptions {
         self.gpu_profile = level;
         self
     }
+    /// How the KV cache stores keys and values (see [`EngineOptions::kv_types`]).
+    pub fn with_kv_types(mut self, k: GgmlType, v: GgmlType) -> Self {
+        self.kv_types = KvTypes { k, v };
+        self
+    }
+    /// Speculative decoding settings (see [`EngineOptions::spec`]).
+    pub fn with_spec(mut self, spec: SpecOptions) -> Self {
+        self.spec = spec;
+        self
+    }
     /// Bounds the prefix cache (see [`EngineOptions::prefix_cache_tokens`]); 0 disables it.
     pub fn with_prefix_cache_tokens(mut self, n: usize) -> Self {
         self.prefix_cache_tokens = Some(n);
@@ -182,12 +204,70 @@ pub(crate) struct EngineInner {
     pub grammar_env: OnceLock<Arc<GrammarEnv>>,
     /// The vision encoder, when an mmproj file was given.
     pub vision: Option<Arc<crate::vision::VisionEncoder>>,
+    /// How sessions speculate, and the draft model's runner where one drafts.
+    pub spec: SpecOptions,
+    pub draft: Option<Box<dyn Runner>>,
 }
 
 #[cfg(feature = "gpu")]
 type GpuBackend = crate::backend::wgpu::GpuBackend;
 #[cfg(not(feature = "gpu"))]
 type GpuBackend = ();
+
+/// Where an engine's models run: a GPU (each model on a backend of its own), or the CPU
+/// (the models' backends sharing one thread pool). One lives while an engine loads.
+#[allow(clippy::large_enum_variant)]
+enum Backends {
+    /// The backend for the first model (given, or found); later models ask for their own.
+    #[cfg(feature = "gpu")]
+    Gpu(std::cell::Cell<Option<GpuBackend>>),
+    Cpu(CpuBackend),
+}
+
+impl Backends {
+    fn new(opts: &EngineOptions, gpu: Option<GpuBackend>, n_threads: usize) -> Result<Self> {
+        let gpu = match gpu {
+            Some(g) => Some(g),
+            None => gpu_backend(opts)?,
+        };
+        #[cfg(feature = "gpu")]
+        if let Some(gpu) = gpu {
+            return Ok(Backends::Gpu(std::cell::Cell::new(Some(gpu))));
+        }
+        #[cfg(not(feature = "gpu"))]
+        let _ = gpu;
+        Ok(Backends::Cpu(CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith)))
+    }
+}
+
+/// Loads a model file onto the engine's backends (its label for progress).
+type LoadFn<'a> = dyn Fn(&Arc<GgufFile>, &str) -> Result<Box<dyn Runner>> + 'a;
+
+/// Loads the draft model `name` for an engine of context `n_ctx` with `load`, after
+/// checking that its vocabulary and context fit the model's.
+fn load_draft(
+    name: &str,
+    opts: &EngineOptions,
+    tokenizer: &Tokenizer,
+    n_ctx: usize,
+    load: &LoadFn,
+) -> Result<Box<dyn Runner>> {
+    let path = crate::hub::resolve_model_with(name, opts.progress.as_ref())?;
+    let gguf = Arc::new(GgufFile::open(&path)?);
+    let cfg = ModelConfig::from_gguf(&gguf)?;
+    if cfg.n_ctx_train < n_ctx {
+        return Err(KilnError::invalid(format!(
+            "the draft model {} was trained for {} tokens of context, less than the context ({n_ctx})",
+            path.display(),
+            cfg.n_ctx_train
+        )));
+    }
+    let draft_tok = Tokenizer::from_gguf(&gguf)?;
+    crate::spec::draft::check_compatible(tokenizer, &draft_tok)
+        .map_err(|e| KilnError::invalid(format!("{}: {e}", path.display())))?;
+    let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    load(&gguf, &label)
+}
 
 /// The GPU backend the device asks for: `gpu` takes any GPU adapter (a software one too)
 /// and fails without one; `auto` takes a hardware GPU only, else the CPU runs the model.
@@ -278,34 +358,47 @@ impl Engine {
             )));
         }
         let template = ChatTemplate::from_gguf(&gguf)?;
+        opts.spec.validate(n_ctx)?;
         let n_threads = opts.n_threads.unwrap_or_else(default_threads).max(1);
         let n_ubatch = opts.n_batch.min(n_ctx);
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
-        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label.as_str()));
-        let gpu = match gpu {
-            Some(g) => Some(g),
-            None => gpu_backend(&opts)?,
-        };
-        let runner: Box<dyn Runner> = match gpu {
-            #[cfg(feature = "gpu")]
-            Some(gpu) => {
-                let model = Model::load_with(&gguf, gpu, progress(Stage::Upload))?.with_n_ctx(n_ctx);
-                let runner = ModelRunner::new(model, n_slots, n_ubatch)?;
-                // Every pipeline the model's steps use is built now, not in the first
-                // request (and kept in the driver's pipeline cache for the next start).
-                // (Software adapters skip it: no driver compile to hide, and slow steps.)
-                if !runner.backend().is_software() {
-                    runner.warm_up()?;
-                    runner.backend().save_pipeline_cache();
+        let backends = Backends::new(&opts, gpu, n_threads)?;
+        let load = |gguf: &Arc<GgufFile>, label: &str| -> Result<Box<dyn Runner>> {
+            let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label));
+            let runner: Box<dyn Runner> = match &backends {
+                #[cfg(feature = "gpu")]
+                Backends::Gpu(first) => {
+                    let gpu = match first.take() {
+                        Some(g) => g,
+                        None => {
+                            gpu_backend(&opts)?.ok_or_else(|| KilnError::Backend("no GPU adapter".into()))?
+                        }
+                    };
+                    let model = Model::load_with(gguf, gpu, progress(Stage::Upload))?.with_n_ctx(n_ctx);
+                    let runner = ModelRunner::with_kv_types(model, n_slots, n_ubatch, opts.kv_types)?;
+                    // Every pipeline the model's steps use is built now, not in the first
+                    // request (and kept in the driver's pipeline cache for the next start).
+                    // (Software adapters skip it: no driver compile to hide, and slow steps.)
+                    if !runner.backend().is_software() {
+                        runner.warm_up()?;
+                        runner.backend().save_pipeline_cache();
+                    }
+                    boxed(runner, prefix_blocks, opts.greedy_lookahead)
                 }
-                boxed(runner, prefix_blocks, opts.greedy_lookahead)
-            }
-            _ => {
-                let backend = CpuBackend::new(n_threads).with_attn_arith(opts.attn_arith);
-                let model = Model::load_with(&gguf, backend, progress(Stage::Load))?.with_n_ctx(n_ctx);
-                boxed(ModelRunner::new(model, n_slots, n_ubatch)?, prefix_blocks, opts.greedy_lookahead)
-            }
+                Backends::Cpu(cpu) => {
+                    let model = Model::load_with(gguf, cpu.sharing_threads(), progress(Stage::Load))?
+                        .with_n_ctx(n_ctx);
+                    let runner = ModelRunner::with_kv_types(model, n_slots, n_ubatch, opts.kv_types)?;
+                    boxed(runner, prefix_blocks, opts.greedy_lookahead)
+                }
+            };
+            Ok(runner)
+        };
+        let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let runner = load(&gguf, &label)?;
+        let draft = match &opts.spec.draft_model {
+            Some(name) => Some(load_draft(name, &opts, &tokenizer, n_ctx, &load)?),
+            None => None,
         };
         let vision = match &opts.mmproj {
             Some(p) => {
@@ -337,6 +430,8 @@ impl Engine {
                 sha256: OnceLock::new(),
                 grammar_env: OnceLock::new(),
                 vision,
+                spec: opts.spec.clone(),
+                draft,
             }),
         })
     }
@@ -386,6 +481,14 @@ impl Engine {
     /// A description of the device the model runs on.
     pub fn backend_name(&self) -> String {
         self.inner.runner.backend_name()
+    }
+    /// How sessions on this engine speculate.
+    pub fn spec(&self) -> &SpecOptions {
+        &self.inner.spec
+    }
+    /// The draft model's runner, where one drafts.
+    pub fn draft_runner(&self) -> Option<&dyn Runner> {
+        self.inner.draft.as_deref()
     }
 
     /// The sha256 of the model file, lowercase hex (hashed once, then remembered).

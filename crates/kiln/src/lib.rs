@@ -61,6 +61,7 @@ pub mod progress;
 pub mod quant;
 pub mod sample;
 pub mod session;
+pub mod spec;
 pub mod tokenizer;
 pub mod vision;
 

@@ -12,6 +12,7 @@
 //! queued and interleave at the granularity of one forward (one token of decode, or one
 //! micro-batch of prefill): all of them progress.
 
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +31,7 @@ use crate::grammar::{ConstraintStats, GrammarSpec};
 use crate::model::{Entry, OutputKind, SeqId};
 use crate::progress::{report, ProgressFn, Stage};
 use crate::sample::{Sampler, SamplerParams, StopMatcher};
+use crate::spec::{verify, Drafted, Speculator};
 use crate::tokenizer::Detokenizer;
 use crate::vision::prompt::run_end;
 use crate::vision::{EncodedImage, ImageRows, RgbImage, MEDIA_MARKER};
@@ -178,12 +180,17 @@ pub struct Timings {
     pub prompt_ms: f64,
     /// Tokens generated.
     pub gen_n: usize,
-    /// Milliseconds generating.
+    /// Milliseconds generating: from the first sampled token to the last (drafting and
+    /// verifying included).
     pub gen_ms: f64,
     /// Images encoded (the same pixels twice in a session: once).
     pub image_n: usize,
     /// Milliseconds encoding images (decoding the files not included).
     pub image_ms: f64,
+    /// Speculative decoding: tokens drafted and verified, and how many of them the model
+    /// accepted.
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// The result of one `generate`.
@@ -249,11 +256,15 @@ pub struct Session {
     images: ImageRows,
     /// The chat history's images, in the order of their markers.
     chat_images: Vec<Arc<EncodedImage>>,
+    /// The draft model's sequence following this conversation, where the engine drafts
+    /// with one.
+    draft_seq: Option<SeqId>,
 }
 
 impl Session {
     pub(crate) fn new(engine: Engine, opts: SessionOptions) -> Result<Self> {
         let seq = engine.runner().new_seq();
+        let draft_seq = engine.draft_runner().map(|r| r.new_seq());
         Ok(Session {
             engine,
             opts,
@@ -268,6 +279,7 @@ impl Session {
             n_evaluated: 0,
             images: ImageRows::default(),
             chat_images: Vec::new(),
+            draft_seq,
         })
     }
 
@@ -318,6 +330,9 @@ impl Session {
         self.logits = None;
         self.next_id = None;
         self.engine.runner().truncate_seq(self.seq, 0);
+        if let (Some(r), Some(d)) = (self.engine.draft_runner(), self.draft_seq) {
+            r.truncate_seq(d, 0);
+        }
     }
 
     /// Tokenizes `text` (special tokens parsed; BOS first when the model wants one and the
@@ -512,6 +527,17 @@ impl Session {
             }
             at = end;
         }
+        // The draft model reads the prompt too, so that drafting starts from it.
+        if let (Some(r), Some(d)) = (self.engine.draft_runner(), self.draft_seq) {
+            if at == n && self.tokens.iter().all(|&t| (t as usize) < r.config().n_vocab) {
+                let kept = r.reuse_prefix(d, &self.tokens);
+                let entries: Vec<Entry> =
+                    self.tokens[kept..].iter().map(|&token| Entry { seq: d, token, output: false }).collect();
+                for chunk in entries.chunks(r.n_ubatch().max(1)) {
+                    r.decode(chunk, OutputKind::Logits)?;
+                }
+            }
+        }
         self.timings.prompt_ms += t0.elapsed().as_secs_f64() * 1e3;
         Ok(())
     }
@@ -569,7 +595,14 @@ impl Session {
         let mut parsed = Parsed::default();
         let mut stop = StopMatcher::new(opts.stop.clone());
         let mut timings = std::mem::take(&mut self.timings);
-        let t0 = Instant::now();
+        // Speculation where the engine drafts, for plain sampling (no grammar, no logprobs).
+        let mut spec = Speculator::new(&self.engine, self.draft_seq, &opts.sampler, n_vocab)?
+            .filter(|_| constraint.is_none() && opts.logprobs.is_none());
+        // Tokens a verified draft decided, not yet emitted: the accepted drafted tokens
+        // (already in the KV) and the token after them (not).
+        let mut queue: VecDeque<u32> = VecDeque::new();
+        let mut t_first: Option<Instant> = None;
+        let mut t_last = Instant::now();
         let mut ids = Vec::new();
         let mut text = String::new();
         let mut top = Vec::new();
@@ -587,11 +620,13 @@ impl Session {
             // session shifts once that token would take the last free cell, so the same
             // greedy run gives the same text as llama.cpp's `--context-shift`.
             match self.opts.context_shift {
+                // A draft never reaches a shift (`Speculator::room`): the queue is empty.
                 Some(n_keep) if self.tokens.len() + 1 >= n_ctx => self.shift(n_keep)?,
                 None if self.tokens.len() >= n_ctx => break FinishReason::ContextFull,
                 _ => {}
             }
-            let (id, logprob) = match self.next_id.take().filter(|_| ids_only) {
+            let queued = queue.pop_front();
+            let (id, logprob) = match queued.or(self.next_id.take().filter(|_| ids_only)) {
                 Some(id) => (id, None),
                 None => {
                     let logits = self
@@ -606,10 +641,15 @@ impl Session {
                     (id, lse.map(|lse| logits[id as usize] - lse))
                 }
             };
-            sampler.accept(id);
+            // A verified draft's tokens were accepted into the sampler as they were decided.
+            if queued.is_none() {
+                sampler.accept(id);
+            }
             if let Some(c) = &mut constraint {
                 c.accept(id)?;
             }
+            t_last = Instant::now();
+            t_first.get_or_insert(t_last);
             ids.push(id);
             self.tokens.push(id);
             self.logits = None;
@@ -645,9 +685,23 @@ impl Session {
             }
             let last = opts.max_tokens.is_some_and(|m| ids.len() >= m)
                 || (self.tokens.len() >= n_ctx && self.opts.context_shift.is_none());
-            if last {
-                // Do not spend a forward on logits nobody will read.
+            if last || !queue.is_empty() {
+                // Do not spend a forward on logits nobody will read; a queued token is
+                // already decided (and this one in the KV).
                 continue;
+            }
+            if let Some(sp) = &mut spec {
+                let budget = opts.max_tokens.map_or(usize::MAX, |m| m - ids.len());
+                let room = sp.room(self.tokens.len(), n_ctx, self.opts.context_shift.is_some(), budget);
+                let drafted = sp.draft(&self.tokens, room, |t| tok.is_eog(t))?;
+                if !drafted.is_empty() {
+                    let v = self.verify(id, &drafted, ids_only, &mut sampler)?;
+                    timings.draft_tokens += drafted.len();
+                    timings.accepted_tokens += v.accepted;
+                    queue.extend(drafted[..v.accepted].iter().map(|d| d.id));
+                    queue.push_back(v.next);
+                    continue;
+                }
             }
             let kind = if ids_only { OutputKind::Argmax } else { OutputKind::Logits };
             let out = runner.decode(&[Entry { seq: self.seq, token: id, output: true }], kind)?;
@@ -689,9 +743,55 @@ impl Session {
             self.history.push(reply);
         }
         timings.gen_n = ids.len();
-        timings.gen_ms = t0.elapsed().as_secs_f64() * 1e3;
+        timings.gen_ms = t_first.map_or(0.0, |t| (t_last - t).as_secs_f64() * 1e3);
         let grammar = constraint.map(|c| c.stats().clone());
         Ok(Summary { ids, text, tool_calls, finish_reason: finish, timings, grammar })
+    }
+
+    /// Evaluates the last sampled token `id` (the conversation's last, not yet in the KV)
+    /// with `draft` after it in one forward, decides how much of the draft the model
+    /// accepts, and keeps those tokens' keys and values alone.
+    fn verify(
+        &mut self,
+        id: u32,
+        draft: &[Drafted],
+        ids_only: bool,
+        sampler: &mut Sampler,
+    ) -> Result<verify::Verdict> {
+        let runner = self.engine.runner();
+        let seq = self.seq;
+        let entries: Vec<Entry> = std::iter::once(id)
+            .chain(draft.iter().map(|d| d.id))
+            .map(|token| Entry { seq, token, output: true })
+            .collect();
+        let kind = if ids_only { OutputKind::Argmax } else { OutputKind::Logits };
+        let out = runner.decode(&entries, kind)?;
+        self.n_evaluated += entries.len();
+        let v = if ids_only {
+            let ids: Vec<u32> = out.iter().map(|&x| x as u32).collect();
+            let draft_ids: Vec<u32> = draft.iter().map(|d| d.id).collect();
+            let v = verify::greedy(&draft_ids, &ids);
+            for &t in &draft_ids[..v.accepted] {
+                sampler.accept(t);
+            }
+            sampler.accept(v.next);
+            v
+        } else {
+            verify::sampled(sampler, draft, &out, self.engine.config().n_vocab)
+        };
+        // The KV keeps the conversation and the accepted tokens; a block shared since the
+        // forward may have been dropped instead (`truncate_seq`): evaluate what it held.
+        let keep = self.tokens.len() + v.accepted;
+        runner.truncate_seq(seq, keep);
+        let have = runner.seq_len(seq);
+        if have < keep {
+            let all: Vec<u32> = self.tokens.iter().copied().chain(draft.iter().map(|d| d.id)).collect();
+            let entries: Vec<Entry> =
+                all[have..keep].iter().map(|&token| Entry { seq, token, output: false }).collect();
+            runner.decode(&entries, OutputKind::Logits)?;
+            self.n_evaluated += entries.len();
+        }
+        Ok(v)
     }
 
     /// Writes the conversation (tokens and chat history) to `path`: a JSON file of format
@@ -769,5 +869,8 @@ fn log_probs(logits: &[f32], k: usize, top: &mut Vec<(u32, f32)>) -> f32 {
 impl Drop for Session {
     fn drop(&mut self) {
         self.engine.runner().free_seq(self.seq);
+        if let (Some(r), Some(d)) = (self.engine.draft_runner(), self.draft_seq) {
+            r.free_seq(d);
+        }
     }
 }

@@ -78,6 +78,12 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
     let bytes_per_token = weight_bytes_per_token(&engine);
     let n_threads = a.model.threads.unwrap_or(usize::MAX).min(kiln::backend::cpu::default_threads());
     let file = engine.path().file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let kv_types = engine.runner().kv_types();
+    let (type_k, type_v) = (kiln::kv::cache_type_name(kv_types.k), kiln::kv::cache_type_name(kv_types.v));
+    let kv_row = engine.runner().kv_bytes_per_token();
+    if !a.json {
+        eprintln!("KV cache: {type_k} keys, {type_v} values, {kv_row} bytes per token");
+    }
     let mut rows = Vec::new();
     let mut rng = Lcg(1234);
     for t in &tests {
@@ -95,7 +101,7 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
             0.0
         };
         let name = if t.n_prompt > 0 { format!("pp{}", t.n_prompt) } else { format!("tg{}", t.n_gen) };
-        let kv = kv_bytes_per_token(engine.config(), t.n_depth + t.n_prompt, t.n_gen);
+        let kv = kv_bytes_per_step(engine.config(), kv_row, t.n_depth + t.n_prompt, t.n_gen);
         let gbps = (t.n_gen > 0).then(|| (bytes_per_token as f64 + kv) * avg_ts / 1e9);
         // The prompt path's useful arithmetic: matmuls and attention scores and sums.
         let tflops =
@@ -114,7 +120,7 @@ pub fn run(mut a: Args) -> kiln::Result<()> {
             "n_threads": n_threads, "device": engine.backend_name(), "model_filename": file,
             "model_size": model_size, "avg_ts": avg_ts, "stddev_ts": sd, "samples_ts": ts,
             "avg_ns": ns.iter().sum::<u64>() / ns.len() as u64, "samples_ns": ns, "gbps": gbps,
-            "tflops": tflops,
+            "tflops": tflops, "type_k": type_k, "type_v": type_v, "kv_bytes_per_token": kv_row,
         }));
     }
     if a.json {
@@ -154,10 +160,11 @@ fn run_once(engine: &Engine, t: &Test, rng: &mut Lcg) -> kiln::Result<u64> {
     result
 }
 
-/// The f16 K and V bytes the attention reads in a decode step, averaged over `n_gen`
-/// steps after `n_past` positions: every cached key of a layer, or its window's.
-fn kv_bytes_per_token(cfg: &kiln::model::ModelConfig, n_past: usize, n_gen: usize) -> f64 {
-    let row = 2 * 2 * cfg.kv_dim() as u64; // K and V, f16
+/// The K and V bytes the attention reads in a decode step, averaged over `n_gen` steps
+/// after `n_past` positions: every cached key of a layer, or its window's (`kv_row`: a
+/// token's bytes in all layers).
+fn kv_bytes_per_step(cfg: &kiln::model::ModelConfig, kv_row: usize, n_past: usize, n_gen: usize) -> f64 {
+    let row = (kv_row / cfg.n_layer.max(1)) as u64;
     let total: u64 = (n_past..n_past + n_gen)
         .map(|pos| {
             (0..cfg.n_layer)

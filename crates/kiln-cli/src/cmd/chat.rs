@@ -13,7 +13,7 @@ use kiln::session::{GenerateOptions, Session};
 use kiln::vision::RgbImage;
 use kiln::KilnError;
 
-use super::common::{print_out, ModelArgs};
+use super::common::{print_out, ModelArgs, SpecArgs};
 use super::grammar::{self, GrammarArgs};
 use super::run::SamplingArgs;
 
@@ -31,6 +31,8 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     grammar: GrammarArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Start from a session saved with /save (exits 1 if it belongs to another model).
     #[arg(long)]
     load: Option<String>,
@@ -62,7 +64,7 @@ const SIGINT: i32 = 2; // the same on Linux, macOS and the BSDs
 pub fn run(a: Args) -> kiln::Result<()> {
     let params = a.sampling.params()?;
     let grammar = a.grammar.grammar()?;
-    let engine = a.model.load()?;
+    let engine = a.model.load_with(a.spec.options())?;
     params.validate(engine.config().n_vocab)?;
     grammar::check(&engine, &grammar)?;
     let mut sopts = super::common::session_options();

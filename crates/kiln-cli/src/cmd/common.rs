@@ -32,6 +32,49 @@ pub struct ModelArgs {
     /// A vision encoder for the model (llama.cpp's mmproj GGUF): images in run, chat, serve.
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<String>,
+    /// KV cache type of keys: f16, q8_0, q5_1, q5_0, q4_1, q4_0 or iq4_nl (also -ctk).
+    #[arg(long = "cache-type-k", value_name = "TYPE", default_value = "f16", value_parser = kv_type)]
+    pub cache_type_k: kiln::quant::GgmlType,
+    /// KV cache type of values, as --cache-type-k (also -ctv).
+    #[arg(long = "cache-type-v", value_name = "TYPE", default_value = "f16", value_parser = kv_type)]
+    pub cache_type_v: kiln::quant::GgmlType,
+}
+
+/// Speculative decoding flags (`run`, `chat`; docs/cli.md).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// A draft model of the same vocabulary for speculative decoding (also -md).
+    #[arg(long = "model-draft", value_name = "MODEL", conflicts_with = "lookup_ngram")]
+    pub model_draft: Option<String>,
+    /// Prompt lookup: draft the tokens that followed the context's last N-gram earlier.
+    #[arg(long = "lookup-ngram", value_name = "N")]
+    pub lookup_ngram: Option<usize>,
+    /// Most tokens per draft.
+    #[arg(long = "draft-max", value_name = "N", default_value_t = 16)]
+    pub draft_max: usize,
+    /// Drafts shorter than this are not verified.
+    #[arg(long = "draft-min", value_name = "N", default_value_t = 0)]
+    pub draft_min: usize,
+    /// A draft model stops drafting at a token it gives less than this probability.
+    #[arg(long = "draft-p-min", value_name = "P", default_value_t = 0.75)]
+    pub draft_p_min: f32,
+}
+
+impl SpecArgs {
+    pub fn options(&self) -> kiln::spec::SpecOptions {
+        let mut o = kiln::spec::SpecOptions::default();
+        o.draft_model = self.model_draft.clone();
+        o.lookup_ngram = self.lookup_ngram;
+        o.draft_max = self.draft_max;
+        o.draft_min = self.draft_min;
+        o.draft_p_min = self.draft_p_min;
+        o
+    }
+}
+
+/// A KV cache type name (`--cache-type-k/-v`).
+fn kv_type(s: &str) -> Result<kiln::quant::GgmlType, String> {
+    kiln::kv::cache_type(s).map_err(|e| e.to_string())
 }
 
 /// The help of `-hf, --hf-repo` wherever a model is taken.
@@ -108,11 +151,16 @@ impl ModelArgs {
         if let Some(m) = &self.mmproj {
             o = o.with_mmproj(m);
         }
-        Ok(o)
+        Ok(o.with_kv_types(self.cache_type_k, self.cache_type_v))
     }
 
     pub fn load(&self) -> kiln::Result<Engine> {
         Engine::load(self.name(), self.engine_options()?)
+    }
+
+    /// [`Self::load`] with speculative decoding as `spec` says.
+    pub fn load_with(&self, spec: kiln::spec::SpecOptions) -> kiln::Result<Engine> {
+        Engine::load(self.name(), self.engine_options()?.with_spec(spec))
     }
 }
 

@@ -28,6 +28,16 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let all_types_ok = g.tensors.iter().all(|t| t.ty.is_supported());
     let cfg = ModelConfig::from_gguf(&g).ok();
     let params = Params::count(&g, cfg.as_ref());
+    // A token's K and V bytes in every layer, with both caches of each type.
+    let kv: Option<Vec<(&str, usize)>> = cfg.as_ref().map(|cfg| {
+        kiln::kv::CACHE_TYPES
+            .iter()
+            .filter(|(_, t)| kiln::kv::KvTypes { k: *t, v: *t }.check(cfg.head_dim).is_ok())
+            .map(|&(name, t)| {
+                (name, kiln::kv::KvTypes { k: t, v: t }.bytes_per_token(cfg.n_layer, cfg.kv_dim()))
+            })
+            .collect()
+    });
     if a.json {
         let mut md = Map::new();
         for (k, v) in &g.metadata {
@@ -46,6 +56,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
             "architecture": arch, "supported": arch_ok && all_types_ok,
             "parameters": params.total, "active_parameters": params.active, "experts": params.experts_json(),
             "metadata": md, "tensors": tensors,
+            "kv_bytes_per_token": kv.as_ref().map(|kv| kv.iter().map(|&(n, b)| (n.to_string(), json!(b))).collect::<Map<_, _>>()),
         });
         println!("{out}");
         return Ok(());
@@ -75,6 +86,10 @@ pub fn run(a: Args) -> kiln::Result<()> {
         println!("  {:<40} {:<7} {:?} @ {}{flag}", t.name, t.ty.name(), t.dims, g.tensor_start(t).1);
     }
     println!("supported:    {}", arch_ok && all_types_ok);
+    if let Some(kv) = kv {
+        let list: Vec<String> = kv.iter().map(|(n, b)| format!("{n} {b}")).collect();
+        println!("KV cache:     bytes per token: {}", list.join(", "));
+    }
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use kiln::vision::{RgbImage, MEDIA_MARKER};
 use kiln::KilnError;
 use serde_json::json;
 
-use super::common::{print_out, ModelArgs, TextArgs};
+use super::common::{print_out, ModelArgs, SpecArgs, TextArgs};
 use super::grammar::{self, GrammarArgs};
 use super::prompt::prompt_ids;
 
@@ -26,6 +26,8 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     grammar: GrammarArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// System message (chat mode).
     #[arg(long)]
     system: Option<String>,
@@ -147,7 +149,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
     let params = a.sampling.params()?;
     let grammar = a.grammar.grammar()?;
     let images = a.image.iter().map(RgbImage::open).collect::<kiln::Result<Vec<_>>>()?;
-    let engine = a.model.load()?;
+    let engine = a.model.load_with(a.spec.options())?;
     params.validate(engine.config().n_vocab)?;
     grammar::check(&engine, &grammar)?;
     let mut session = engine.session(super::common::session_options())?;
@@ -184,7 +186,8 @@ pub fn run(a: Args) -> kiln::Result<()> {
             "finish_reason": summary.finish_reason.as_str(),
             "timings": {"load_ms": engine.load_ms(), "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms,
                         "prompt_tok_s": rate(t.prompt_n, t.prompt_ms), "gen_n": t.gen_n, "gen_ms": t.gen_ms,
-                        "gen_tok_s": rate(t.gen_n, t.gen_ms), "image_n": t.image_n, "image_ms": t.image_ms},
+                        "gen_tok_s": rate(t.gen_n, t.gen_ms), "image_n": t.image_n, "image_ms": t.image_ms,
+                        "draft_tokens": t.draft_tokens, "accepted_tokens": t.accepted_tokens},
         });
         print_out(&format!("{out}\n"));
     } else {
@@ -199,6 +202,14 @@ pub fn run(a: Args) -> kiln::Result<()> {
             rate(t.gen_n, t.gen_ms),
             summary.finish_reason.as_str()
         );
+        if t.draft_tokens > 0 {
+            eprintln!(
+                "kiln: drafted {} tok, accepted {} ({:.0}%)",
+                t.draft_tokens,
+                t.accepted_tokens,
+                100.0 * t.accepted_tokens as f64 / t.draft_tokens as f64
+            );
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::quant::GgmlType;
 
 /// The gated activation of the feed-forward block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,7 +143,8 @@ pub enum IdsTicket {
 }
 
 /// Device memory and compute. Buffers hold f32 activations laid out as row-major
-/// `[rows, dim]`; KV buffers hold f16 `[slots, n_head_kv * head_dim]`.
+/// `[rows, dim]`; KV buffers hold `[slots, n_head_kv * head_dim]` as f16 or in a block
+/// format (`alloc_kv_typed`).
 pub trait Backend: Send + Sync + 'static {
     type Weight: Send + Sync;
     type Buf: Send + Sync;
@@ -174,6 +176,27 @@ pub trait Backend: Send + Sync + 'static {
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     fn alloc_kv(&self, len: usize) -> Result<Self::Kv>;
+    /// A KV cache of `n_slots` rows of `dim` values stored as `ty`: F16, or a block type of
+    /// [`crate::kv::CACHE_TYPES`], rows quantized as they are stored after a Walsh-Hadamard
+    /// rotation of each group of `rot` values ([`crate::kv::KvTypes`] says which); the
+    /// attention rotates q by a K cache's rotation and its output by a V cache's. A
+    /// backend without quantized caches takes F16 alone.
+    fn alloc_kv_typed(
+        &self,
+        n_slots: usize,
+        dim: usize,
+        ty: GgmlType,
+        rot: Option<usize>,
+    ) -> Result<Self::Kv> {
+        match (ty, rot) {
+            (GgmlType::F16, None) => self.alloc_kv(n_slots * dim),
+            _ => Err(crate::error::KilnError::Backend(format!(
+                "{} has no {} KV cache (use f16)",
+                self.name(),
+                crate::kv::cache_type_name(ty)
+            ))),
+        }
+    }
     /// Copies `out.len()` values from the start of `buf` to the host.
     fn read(&self, buf: &Self::Buf, out: &mut [f32]);
 

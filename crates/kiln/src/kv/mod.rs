@@ -2,8 +2,10 @@
 //! free list, and reference counts so that sequences can share prefix blocks.
 
 pub mod prefix;
+mod types;
 
 pub use prefix::PrefixCache;
+pub use types::{cache_type, cache_type_name, hadamard, KvTypes, CACHE_TYPES};
 
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
@@ -32,25 +34,41 @@ impl BlockTable {
 
 /// K and V caches of every layer, carved into blocks.
 pub struct KvPool<B: Backend> {
-    /// `(k, v)` per layer, each `[n_blocks * BLOCK_SIZE, kv_dim]` f16.
+    /// `(k, v)` per layer, each `n_blocks * BLOCK_SIZE` rows of `kv_dim` values.
     pub layers: Vec<(B::Kv, B::Kv)>,
     pub kv_dim: usize,
+    /// How the rows are stored.
+    pub types: KvTypes,
     pub n_blocks: usize,
     free: Vec<u32>,
     refs: Vec<u32>,
 }
 
 impl<B: Backend> KvPool<B> {
-    /// A pool of `n_slots` token slots (rounded up to whole blocks) per layer.
-    pub fn new(backend: &B, n_layer: usize, kv_dim: usize, n_slots: usize) -> Result<Self> {
+    /// A pool of `n_slots` token slots (rounded up to whole blocks) per layer for heads of
+    /// `head_dim` values, `kv_dim` per slot, stored as `types` says.
+    pub fn new(
+        backend: &B,
+        n_layer: usize,
+        kv_dim: usize,
+        head_dim: usize,
+        n_slots: usize,
+        types: KvTypes,
+    ) -> Result<Self> {
+        types.check(head_dim)?;
         let n_blocks = n_slots.div_ceil(BLOCK_SIZE);
-        let len = n_blocks * BLOCK_SIZE * kv_dim;
+        let rows = n_blocks * BLOCK_SIZE;
+        let (k_rot, v_rot) = (types.k_rotation(head_dim), types.v_rotation(head_dim));
         let layers = (0..n_layer)
-            .map(|_| Ok((backend.alloc_kv(len)?, backend.alloc_kv(len)?)))
+            .map(|_| {
+                let k = backend.alloc_kv_typed(rows, kv_dim, types.k, k_rot)?;
+                Ok((k, backend.alloc_kv_typed(rows, kv_dim, types.v, v_rot)?))
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(KvPool {
             layers,
             kv_dim,
+            types,
             n_blocks,
             free: (0..n_blocks as u32).rev().collect(),
             refs: vec![0; n_blocks],
@@ -119,6 +137,26 @@ impl<B: Backend> KvPool<B> {
             }
         }
         table.n_tokens = 0;
+    }
+
+    /// Checks the reference counts against `holders` (every block each holder names, once
+    /// per holder) and the free list against them.
+    pub fn check(&self, holders: impl Iterator<Item = u32>) -> std::result::Result<(), String> {
+        let mut want = vec![0u32; self.n_blocks];
+        for b in holders {
+            *want.get_mut(b as usize).ok_or(format!("block {b} is outside the pool"))? += 1;
+        }
+        if want != self.refs {
+            let b = (0..self.n_blocks).find(|&b| want[b] != self.refs[b]).unwrap_or(0);
+            return Err(format!("block {b}: {} references counted, {} held", self.refs[b], want[b]));
+        }
+        let mut free = self.free.clone();
+        free.sort_unstable();
+        let unheld: Vec<u32> = (0..self.n_blocks as u32).filter(|&b| want[b as usize] == 0).collect();
+        if free != unheld {
+            return Err(format!("free list {free:?}, unreferenced blocks {unheld:?}"));
+        }
+        Ok(())
     }
 
     /// Keeps the first `n_tokens` positions, returning blocks past them.

@@ -131,6 +131,11 @@ impl PrefixCache {
         key.and_then(|k| self.map.remove(&k)).is_some()
     }
 
+    /// The blocks the cache names.
+    pub fn blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.map.values().map(|c| c.block)
+    }
+
     /// Whether the cache holds more blocks than its capacity.
     pub fn over_capacity(&self) -> bool {
         self.map.len() > self.capacity

@@ -8,7 +8,7 @@ use super::ModelConfig;
 use crate::backend::{Backend, IdsTicket};
 use crate::error::{KilnError, Result};
 use crate::kv::{prefix, PrefixCache, BLOCK_SIZE};
-use crate::kv::{BlockTable, KvPool};
+use crate::kv::{BlockTable, KvPool, KvTypes};
 
 /// A sequence in the runner's KV pool.
 pub type SeqId = u32;
@@ -60,6 +60,16 @@ pub trait Runner: Send + Sync {
     fn kv_usage(&self) -> f32;
     /// Blocks the prefix cache names now, and the most it may name.
     fn prefix_cache_blocks(&self) -> (usize, usize);
+    /// How the KV cache stores keys and values.
+    fn kv_types(&self) -> KvTypes;
+    /// Checks the KV bookkeeping (for tests): every block's references are its sequences'
+    /// and the prefix cache's, the free list holds exactly the unreferenced blocks, and each
+    /// sequence holds blocks for its tokens and no more.
+    fn check_kv(&self) -> std::result::Result<(), String>;
+    /// Bytes of KV cache one token takes (all layers, K and V).
+    fn kv_bytes_per_token(&self) -> usize {
+        self.kv_types().bytes_per_token(self.config().n_layer, self.config().kv_dim())
+    }
 }
 
 /// One sequence: its block table, the tokens in it, and the keys of its full blocks as
@@ -99,13 +109,21 @@ impl<B: Backend> State<B> {
         self.seqs.get_mut(seq as usize).and_then(Option::as_mut)
     }
 
-    /// Truncates with copy-on-write by recomputation: a kept partial block that someone
-    /// else also references is dropped rather than written into later.
+    /// Truncates with copy-on-write by recomputation: a kept partial block that another
+    /// sequence also references is dropped rather than written into later. One only the
+    /// prefix cache holds beside this sequence (which filled it, then rolled back into it:
+    /// a rejected draft) leaves the cache instead, and is kept without a copy.
     fn truncate(&mut self, seq: SeqId, n: usize) {
         let Some(s) = self.seqs.get_mut(seq as usize).and_then(Option::as_mut) else { return };
         let mut n = n.min(s.table.n_tokens);
-        if n % BLOCK_SIZE != 0 && self.kv.ref_count(s.table.blocks[n / BLOCK_SIZE]) > 1 {
-            n -= n % BLOCK_SIZE;
+        if n % BLOCK_SIZE != 0 {
+            let b = s.table.blocks[n / BLOCK_SIZE];
+            if self.kv.ref_count(b) == 2 && self.cache.forget(b) {
+                self.kv.release_block(b);
+            }
+            if self.kv.ref_count(b) > 1 {
+                n -= n % BLOCK_SIZE;
+            }
         }
         self.kv.truncate(&mut s.table, n);
         s.table.n_tokens = n;
@@ -206,8 +224,13 @@ impl<B: Backend> ModelRunner<B> {
     /// block of it (cached blocks nobody uses are evicted, oldest first, when the pool
     /// runs short).
     pub fn new(model: Model<B>, n_slots: usize, n_ubatch: usize) -> Result<Self> {
+        Self::with_kv_types(model, n_slots, n_ubatch, KvTypes::default())
+    }
+
+    /// [`Self::new`] with the KV cache stored as `types` says.
+    pub fn with_kv_types(model: Model<B>, n_slots: usize, n_ubatch: usize, types: KvTypes) -> Result<Self> {
         let cfg = &model.cfg;
-        let kv = KvPool::new(&model.backend, cfg.n_layer, cfg.kv_dim(), n_slots)?;
+        let kv = KvPool::new(&model.backend, cfg.n_layer, cfg.kv_dim(), cfg.head_dim, n_slots, types)?;
         let scratch = Scratch::new(&model.backend, cfg, n_ubatch.max(1))?;
         let cache = PrefixCache::new(kv.n_blocks);
         Ok(ModelRunner {
@@ -512,6 +535,31 @@ impl<B: Backend> Runner for ModelRunner<B> {
     fn prefix_cache_blocks(&self) -> (usize, usize) {
         let st = self.lock();
         (st.cache.len(), st.cache.capacity())
+    }
+
+    fn kv_types(&self) -> KvTypes {
+        self.lock().kv.types
+    }
+
+    fn check_kv(&self) -> std::result::Result<(), String> {
+        let st = self.lock_settled();
+        for (i, s) in st.seqs.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let t = &s.table;
+            if t.blocks.len() != t.n_tokens.div_ceil(BLOCK_SIZE) || s.tokens.len() != t.n_tokens {
+                return Err(format!(
+                    "sequence {i}: {} tokens, {} blocks, {} token ids",
+                    t.n_tokens,
+                    t.blocks.len(),
+                    s.tokens.len()
+                ));
+            }
+            if s.chain.len() > t.n_tokens / BLOCK_SIZE {
+                return Err(format!("sequence {i}: {} chain keys for {} tokens", s.chain.len(), t.n_tokens));
+            }
+        }
+        let holders = st.seqs.iter().flatten().flat_map(|s| s.table.blocks.iter().copied());
+        st.kv.check(holders.chain(st.cache.blocks()))
     }
 
     fn decode(&self, entries: &[Entry], kind: OutputKind) -> Result<Vec<f32>> {

@@ -170,6 +170,19 @@ impl Candidates {
         best.map(|c| c.id)
     }
 
+    /// The draw's softmax made probabilities: `exp(logit - max)` over their sum (in f64).
+    pub fn normalize(&mut self) {
+        let max = self.data.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.logit));
+        let mut total = 0.0f64;
+        for c in &mut self.data {
+            c.p = (c.logit - max).exp();
+            total += c.p as f64;
+        }
+        for c in &mut self.data {
+            c.p = (c.p as f64 / total) as f32;
+        }
+    }
+
     /// llama.cpp's `dist` draw: softmax (summed in f64), then the first candidate whose
     /// running sum reaches `u * total`.
     pub fn draw(&mut self, u: f64) -> Option<u32> {

@@ -246,6 +246,53 @@ impl Sampler {
     /// Picks the next token from raw logits; penalties use the tokens accepted so far.
     /// Only the first `n_vocab` logits are considered; an empty slice gives token 0.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if let Some(id) = self.filter(logits) {
+            return id;
+        }
+        let u = self.rng.next_f64();
+        self.cands.draw(u).unwrap_or(0)
+    }
+
+    /// The distribution [`Self::sample`] draws from for `logits`, without drawing: the
+    /// candidates the chain leaves, each with its probability after the temperature (the
+    /// draw's softmax, summed in f64; they add up to 1). Greedy: the one token `sample`
+    /// picks, with probability 1. Speculative decoding compares two models' distributions
+    /// through this.
+    pub fn distribution(&mut self, logits: &[f32]) -> &[Candidate] {
+        match self.filter(logits) {
+            Some(id) => {
+                self.cands.data.clear();
+                self.cands.data.push(Candidate { id, logit: 0.0, p: 1.0 });
+                self.cands.sorted = true;
+            }
+            None => self.cands.normalize(),
+        }
+        &self.cands.data
+    }
+
+    /// A draw from `dist` (probabilities adding up to about 1) with the sampler's RNG: the
+    /// first candidate whose running sum reaches a uniform draw times the total.
+    pub fn draw_from(&mut self, dist: &[Candidate]) -> u32 {
+        let total: f64 = dist.iter().map(|c| c.p as f64).sum();
+        let target = self.rng.next_f64() * total;
+        let mut run = 0.0f64;
+        for c in dist {
+            run += c.p as f64;
+            if run >= target && c.p > 0.0 {
+                return c.id;
+            }
+        }
+        dist.iter().rev().find(|c| c.p > 0.0).or(dist.first()).map_or(0, |c| c.id)
+    }
+
+    /// A uniform draw in [0, 1) from the sampler's RNG.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// The chain up to the draw: biases, penalties, filters, temperature. Returns the pick
+    /// where the chain is greedy; else leaves the candidates for the draw.
+    fn filter(&mut self, logits: &[f32]) -> Option<u32> {
         let n = logits.len().min(self.n_vocab);
         self.cands.fill(&logits[..n]);
         // Candidates are still in id order here, so biases and penalties index directly.
@@ -261,18 +308,17 @@ impl Sampler {
         let greedy = p.temp <= 0.0;
         // Top-k, top-p and min-p always keep the argmax; only typical can drop it.
         if greedy && p.typical_p >= 1.0 {
-            return self.cands.argmax().unwrap_or(0);
+            return Some(self.cands.argmax().unwrap_or(0));
         }
         self.cands.top_k(p.top_k);
         self.cands.typical(p.typical_p, &mut self.scratch_order, &mut self.scratch_cands);
         self.cands.top_p(p.top_p);
         self.cands.min_p(p.min_p);
         if greedy {
-            return self.cands.argmax().unwrap_or(0);
+            return Some(self.cands.argmax().unwrap_or(0));
         }
         self.cands.temperature(p.temp);
-        let u = self.rng.next_f64();
-        self.cands.draw(u).unwrap_or(0)
+        None
     }
 
     /// The candidates left by the last `sample` call (after the filters, before the

@@ -215,6 +215,15 @@ impl Tokenizer {
         Detokenizer::new(self.clone(), special)
     }
 
+    /// The vocabulary's kind as llama.cpp names it: `spm`, `bpe` or `wpm`.
+    pub fn kind_name(&self) -> &'static str {
+        match self.vocab.kind {
+            Kind::Spm => "spm",
+            Kind::Bpe => "bpe",
+            Kind::Wpm => "wpm",
+        }
+    }
+
     /// The raw vocabulary entry of `id` ("" for an id outside the vocabulary).
     pub fn token_text(&self, id: u32) -> &str {
         self.vocab.texts.get(id as usize).map_or("", String::as_str)

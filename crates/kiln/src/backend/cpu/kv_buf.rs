@@ -1,9 +1,11 @@
-//! The CPU backend's KV caches: f16 buffers in anonymous mappings of their own.
+//! The CPU backend's KV caches: buffers in anonymous mappings of their own.
 //!
-//! V holds a slot's values as one row (`[slot][dim]`), as the attention's weighted sum
-//! reads them. K is stored in tiles of [`K_TILE`] consecutive slots, each tile
+//! In an f16 cache, V holds a slot's values as one row (`[slot][dim]`), as the attention's
+//! weighted sum reads them. K is stored in tiles of [`K_TILE`] consecutive slots, each tile
 //! `[dim][K_TILE]` ([`k_index`]): a key block's scores then read one dimension of 16 keys
-//! as one vector and need no per-key horizontal sums.
+//! as one vector and need no per-key horizontal sums. A quantized cache (`crate::kv::types`)
+//! holds each slot's row of blocks, `[slot][dim / 32 blocks]`, K and V alike: a key's
+//! dot product reads its blocks in order.
 //!
 //! Fresh anonymous pages read as zeros and take no memory until written, so the slots a
 //! context never reaches cost nothing (smollm2 at its default 4096 positions peaks at the
@@ -16,6 +18,7 @@ use std::ops::{Deref, DerefMut};
 use half::f16;
 
 use crate::error::{KilnError, Result};
+use crate::quant::GgmlType;
 
 /// Slots per tile of the K cache (the attention's key block).
 pub const K_TILE: usize = 16;
@@ -43,35 +46,76 @@ pub fn set_k_rows(kc: &mut [f16], rows: &[f16], dim: usize) {
     }
 }
 
-/// `len` f16 values, zero at first.
+/// A KV cache, zero at first: `len` f16 values, or rows of blocks of a quantized type.
+/// It derefs to its f16 values (for a quantized cache: its bytes in pairs, which nothing
+/// reads as numbers).
 pub struct KvBuf {
     map: memmap2::MmapMut,
-    len: usize,
+    bytes: usize,
+    ty: GgmlType,
+    rot: Option<usize>,
 }
 
 impl KvBuf {
+    /// An f16 cache of `len` values.
     pub fn zeroed(len: usize) -> Result<KvBuf> {
-        let bytes = len.checked_mul(2).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
-            KilnError::Backend(format!("a KV cache of {len} values does not fit in memory"))
-        })?;
+        let bytes = len.checked_mul(2).ok_or_else(|| too_large(len))?;
+        Self::map(bytes, GgmlType::F16, None).map_err(|_| too_large(len))
+    }
+
+    /// A cache of `n_slots` rows of `dim` values stored as `ty` (F16 or a block type), rows
+    /// rotated in groups of `rot` values before they are quantized.
+    pub fn typed(n_slots: usize, dim: usize, ty: GgmlType, rot: Option<usize>) -> Result<KvBuf> {
+        let row = ty.row_size(dim)?;
+        let bytes = n_slots.checked_mul(row).ok_or_else(|| too_large(n_slots.saturating_mul(dim)))?;
+        Self::map(bytes, ty, rot)
+    }
+
+    fn map(bytes: usize, ty: GgmlType, rot: Option<usize>) -> Result<KvBuf> {
+        if bytes > isize::MAX as usize {
+            return Err(KilnError::Backend(format!("a KV cache of {bytes} bytes does not fit in memory")));
+        }
         // A mapping cannot be empty; an empty buffer takes one page.
         let map = memmap2::MmapMut::map_anon(bytes.max(1))
             .map_err(|e| KilnError::Backend(format!("cannot allocate a KV cache of {bytes} bytes: {e}")))?;
-        Ok(KvBuf { map, len })
+        Ok(KvBuf { map, bytes, ty, rot })
     }
+
+    /// How the values are stored.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Values per Walsh-Hadamard group of the stored rows (`None`: not rotated).
+    pub fn rot(&self) -> Option<usize> {
+        self.rot
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[..self.bytes]
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.map[..self.bytes]
+    }
+}
+
+fn too_large(len: usize) -> KilnError {
+    KilnError::Backend(format!("a KV cache of {len} values does not fit in memory"))
 }
 
 impl Deref for KvBuf {
     type Target = [f16];
     fn deref(&self) -> &[f16] {
-        // A mapping starts on a page, so its bytes are aligned for f16.
-        bytemuck::cast_slice(&self.map[..2 * self.len])
+        // A mapping starts on a page, so its bytes are aligned for f16; every block size
+        // of a cache type is even.
+        bytemuck::cast_slice(&self.map[..self.bytes / 2 * 2])
     }
 }
 
 impl DerefMut for KvBuf {
     fn deref_mut(&mut self) -> &mut [f16] {
-        let bytes = 2 * self.len;
+        let bytes = self.bytes / 2 * 2;
         bytemuck::cast_slice_mut(&mut self.map[..bytes])
     }
 }
@@ -90,6 +134,10 @@ mod tests {
             assert!(b.iter().all(|&x| x == f16::ONE));
         }
         assert!(KvBuf::zeroed(usize::MAX / 2 + 1).is_err(), "too large: an error, not a panic");
+        let q = KvBuf::typed(64, 128, GgmlType::Q8_0, Some(64)).unwrap();
+        assert_eq!((q.bytes().len(), q.ty(), q.rot()), (64 * 4 * 34, GgmlType::Q8_0, Some(64)));
+        assert!(KvBuf::typed(usize::MAX / 64, 128, GgmlType::Q8_0, None).is_err());
+        assert!(KvBuf::typed(4, 48, GgmlType::Q8_0, None).is_err(), "not whole blocks");
     }
 
     /// Every slot's values land on distinct places inside the cache, whole tiles or not,

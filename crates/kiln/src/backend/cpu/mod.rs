@@ -7,22 +7,20 @@ mod expf;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;
 mod kv_buf;
+mod kv_rows;
 mod moe;
 mod ops;
-pub use attention::AttnArith;
+pub use attention::{AttnArith, Blocks, Cache};
 pub(crate) use ops::gelu_table;
 pub use ops::rope_cache;
 pub mod pool;
 mod vexp;
 mod weight;
-use kv_buf::k_index;
 pub use kv_buf::{k_rows, set_k_rows, KvBuf};
 pub use moe::CpuExperts;
 pub use weight::CpuWeight;
 
 use std::sync::Arc;
-
-use half::f16;
 
 use super::{Activation, AttnPlan, Backend, RopeParams, Routing};
 use crate::error::{KilnError, Result};
@@ -33,7 +31,7 @@ use pool::ThreadPool;
 type VectorCache = std::collections::HashMap<(usize, usize), Arc<Vec<f32>>>;
 
 pub struct CpuBackend {
-    pool: ThreadPool,
+    pool: Arc<ThreadPool>,
     /// Small f32 vectors (norm weights, biases) dequantized once at load, keyed by offset.
     vectors: std::sync::Mutex<VectorCache>,
     /// Quantized activations of the current matmul, grown to the largest batch once.
@@ -46,7 +44,7 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(n_threads: usize) -> Self {
         CpuBackend {
-            pool: ThreadPool::new(n_threads),
+            pool: Arc::new(ThreadPool::new(n_threads)),
             vectors: Default::default(),
             act_buf: Default::default(),
             arenas: Default::default(),
@@ -62,6 +60,18 @@ impl CpuBackend {
 
     pub fn n_threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// A backend on the same thread pool (a draft model's beside its model's: one set of
+    /// threads takes turns at both, none spinning against the other's).
+    pub fn sharing_threads(&self) -> Self {
+        CpuBackend {
+            pool: self.pool.clone(),
+            vectors: Default::default(),
+            act_buf: Default::default(),
+            arenas: Default::default(),
+            attn: self.attn,
+        }
     }
 
     /// `gguf`'s arena, shared by all its weights, sized for all its tensors (a file's data
@@ -139,6 +149,16 @@ impl Backend for CpuBackend {
         KvBuf::zeroed(len)
     }
 
+    fn alloc_kv_typed(
+        &self,
+        n_slots: usize,
+        dim: usize,
+        ty: quant::GgmlType,
+        rot: Option<usize>,
+    ) -> Result<KvBuf> {
+        KvBuf::typed(n_slots, dim, ty, rot)
+    }
+
     fn read(&self, buf: &Vec<f32>, out: &mut [f32]) {
         out.copy_from_slice(&buf[..out.len()]);
     }
@@ -204,17 +224,12 @@ impl Backend for CpuBackend {
         slots: &[u32],
         dim: usize,
     ) {
-        let n_slots = kc.len() / dim.max(1);
-        for (i, &s) in slots.iter().enumerate() {
-            let s = s as usize;
-            let (kr, vr) = (&k[i * dim..(i + 1) * dim], &v[i * dim..(i + 1) * dim]);
-            kr.iter().enumerate().for_each(|(j, &x)| kc[k_index(s, j, dim, n_slots)] = f16::from_f32(x));
-            vc[s * dim..(s + 1) * dim].iter_mut().zip(vr).for_each(|(d, &x)| *d = f16::from_f32(x));
-        }
+        kv_rows::store(kc, true, k, slots, dim);
+        kv_rows::store(vc, false, v, slots, dim);
     }
 
     fn attention(&self, q: &Vec<f32>, kc: &KvBuf, vc: &KvBuf, plan: &AttnPlan, out: &mut Vec<f32>) {
-        attention::attention(&self.pool, q, kc, vc, plan, self.attn, out);
+        attention::attention(&self.pool, q, kv_rows::cache(kc), kv_rows::cache(vc), plan, self.attn, out);
     }
 
     fn moe_route(
@@ -302,16 +317,15 @@ impl Backend for CpuBackend {
         rope: &RopeParams,
     ) {
         let dim = n_head_kv * head_dim;
-        let n_slots = kc.len() / dim.max(1);
         let mut row = vec![0f32; dim];
         for (&s, &d) in src.iter().zip(dst) {
             let (s, d) = (s as usize, d as usize);
-            row.iter_mut().enumerate().for_each(|(j, r)| *r = kc[k_index(s, j, dim, n_slots)].to_f32());
-            // ggml rotates the f16 cache in place the same way (rope on f16 rows).
+            // ggml rotates an f16 cache in place the same way (rope on f16 rows), and a
+            // quantized one dequantized, rotated back, roped, rotated and quantized again.
+            kv_rows::load(kc, true, s, &mut row);
             ops::rope(&mut row, &[delta], n_head_kv, head_dim, rope);
-            row.iter().enumerate().for_each(|(j, &r)| kc[k_index(d, j, dim, n_slots)] = f16::from_f32(r));
-            let (s, d) = (s * dim, d * dim);
-            vc.copy_within(s..s + dim, d);
+            kv_rows::store(kc, true, &row, &[d as u32], dim);
+            kv_rows::copy(vc, s, d, dim);
         }
     }
 }

@@ -94,8 +94,8 @@ impl<const N: usize, E: Load16> Kernel for Heads<N, E> {
     }
 
     #[inline(always)]
-    fn walk<const F16: bool>(acc: &mut [f32], vb: Rows<E>, wt: &Weights, sum: &mut f32) {
-        Self::walk_rows::<F16>(acc, vb, std::slice::from_ref(wt), std::slice::from_mut(sum))
+    fn walk<const ROUND: bool>(acc: &mut [f32], vb: Rows<E>, wt: &Weights, sum: &mut f32) {
+        Self::walk_rows::<ROUND>(acc, vb, std::slice::from_ref(wt), std::slice::from_mut(sum))
     }
 
     /// As many rows' accumulators as fit in the 32 registers beside the value being added.
@@ -108,7 +108,7 @@ impl<const N: usize, E: Load16> Kernel for Heads<N, E> {
     };
 
     #[inline(always)]
-    fn walk_rows<const F16: bool>(acc: &mut [f32], vb: Rows<E>, wt: &[Weights], sum: &mut [f32]) {
+    fn walk_rows<const ROUND: bool>(acc: &mut [f32], vb: Rows<E>, wt: &[Weights], sum: &mut [f32]) {
         let r = wt.len();
         assert!(
             acc.len() == r * 16 * N && sum.len() == r && vb.data.len() >= (K_BLOCK - 1) * vb.stride + 16 * N
@@ -116,10 +116,10 @@ impl<const N: usize, E: Load16> Kernel for Heads<N, E> {
         // SAFETY: only instantiated behind the AVX-512 F check, with the sizes checked.
         unsafe {
             match r {
-                1 => walk::<N, 1, F16, E>(acc, vb, wt, sum),
-                2 if N <= 8 => walk::<N, 2, F16, E>(acc, vb, wt, sum),
-                3 if N <= 4 => walk::<N, 3, F16, E>(acc, vb, wt, sum),
-                4 if N <= 4 => walk::<N, 4, F16, E>(acc, vb, wt, sum),
+                1 => walk::<N, 1, ROUND, E>(acc, vb, wt, sum),
+                2 if N <= 8 => walk::<N, 2, ROUND, E>(acc, vb, wt, sum),
+                3 if N <= 4 => walk::<N, 3, ROUND, E>(acc, vb, wt, sum),
+                4 if N <= 4 => walk::<N, 4, ROUND, E>(acc, vb, wt, sum),
                 _ => unreachable!("at most WALK_ROWS rows"),
             }
         }
@@ -248,11 +248,12 @@ unsafe fn x<const N: usize, const R: usize>(q: *const f32, kt: *const f16, l: us
 }
 
 /// The walk of `R` rows over their keys `wt[0].a..wt[0].b` (the same for all), with
-/// each row's accumulator (`16 · N` values at `acc[r · 16N..]`) in registers:
-/// `scale_f16` and `mad_f16` lane for lane where `F16`, else the f32 multiply-adds alone.
+/// each row's accumulator (`16 · N` values at `acc[r · 16N..]`) in registers: a key that
+/// raised its row's maximum rescales the row first; `scale_f16` and `mad_f16` lane for lane
+/// where `ROUND`, else f32 multiplies and multiply-adds.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn walk<const N: usize, const R: usize, const F16: bool, E: Load16>(
+unsafe fn walk<const N: usize, const R: usize, const ROUND: bool, E: Load16>(
     acc: &mut [f32],
     vb: Rows<E>,
     wt: &[Weights],
@@ -276,11 +277,12 @@ unsafe fn walk<const N: usize, const R: usize, const F16: bool, E: Load16>(
         }
         for r in 0..R {
             let e = wt[r].w[i];
-            // The f32 arithmetic rescales once per block, before the walk (`raised` empty).
-            let (ms, vs) = if F16 && wt[r].raised >> i & 1 == 1 {
+            // The block arithmetic rescales once per block, before the walk (`raised` empty).
+            let (ms, vs) = if wt[r].raised >> i & 1 == 1 {
                 let m = _mm512_set1_ps(e);
                 for a in a[r].iter_mut() {
-                    *a = round16(_mm512_mul_ps(*a, m));
+                    let x = _mm512_mul_ps(*a, m);
+                    *a = if ROUND { round16(x) } else { x };
                 }
                 (e, 1.0)
             } else {
@@ -289,9 +291,10 @@ unsafe fn walk<const N: usize, const R: usize, const F16: bool, E: Load16>(
             let w = _mm512_set1_ps(vs);
             for (a, &v) in a[r].iter_mut().zip(&v) {
                 let x = _mm512_fmadd_ps(v, w, *a);
-                *a = if F16 { round16(x) } else { x };
+                *a = if ROUND { round16(x) } else { x };
             }
-            s[r] = if F16 { s[r].mul_add(ms, vs) } else { s[r] + vs };
+            // With `ms` 1 this is `s + vs` exactly.
+            s[r] = s[r].mul_add(ms, vs);
         }
     }
     for (r, ar) in a.iter().enumerate() {

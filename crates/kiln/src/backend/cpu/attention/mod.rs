@@ -43,6 +43,9 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 mod heads;
+mod quantized;
+
+pub use quantized::{Blocks, Cache};
 
 use super::expf::expf_slice;
 use super::kv_buf::{k_index, K_TILE};
@@ -94,11 +97,13 @@ impl AttnArith {
     }
 }
 
+/// Attention of the queries `q` (`[token, head, head_dim]`) over the caches `k` and `v`
+/// into `out` (the same shape).
 pub fn attention(
     pool: &ThreadPool,
     q: &[f32],
-    kc: &[f16],
-    vc: &[f16],
+    k: Cache,
+    v: Cache,
     plan: &AttnPlan,
     arith: AttnArith,
     out: &mut [f32],
@@ -110,7 +115,7 @@ pub fn attention(
     let n_kv = plan.n_head_kv;
     let group = plan.n_head / n_kv;
     let (c0, c1) = (plan.first_pos(0) / KV_CHUNK, plan.pos[0] / KV_CHUNK);
-    let inp = Inputs { q, kc, vc, plan, arith };
+    let inp = Inputs { q, k, v, plan, arith };
     if n_tok == 1 && c1 > c0 && group <= MAX_ROWS {
         return split_decode(pool, inp, c0..c1 + 1, out);
     }
@@ -172,9 +177,15 @@ fn split_decode(pool: &ThreadPool, inp: Inputs, chunks: std::ops::Range<u32>, ou
         #[cfg(target_arch = "x86_64")]
         if quant::cpu_tier() >= quant::CpuTier::Avx2 {
             // SAFETY: the CPU has FMA.
-            return unsafe { merge_fma(&p, n_chunks, stride, hd, n_head, out) };
+            unsafe { merge_fma(&p, n_chunks, stride, hd, n_head, out) };
+        } else {
+            merge(&p, n_chunks, stride, hd, n_head, out);
         }
+        #[cfg(not(target_arch = "x86_64"))]
         merge(&p, n_chunks, stride, hd, n_head, out);
+        for o in out.chunks_exact_mut(hd).take(n_head) {
+            quantized::unrotate(o, &inp.v);
+        }
     });
 }
 
@@ -250,6 +261,8 @@ thread_local! {
 struct Scratch {
     /// f16-rounded queries of the rows, `[rows, head_dim]`.
     q: Vec<f32>,
+    /// Over a quantized K cache: the rows' queries quantized for its dot product.
+    qq: Vec<u8>,
     /// Unnormalized outputs of the current chunk, `[rows, head_dim]`.
     acc: Vec<f32>,
     /// The chunks before it, folded (`fold`), `[rows, head_dim]`.
@@ -289,6 +302,8 @@ trait Elem: Copy + Default {
     fn gather(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usize, dst: &mut [Self]);
     /// A block's K tiles as this type: f16 as they are, f32 widened into `s32`.
     fn tiles<'s>(src: &'s [f16], s32: &'s mut Vec<f32>) -> &'s [Self];
+    /// Blocks of `ty` (`dst.len()` values) dequantized as ggml's `to_float` does.
+    fn from_blocks(ty: GgmlType, src: &[u8], dst: &mut [Self]);
 }
 
 impl Elem for f32 {
@@ -309,6 +324,9 @@ impl Elem for f32 {
         widen(src, &mut s32[..src.len()]);
         &s32[..src.len()]
     }
+    fn from_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+        quant::dequantize_row(ty, src, dst).expect("whole blocks");
+    }
 }
 
 impl Elem for f16 {
@@ -325,6 +343,15 @@ impl Elem for f16 {
     fn tiles<'s>(src: &'s [f16], _: &'s mut Vec<f32>) -> &'s [f16] {
         src
     }
+    fn from_blocks(ty: GgmlType, src: &[u8], dst: &mut [f16]) {
+        // Block by block, widened then narrowed (no kernel reads quantized values as f16).
+        let per = ty.type_size();
+        let mut x = [0f32; 32];
+        for (b, d) in src.chunks_exact(per).zip(dst.chunks_exact_mut(32)) {
+            quant::dequantize_row(ty, b, &mut x).expect("one block");
+            d.iter_mut().zip(&x).for_each(|(d, &x)| *d = f16::from_f32(x));
+        }
+    }
 }
 
 /// What an attention call reads: the queries `[token, head, head_dim]`, the caches, the
@@ -332,8 +359,8 @@ impl Elem for f16 {
 #[derive(Clone, Copy)]
 struct Inputs<'a> {
     q: &'a [f32],
-    kc: &'a [f16],
-    vc: &'a [f16],
+    k: Cache<'a>,
+    v: Cache<'a>,
     plan: &'a AttnPlan<'a>,
     arith: AttnArith,
 }
@@ -411,7 +438,9 @@ unsafe fn run_heads<const N: usize>(t: &Task, s: &mut Scratch) {
     use heads::Heads;
     let group = t.inp.plan.n_head / t.inp.plan.n_head_kv;
     let rows_per_kv = t.ts.len() * t.heads.len().min(group);
-    if rows_per_kv.div_ceil(<Heads<N, f16> as Kernel>::WALK_ROWS) <= MAX_WIDENINGS {
+    // A quantized V cache is dequantized a block at a time: the f32 kernel reads that.
+    let quantized_v = t.inp.v.blocks().is_some();
+    if !quantized_v && rows_per_kv.div_ceil(<Heads<N, f16> as Kernel>::WALK_ROWS) <= MAX_WIDENINGS {
         run_task_avx512::<Heads<N, f16>>(t, s)
     } else {
         run_task_avx512::<Heads<N, f32>>(t, s)
@@ -489,18 +518,19 @@ trait Kernel {
     }
     /// `w[i] = expf(w[i])` for `i` in `a..b`.
     fn exp(w: &mut [f32; K_BLOCK], a: usize, b: usize);
-    /// Rescales and accumulates `acc` (and its sum of weights) over the block's keys,
-    /// rounding to f16 after every step where `F16` (ggml's arithmetic).
-    fn walk<const F16: bool>(acc: &mut [f32], vb: Rows<Self::E>, wt: &Weights, sum: &mut f32);
+    /// Rescales (at the keys that raised the maximum) and accumulates `acc` (and its sum of
+    /// weights) over the block's keys, rounding to f16 after every step where `ROUND`
+    /// (ggml's arithmetic over an f16 V cache).
+    fn walk<const ROUND: bool>(acc: &mut [f32], vb: Rows<Self::E>, wt: &Weights, sum: &mut f32);
     /// Most rows [`Self::walk_rows`] takes at once.
     const WALK_ROWS: usize = 1;
     /// Rows with the same keys (`wt.len()` of them, at most [`Self::WALK_ROWS`], their
     /// accumulators one after another in `acc`): their independent chains interleaved.
     #[inline(always)]
-    fn walk_rows<const F16: bool>(acc: &mut [f32], vb: Rows<Self::E>, wt: &[Weights], sum: &mut [f32]) {
+    fn walk_rows<const ROUND: bool>(acc: &mut [f32], vb: Rows<Self::E>, wt: &[Weights], sum: &mut [f32]) {
         let hd = acc.len() / wt.len().max(1);
         for (r, wt) in wt.iter().enumerate() {
-            Self::walk::<F16>(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
+            Self::walk::<ROUND>(&mut acc[r * hd..(r + 1) * hd], vb, wt, &mut sum[r]);
         }
     }
 }
@@ -529,17 +559,21 @@ impl Kernel for AnyHead {
     }
 
     #[inline(always)]
-    fn walk<const F16: bool>(acc: &mut [f32], vb: Rows<f32>, wt: &Weights, sum: &mut f32) {
+    fn walk<const ROUND: bool>(acc: &mut [f32], vb: Rows<f32>, wt: &Weights, sum: &mut f32) {
         let hd = acc.len();
         for i in wt.a..wt.b {
             let (ms, vs) = if wt.raised >> i & 1 == 1 {
-                scale_f16(acc, wt.w[i]);
+                if ROUND {
+                    scale_f16(acc, wt.w[i]);
+                } else {
+                    acc.iter_mut().for_each(|a| *a *= wt.w[i]);
+                }
                 (wt.w[i], 1.0)
             } else {
                 (1.0, wt.w[i])
             };
             let v = vb.row(i, hd);
-            if F16 {
+            if ROUND {
                 mad_f16(acc, v, vs);
             } else {
                 acc.iter_mut().zip(v).for_each(|(a, &x)| *a = x.mul_add(vs, *a));
@@ -551,7 +585,8 @@ impl Kernel for AnyHead {
 
 #[inline(always)]
 fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
-    let Task { inp: Inputs { q, kc, vc, plan, arith }, ref heads, ref ts, ref keys, out: sink } = *task;
+    let Task { inp: Inputs { q, k, v, plan, arith }, ref heads, ref ts, ref keys, out: sink } = *task;
+    let (kc, vc) = (k.f16(), v.f16());
     let (n_head, hd) = (plan.n_head, plan.head_dim);
     let kv_dim = plan.n_head_kv * hd;
     let group = n_head / plan.n_head_kv;
@@ -568,7 +603,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         (t_of[r], kv_tab[r]) = (t, h / group - kvs.start);
     }
     let kv_of = |r: usize| kv_tab[r];
-    let Scratch { q: qs, acc, folded, k16, k32, v32, v16 } = s;
+    let Scratch { q: qs, qq, acc, folded, k16, k32, v32, v16 } = s;
     let (qs, acc, folded) = (&mut qs[..rows * hd], &mut acc[..rows * hd], &mut folded[..rows * hd]);
     // A block's K tiles and V rows of the task's KV heads are as long.
     let kv_len = K_BLOCK * hd * kvs.len();
@@ -581,8 +616,16 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     }
     let (k16, vb) = (&mut k16[..kv_len], &mut vb[..kv_len]);
     let n_slots = kc.len() / kv_dim.max(1);
-    // The V cache, where the kernel reads it in place.
-    let v_cache = <K::E as Elem>::in_place(vc);
+    let (k_bytes, v_bytes) = (k.bytes(), v.bytes());
+    // The V cache, where the kernel reads it in place (f16).
+    let v_cache = v.blocks().map_or(<K::E as Elem>::in_place(vc), |_| None);
+    let v_blocks = v.blocks().map(|b| (b, quantized::Layout::new(b.ty, plan.n_head_kv, hd)));
+    // A quantized K cache's queries, quantized for its dot product; else rounded to f16.
+    let k_quant = k.blocks().map(|b| quantized::QuantKeys::new(b, plan.n_head_kv, hd));
+    let q_row = k_quant.as_ref().map_or(0, |kq| kq.q_row());
+    if qq.len() < rows * q_row {
+        qq.resize(rows * q_row, 0);
+    }
     for r in 0..rows {
         let (t, h) = row(r);
         let dst = &mut qs[r * hd..(r + 1) * hd];
@@ -591,7 +634,10 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         if qs != 1.0 {
             dst.iter_mut().for_each(|x| *x *= qs);
         }
-        round_f16(dst);
+        match &k_quant {
+            Some(kq) => kq.quantize_query(dst, &mut qq[r * q_row..(r + 1) * q_row]),
+            None => round_f16(dst),
+        }
     }
     acc.fill(0.0);
     folded.fill(0.0);
@@ -630,23 +676,31 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             (m, sum) = ([f32::NEG_INFINITY; MAX_ROWS], [0.0; MAX_ROWS]);
         }
         let n = K_BLOCK.min((hi - p0) as usize + 1);
-        let f16 = arith.f16_in_chunk(p0 / KV_CHUNK);
+        // ggml's arithmetic in this chunk: a rescale wherever a key raises the maximum, and
+        // over an f16 V cache an f16 accumulator.
+        let ggml = arith.f16_in_chunk(p0 / KV_CHUNK);
+        let round = ggml && v_blocks.is_none();
         let slot = slots(p0);
         let i0 = (lo.saturating_sub(p0) as usize).min(n);
-        // The block's K tiles: in place where its slots are one whole tile of the cache (a
-        // KV block holds whole key blocks: then they are), else gathered key by key.
-        let ktiles = match k_tile_at(slot(0)) {
-            Some(at) => &kc[at..at + kv_len],
-            None => {
-                for i in i0..n {
-                    for (c, j) in (kvs.start * hd..kvs.end * hd).enumerate() {
-                        k16[c * K_BLOCK + i] = kc[k_index(slot(i), j, kv_dim, n_slots)];
+        // The block's K tiles (an f16 cache): in place where its slots are one whole tile of
+        // the cache (a KV block holds whole key blocks: then they are), else gathered key by
+        // key.
+        let kt: &[K::KE] = if k_quant.is_some() {
+            &[]
+        } else {
+            let ktiles = match k_tile_at(slot(0)) {
+                Some(at) => &kc[at..at + kv_len],
+                None => {
+                    for i in i0..n {
+                        for (c, j) in (kvs.start * hd..kvs.end * hd).enumerate() {
+                            k16[c * K_BLOCK + i] = kc[k_index(slot(i), j, kv_dim, n_slots)];
+                        }
                     }
+                    &*k16
                 }
-                &*k16
-            }
+            };
+            <K::KE as Elem>::tiles(ktiles, k32)
         };
-        let kt = <K::KE as Elem>::tiles(ktiles, k32);
         // Row `r`'s KV head's tile.
         let tile_of = |r: usize| &kt[kv_of(r) * hd * K_BLOCK..(kv_of(r) + 1) * hd * K_BLOCK];
         // The task's KV heads: one contiguous span of each position's V row, read in order.
@@ -656,8 +710,12 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         let base = slot(0) * kv_dim + kvs.start * hd;
         let span = (K_BLOCK - 1) * kv_dim + kvs.len() * hd;
         let in_place = v_cache.filter(|v| runs && base + span <= v.len());
-        if in_place.is_none() {
-            <K::E as Elem>::gather(vc, spans, hd, vb);
+        match v_blocks {
+            Some((b, layout)) => {
+                quantized::gather_values(b, layout, kvs.clone(), (i0..n).map(|i| (i, slot(i))), hd, vb)
+            }
+            None if in_place.is_none() => <K::E as Elem>::gather(vc, spans, hd, vb),
+            None => {}
         }
         // Row `r`'s KV head's V rows of the block.
         let v_rows = |r: usize| match in_place {
@@ -674,27 +732,47 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         // computes (at the start, for the blocks before that one too: a split decode's
         // task starts cold in every chunk).
         let ahead = (K_BLOCK * PREFETCH_BLOCKS) as u32;
-        // Block `next`'s spans to ask for: its K tiles (where a whole tile of the cache) and
-        // the first V row's offset with the count of its rows (where consecutive: a KV block
-        // holds whole key blocks) up to the last key.
-        let spans_of = |next: u32| -> (&[f16], usize, usize) {
+        // Block `next`'s spans to ask for, of K and of V, each as its first byte, the
+        // stride and length of a key's part and the count of keys: an f16 K tile (where a
+        // whole tile of the cache) as 16 parts of it; a quantized K's and every V's rows
+        // (where consecutive: a KV block holds whole key blocks) up to the last key.
+        let spans_of = |next: u32| -> [Span; 2] {
             if next > hi {
-                return (&[], 0, 0);
+                return [Span::default(); 2];
             }
             let s0 = slots(next)(0);
-            let k = k_tile_at(s0).map_or(&[][..], |at| &kc[at..at + kv_len]);
             let n_v = if runs { K_BLOCK.min((hi - next) as usize + 1) } else { 0 };
-            (k, s0 * kv_dim + kvs.start * hd, n_v)
-        };
-        // Part `range` (of K_BLOCK) of a block's spans: of K (`c` = 0) the same part of its
-        // tiles, of V (1) those rows.
-        let fetch = |c: usize, (k, v0, n_v): (&[f16], usize, usize), range: std::ops::Range<usize>| {
-            if c == 0 {
-                prefetch(&k[k.len() * range.start / K_BLOCK..k.len() * range.end / K_BLOCK]);
-            } else {
-                for i in range.start..range.end.min(n_v) {
-                    prefetch(&vc[v0 + i * kv_dim..v0 + i * kv_dim + kvs.len() * hd]);
+            let k = match &k_quant {
+                Some(kq) => {
+                    let (at, len) = kq.span(s0, &kvs);
+                    Span { at, stride: kq.row_bytes(), len, n: n_v }
                 }
+                None => k_tile_at(s0).map_or(Span::default(), |at| {
+                    let part = 2 * kv_len / K_BLOCK;
+                    Span { at: 2 * at, stride: part, len: part, n: K_BLOCK }
+                }),
+            };
+            let v = match v_blocks {
+                Some((_, l)) => Span {
+                    at: s0 * l.row + kvs.start * l.head,
+                    stride: l.row,
+                    len: kvs.len() * l.head,
+                    n: n_v,
+                },
+                None => Span {
+                    at: 2 * (s0 * kv_dim + kvs.start * hd),
+                    stride: 2 * kv_dim,
+                    len: 2 * kvs.len() * hd,
+                    n: n_v,
+                },
+            };
+            [k, v]
+        };
+        // Keys `range` (of K_BLOCK) of a block's spans of K (`c` = 0) or V (1).
+        let fetch = |c: usize, spans: [Span; 2], range: std::ops::Range<usize>| {
+            let (sp, data) = (spans[c], if c == 0 { k_bytes } else { v_bytes });
+            for i in range.start..range.end.min(sp.n) {
+                prefetch(&data[sp.at + i * sp.stride..][..sp.len]);
             }
         };
         if p0 == start {
@@ -734,8 +812,19 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             let run = run_end(&wts, r, MAX_ROWS) - r;
             let e = r + run.div_ceil(run.div_ceil(K::SCORE_ROWS));
             if wts[r].a < wts[r].b {
-                let q = &qs[r * hd..e * hd];
-                K::scores_rows(q, tile_of(r), plan.score_scale(), &mut wts[r..e], &mut mbs[r..e]);
+                match &k_quant {
+                    Some(kq) => {
+                        for j in r..e {
+                            let (q, wt) = (&qq[j * q_row..(j + 1) * q_row], &mut wts[j]);
+                            let kvh = kvs.start + kv_of(j);
+                            mbs[j] = kq.scores(q, kvh, slot, plan.score_scale(), &mut wt.w, wt.a, wt.b);
+                        }
+                    }
+                    None => {
+                        let q = &qs[r * hd..e * hd];
+                        K::scores_rows(q, tile_of(r), plan.score_scale(), &mut wts[r..e], &mut mbs[r..e]);
+                    }
+                }
                 if plan.softcap != 0.0 {
                     for (wt, mb) in wts[r..e].iter_mut().zip(&mut mbs[r..e]) {
                         *mb = softcap(&mut wt.w[wt.a..wt.b], plan.softcap);
@@ -750,7 +839,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
                 continue;
             }
             let mb = mbs[r];
-            wt.raised = if f16 {
+            wt.raised = if ggml {
                 K::raises(&mut wt.w, wt.a, wt.b, &mut m[r], mb)
             } else {
                 // The block's maximum first: one rescale of the row, then every weight
@@ -784,7 +873,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             }
             let e = run_end(&wts, r, K::WALK_ROWS);
             let vb = v_rows(r);
-            if f16 {
+            if round {
                 K::walk_rows::<true>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
             } else {
                 K::walk_rows::<false>(&mut acc[r * hd..e * hd], vb, &wts[r..e], &mut sum[r..e]);
@@ -803,6 +892,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
                 let o = unsafe { std::slice::from_raw_parts_mut(op.get().add((t * n_head + h) * hd), hd) };
                 o.copy_from_slice(&folded[at]);
                 finish(o, ss[r]);
+                quantized::unrotate(o, &v);
             }
             Sink::Partial(pp) => {
                 // SAFETY: each task writes its own heads' states in its chunk's partials.
@@ -827,11 +917,21 @@ fn softcap(w: &mut [f32], cap: f32) -> f32 {
     })
 }
 
+/// Where a block's keys lie in a cache, for [`prefetch`]: key `i`'s `len` bytes at
+/// `at + i * stride`, for `n` keys.
+#[derive(Clone, Copy, Default)]
+struct Span {
+    at: usize,
+    stride: usize,
+    len: usize,
+    n: usize,
+}
+
 /// Asks for the cache lines of `row` in L2 (a hint; no effect on results).
 #[inline(always)]
-fn prefetch(row: &[f16]) {
+fn prefetch(row: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for i in (0..row.len()).step_by(32) {
+    for i in (0..row.len()).step_by(64) {
         // SAFETY: prefetching is a hint and `i` is inside the slice.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(row.as_ptr().add(i).cast())
@@ -1134,6 +1234,7 @@ mod tests {
 
 #[cfg(test)]
 mod reference_tests {
+    use super::super::kv_buf::KvBuf;
     use super::*;
 
     /// The dot product of f16 values (held as f32) summed in the order of ggml's
@@ -1167,56 +1268,92 @@ mod reference_tests {
     /// The arithmetic before tasks grouped heads and blocked keys: one (query, head) at a
     /// time, each chunk of KV_CHUNK keys on its own, then the chunks folded one after
     /// another; a chunk in ggml's arithmetic (`chunk_ggml`) or kiln's f32 one (`chunk_f32`)
-    /// as `arith` says. The kernels must give its bits.
-    fn reference(q: &[f32], kc: &[f16], vc: &[f16], plan: &AttnPlan, arith: AttnArith) -> Vec<f32> {
+    /// as `arith` says. The kernels must give its bits. Over quantized caches: the query
+    /// rotated and quantized, each key's dot product of its blocks, values dequantized and
+    /// the ggml chunks' accumulator in f32, the output rotated back.
+    fn reference(q: &[f32], k: Cache, v: Cache, plan: &AttnPlan, arith: AttnArith) -> Vec<f32> {
         let (n_head, hd) = (plan.n_head, plan.head_dim);
         let kv_dim = plan.n_head_kv * hd;
-        let krows = super::super::kv_buf::k_rows(kc, kv_dim);
+        let krows = super::super::kv_buf::k_rows(k.f16(), kv_dim);
         let mut out = vec![0f32; q.len()];
         for t in 0..plan.pos.len() {
             for h in 0..n_head {
                 let kvh = h / (n_head / plan.n_head_kv);
                 let mut qr = q[(t * n_head + h) * hd..][..hd].to_vec();
                 qr.iter_mut().for_each(|x| *x *= plan.q_scale(t));
-                round_f16(&mut qr);
+                let mut qq = Vec::new();
+                match k.blocks() {
+                    Some(b) => {
+                        if let Some(n) = b.rot {
+                            crate::kv::hadamard(&mut qr, n);
+                        }
+                        let vdt = b.ty.vec_dot_type();
+                        qq = vec![0u8; vdt.row_size(hd).unwrap()];
+                        quant::quantize_activation(vdt, &qr, &mut qq).unwrap();
+                    }
+                    None => round_f16(&mut qr),
+                }
                 let row = |p: u32| plan.slot(plan.seq[t], p) * kv_dim + kvh * hd;
-                let widened = |c: &[f16], p: u32| {
+                // Head `kvh`'s values at position `p` of a cache, as f32.
+                let values = |c: &Cache, rows: &[f16], p: u32| {
                     let mut x = vec![0f32; hd];
-                    widen(&c[row(p)..row(p) + hd], &mut x);
+                    match c.blocks() {
+                        Some(b) => {
+                            let head = b.ty.row_size(hd).unwrap();
+                            let at = plan.slot(plan.seq[t], p) * head * plan.n_head_kv + kvh * head;
+                            quant::dequantize_row(b.ty, &b.data[at..at + head], &mut x).unwrap();
+                        }
+                        None => widen(&rows[row(p)..row(p) + hd], &mut x),
+                    }
                     x
                 };
                 let score = |p: u32| {
-                    let s = dot_f16(&qr, &widened(&krows, p)) * plan.score_scale();
+                    let d = match k.blocks() {
+                        Some(b) => {
+                            let head = b.ty.row_size(hd).unwrap();
+                            let at = plan.slot(plan.seq[t], p) * head * plan.n_head_kv + kvh * head;
+                            quant::vec_dot_fn(b.ty)(&b.data[at..at + head], &qq, hd)
+                        }
+                        None => dot_f16(&qr, &values(&k, &krows, p)),
+                    };
+                    let s = d * plan.score_scale();
                     if plan.softcap != 0.0 {
                         plan.softcap * s.tanh()
                     } else {
                         s
                     }
                 };
-                let key = |p: u32| (score(p), widened(vc, p));
+                let key = |p: u32| (score(p), values(&v, v.f16(), p));
+                let round = v.blocks().is_none();
                 let mut folded = vec![0f32; hd];
                 let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
                 let (first, last) = (plan.first_pos(t), plan.pos[t]);
                 for c in first / KV_CHUNK..=last / KV_CHUNK {
                     let keys = first.max(c * KV_CHUNK)..=last.min((c + 1) * KV_CHUNK - 1);
-                    let chunk = if arith.f16_in_chunk(c) { chunk_ggml } else { chunk_f32 };
-                    let (m, sum, acc) = chunk(keys, hd, &key);
+                    let (m, sum, acc) = if arith.f16_in_chunk(c) {
+                        chunk_ggml(keys, hd, &key, round)
+                    } else {
+                        chunk_f32(keys, hd, &key)
+                    };
                     fold(&mut mm, &mut ss, &mut folded, m, sum, &acc);
                 }
                 let inv = if ss == 0.0 { 0.0 } else { 1.0 / ss };
                 let o = &mut out[(t * n_head + h) * hd..][..hd];
                 o.iter_mut().zip(&folded).for_each(|(o, &a)| *o = a * inv);
+                quantized::unrotate(o, &v);
             }
         }
         out
     }
 
     /// A chunk's (maximum, sum of weights, accumulator) in ggml's arithmetic: keys one at a
-    /// time, libm's `expf` per key, the accumulator rounded to f16 after every step.
+    /// time, libm's `expf` per key, the accumulator rounded to f16 after every step where
+    /// `round` (an f16 V cache), else in f32.
     fn chunk_ggml(
         keys: std::ops::RangeInclusive<u32>,
         hd: usize,
         key: &dyn Fn(u32) -> (f32, Vec<f32>),
+        round: bool,
     ) -> (f32, f32, Vec<f32>) {
         let mut acc = vec![0f32; hd];
         let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
@@ -1227,12 +1364,20 @@ mod reference_tests {
                 ms = (m - score).exp();
                 vs = 1.0;
                 m = score;
-                scale_f16(&mut acc, ms);
+                if round {
+                    scale_f16(&mut acc, ms);
+                } else {
+                    acc.iter_mut().for_each(|a| *a *= ms);
+                }
             } else {
                 ms = 1.0;
                 vs = (score - m).exp();
             }
-            mad_f16(&mut acc, &v, vs);
+            if round {
+                mad_f16(&mut acc, &v, vs);
+            } else {
+                acc.iter_mut().zip(&v).for_each(|(a, &x)| *a = x.mul_add(vs, *a));
+            }
             sum = sum.mul_add(ms, vs);
         }
         (m, sum, acc)
@@ -1284,6 +1429,17 @@ mod reference_tests {
     /// window; head shapes with and without grouped queries, head sizes the 16-lane kernels
     /// take and one they do not; 1 to 3 threads; both arithmetics. Keys spread widely, so
     /// the maximum moves and some weights fall below `expf`'s underflow.
+    /// The storages the kernels are checked over: f16, each quantized type for K and for
+    /// V, and mixes.
+    const CACHE_PAIRS: [(GgmlType, GgmlType); 6] = [
+        (GgmlType::F16, GgmlType::F16),
+        (GgmlType::Q8_0, GgmlType::Q8_0),
+        (GgmlType::Q4_0, GgmlType::F16),
+        (GgmlType::F16, GgmlType::Q5_1),
+        (GgmlType::IQ4_NL, GgmlType::Q4_1),
+        (GgmlType::Q5_0, GgmlType::IQ4_NL),
+    ];
+
     #[test]
     fn matches_the_references_bit_for_bit() {
         // Head sizes of the specialized kernels, with groups of 1 to 7 query heads (their
@@ -1307,12 +1463,25 @@ mod reference_tests {
             shapes.into_iter().flat_map(|s| blocks.map(|b| (s, b)))
         {
             let slots = block_size * n_blocks as usize;
-            let krows: Vec<f16> = (0..slots * n_kv * hd)
-                .map(|i| f16::from_f32(rng.f() * if (i / hd) % 7 == 0 { 60.0 } else { 6.0 }))
+            let kv_dim = n_kv * hd;
+            let krows: Vec<f32> =
+                (0..slots * kv_dim).map(|i| rng.f() * if (i / hd) % 7 == 0 { 60.0 } else { 6.0 }).collect();
+            let vrows: Vec<f32> = (0..slots * kv_dim).map(|_| rng.f() * 2.0).collect();
+            // The caches as each storage holds these rows (quantized ones for heads of whole
+            // blocks: rotated where the head allows).
+            let all: Vec<u32> = (0..slots as u32).collect();
+            let caches: Vec<(KvBuf, KvBuf)> = CACHE_PAIRS
+                .iter()
+                .filter(|(k, v)| hd % 32 == 0 || (*k, *v) == (GgmlType::F16, GgmlType::F16))
+                .map(|&(k, v)| {
+                    let types = crate::kv::KvTypes { k, v };
+                    let mut kc = KvBuf::typed(slots, kv_dim, k, types.k_rotation(hd)).unwrap();
+                    let mut vc = KvBuf::typed(slots, kv_dim, v, types.v_rotation(hd)).unwrap();
+                    super::super::kv_rows::store(&mut kc, true, &krows, &all, kv_dim);
+                    super::super::kv_rows::store(&mut vc, false, &vrows, &all, kv_dim);
+                    (kc, vc)
+                })
                 .collect();
-            let mut kc = vec![f16::ZERO; krows.len()];
-            super::super::kv_buf::set_k_rows(&mut kc, &krows, n_kv * hd);
-            let vc: Vec<f16> = (0..slots * n_kv * hd).map(|_| f16::from_f32(rng.f() * 2.0)).collect();
             // Two sequences with scrambled block tables.
             let half = n_blocks / 2;
             let t0: Vec<u32> = (0..half).map(|b| (b * 37) % half).collect();
@@ -1354,19 +1523,23 @@ mod reference_tests {
                     window,
                 };
                 let q: Vec<f32> = (0..pos.len() * n_head * hd).map(|_| rng.f() * 8.0).collect();
-                for arith in [AttnArith::Hybrid, AttnArith::Ggml, AttnArith::F32] {
-                    let want = reference(&q, &kc, &vc, &plan, arith);
-                    for pool in &pools {
-                        let mut out = vec![f32::NAN; q.len()];
-                        attention(pool, &q, &kc, &vc, &plan, arith, &mut out);
-                        for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                a.to_bits(),
-                                b.to_bits(),
-                                "{arith:?}, heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, capped {capped}, {} threads: value {i}",
-                                pos.len(),
-                                pool.n_threads()
-                            );
+                for (kc, vc) in &caches {
+                    let (k, v) = (super::super::kv_rows::cache(kc), super::super::kv_rows::cache(vc));
+                    let types = (kc.ty(), vc.ty());
+                    for arith in [AttnArith::Hybrid, AttnArith::Ggml, AttnArith::F32] {
+                        let want = reference(&q, k, v, &plan, arith);
+                        for pool in &pools {
+                            let mut out = vec![f32::NAN; q.len()];
+                            attention(pool, &q, k, v, &plan, arith, &mut out);
+                            for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{types:?} {arith:?}, heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, capped {capped}, {} threads: value {i}",
+                                    pos.len(),
+                                    pool.n_threads()
+                                );
+                            }
                         }
                     }
                 }
