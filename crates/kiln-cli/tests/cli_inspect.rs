@@ -197,6 +197,7 @@ fn json_shape_on_catalog_models() {
             "experts",
             "metadata",
             "tensors",
+            "kv_bytes_per_token",
         ];
         want.sort();
         assert_eq!(keys, want);
@@ -207,6 +208,28 @@ fn json_shape_on_catalog_models() {
         assert_eq!(j["supported"], true, "{spec}");
         assert_eq!(j["metadata"]["general.architecture"], arch);
         assert!(j["metadata"]["tokenizer.ggml.tokens"].is_string(), "the vocabulary is abbreviated");
+        // A token's K and V in every layer: 2 · layers · KV heads · head size values, in
+        // each type's blocks of 32 (ggml's sizes); quantized types only where a head is
+        // whole blocks (tiny-random-llama's heads of 4 are not).
+        let md = |k: &str| j["metadata"][format!("llama.{k}")].as_u64().unwrap();
+        let head = md("embedding_length") / md("attention.head_count");
+        let values = 2 * md("block_count") * md("attention.head_count_kv") * head;
+        let kv = j["kv_bytes_per_token"].as_object().unwrap();
+        let mut want = vec![("f16", 64)];
+        if head % 32 == 0 {
+            want.extend([
+                ("q8_0", 34),
+                ("q5_1", 24),
+                ("q5_0", 22),
+                ("q4_1", 20),
+                ("q4_0", 18),
+                ("iq4_nl", 18),
+            ]);
+        }
+        assert_eq!(kv.len(), want.len(), "{spec}: {kv:?}");
+        for (ty, bytes) in want {
+            assert_eq!(kv[ty].as_u64(), Some(values * bytes / 32), "{spec} {ty}");
+        }
         let tensors = j["tensors"].as_array().unwrap();
         assert_eq!(tensors.len(), n_tensors);
         for t in tensors {
