@@ -266,6 +266,13 @@ fn dot_mode(ty: GgmlType) -> Option<(u32, usize)> {
     }
 }
 
+/// The words of quantized activations (`rows` rows of `k` in blocks of `bs`, quantize.wgsl)
+/// where the block scales and the block sums start.
+fn act_words(rows: usize, k: usize, bs: usize) -> (u32, u32) {
+    let n = rows * k;
+    ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32)
+}
+
 fn f(x: f32) -> u32 {
     x.to_bits()
 }
@@ -534,6 +541,27 @@ impl GpuBackend {
         self.prologue_bytes = bytes;
     }
 
+    /// Uploads `data`, `n` units of `unit` bytes (rows, experts), in buffers of whole units
+    /// under the binding limit: each buffer with its first unit and how many it holds.
+    fn upload_split(
+        &self,
+        data: &[u8],
+        unit: usize,
+        n: usize,
+        name: &str,
+    ) -> Result<Vec<(wgpu::Buffer, usize, usize)>> {
+        let per_buf = ((self.split_bytes as usize - 4) / unit).max(1);
+        let mut bufs = Vec::new();
+        for u0 in (0..n).step_by(per_buf) {
+            let m = per_buf.min(n - u0);
+            let buf = self.ctx.upload(&data[u0 * unit..(u0 + m) * unit], name)?;
+            // Bound the staging memory of big models: let each buffer's copy go out.
+            self.ctx.queue.submit([]);
+            bufs.push((buf, u0, m));
+        }
+        Ok(bufs)
+    }
+
     /// Uploads weights of one type and width into one buffer, each a run of its rows.
     fn upload_together(&self, gguf: &GgufFile, ts: &[&TensorInfo]) -> Result<Vec<GpuWeight>> {
         let mut data = Vec::with_capacity(ts.iter().map(|t| t.size as usize).sum());
@@ -598,7 +626,7 @@ impl GpuBackend {
             None => (None, 32),
         };
         let n = rows * k;
-        let (xd, xs) = ((n / 4) as u32, (n / 4 + rows * (k / bs)) as u32);
+        let (xd, xs) = act_words(rows, k, bs);
         let mut shape = kernels::vec_shape_for(w.ty, all_rows, k, self.npr_min);
         if rows > 1 {
             shape.tt = kernels::VEC_TT;
@@ -610,10 +638,7 @@ impl GpuBackend {
                 let act = self.act_buf(n);
                 let mut held = self.act_src.lock().unwrap_or_else(|e| e.into_inner());
                 if held.as_ref().is_none_or(|(b, m, len)| *b != x.buf || *m != mode || *len != n) {
-                    let taken = {
-                        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                        pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
-                    };
+                    let taken = self.take_writer(x, n, bs);
                     // A decode step's (one token) only.
                     let made = if rows == 1 {
                         self.prologue(&taken, &x.buf, mode, k, all_rows, shape)
@@ -747,6 +772,13 @@ impl GpuBackend {
             dispatches.push(Dispatch { kernel, prm, bufs, groups: g });
         }
         dispatches
+    }
+
+    /// The op held back that writes `x` (`n` values), taken out where it can quantize its
+    /// output in blocks of `bs` as it writes it.
+    fn take_writer(&self, x: &GpuBuf, n: usize, bs: usize) -> Option<Pending> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
     }
 
     /// Quantizes `x` for a matmul into `act`, in one kernel with `taken` (the op that
@@ -938,15 +970,8 @@ impl Backend for GpuBackend {
             return Err(err(format!("row length {cols} is not a multiple of 32")));
         }
         let row_size = ty.row_size(cols)?;
-        let per_part = ((self.split_bytes as usize - 4) / row_size).max(1);
-        let mut parts = Vec::new();
-        for row0 in (0..rows).step_by(per_part) {
-            let n = per_part.min(rows - row0);
-            let buf = self.ctx.upload(&data[row0 * row_size..(row0 + n) * row_size], &t.name)?;
-            // Bound the staging memory of big models: let each part's copy go out.
-            self.ctx.queue.submit([]);
-            parts.push(Part { buf, row0, rows: n, first: 0 });
-        }
+        let parts = self.upload_split(&data, row_size, rows, &t.name)?;
+        let parts = parts.into_iter().map(|(buf, row0, n)| Part { buf, row0, rows: n, first: 0 }).collect();
         Ok(GpuWeight { parts, ty, rows, cols, row_size })
     }
 

@@ -66,18 +66,10 @@ impl GpuBackend {
         }
         let (ty, data) = matrix_data(t.ty, cols, gguf.tensor_data(t))?;
         let row_size = ty.row_size(cols)?;
-        // Whole experts per buffer, under the binding limit.
-        let expert_bytes = stride * row_size;
-        let per_buf = ((self.split_bytes as usize - 4) / expert_bytes).max(1);
-        let mut bufs = Vec::new();
-        for e0 in (0..n_expert).step_by(per_buf) {
-            let n = per_buf.min(n_expert - e0);
-            let buf = self.ctx.upload(&data[e0 * expert_bytes..(e0 + n) * expert_bytes], &t.name)?;
-            // Bound the staging memory of big models: let each buffer's copy go out.
-            self.ctx.queue.submit([]);
-            bufs.push(ExpertBuf { buf, e0, n });
-        }
-        let bufs = Arc::new(bufs);
+        // Whole experts per buffer.
+        let bufs = self.upload_split(&data, stride * row_size, n_expert, &t.name)?;
+        let bufs: Arc<Vec<_>> =
+            Arc::new(bufs.into_iter().map(|(buf, e0, n)| ExpertBuf { buf, e0, n }).collect());
         let mut start = 0;
         Ok(parts
             .iter()
@@ -113,14 +105,10 @@ impl GpuBackend {
         let Some((mode, bs)) = super::dot_mode(ty) else {
             return (x.buf.clone(), 0, 0);
         };
-        let n = rows * k;
-        let act = self.act_buf(n);
-        let taken = {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
-        };
-        self.run_quantize(taken, x, mode, rows, k, &act);
-        (act, (n / 4) as u32, (n / 4 + rows * (k / bs)) as u32)
+        let act = self.act_buf(rows * k);
+        self.run_quantize(self.take_writer(x, rows * k, bs), x, mode, rows, k, &act);
+        let (xd, xs) = super::act_words(rows, k, bs);
+        (act, xd, xs)
     }
 
     #[allow(clippy::too_many_arguments)]
