@@ -183,22 +183,34 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
     return v;
 }
 
+// An invocation's place in a workgroup of RG rows, 64 invocations each: its row, that row
+// clamped into the matrix (every invocation reaches every barrier: rows past the end
+// compute the last row again), and its lane within the row.
+struct WgRow {
+    r: u32,
+    rr: u32,
+    lid: u32,
+}
+
+// Invocation `li`'s row (and its slot of the workgroup memory, s64 and s512).
+fn wg_row(wid: vec3<u32>, nwg: vec3<u32>, li: u32) -> WgRow {
+    let slot = li / 64u;
+    s64 = 64u * slot;
+    s512 = 512u * slot;
+    let r = (wid.y * nwg.x + wid.x) * RG + slot;
+    return WgRow(r, min(r, prm[0] - 1u), li % 64u);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-    let slot = li / 64u;
-    let lid = li % 64u;
-    s64 = 64u * slot;
-    s512 = 512u * slot;
-    // Every invocation reaches every barrier: rows past the end compute the last row again.
-    let r = (wid.y * nwg.x + wid.x) * RG + slot;
-    let rr = min(r, prm[0] - 1u);
+    let row = wg_row(wid, nwg, li);
     let t0 = wid.z * TT;
     let tt = min(TT, prm[2] - t0);
     for (var t = t0; t < t0 + tt; t = t + 1u) {
-        let v = dot_wg((prm[8] + rr) * prm[3], t, prm[1], lid);
-        if lid == 0u && r < prm[0] {
-            store(t, r, v);
+        let v = dot_wg((prm[8] + row.rr) * prm[3], t, prm[1], row.lid);
+        if row.lid == 0u && row.r < prm[0] {
+            store(t, row.r, v);
         }
     }
 }

@@ -40,16 +40,11 @@ fn by_id_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 @compute @workgroup_size(256)
 fn by_id_exact(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) li: u32) {
-    let slot = li / 64u;
-    let lid = li % 64u;
-    s64 = 64u * slot;
-    s512 = 512u * slot;
-    let r = (wid.y * nwg.x + wid.x) * RG + slot;
-    let rr = min(r, prm[0] - 1u);
+    let row = wg_row(wid, nwg, li);
     let s = prm[14] + wid.z;
     let e = slot_expert(s);
-    let v = dot_wg((e.x * prm[9] + prm[8] + rr) * prm[3], slot_token(s), prm[1], lid);
-    if lid == 0u && r < prm[0] && e.y == 1u {
-        ys[s * prm[4] + r] = v;
+    let v = dot_wg((e.x * prm[9] + prm[8] + row.rr) * prm[3], slot_token(s), prm[1], row.lid);
+    if row.lid == 0u && row.r < prm[0] && e.y == 1u {
+        ys[s * prm[4] + row.r] = v;
     }
 }
