@@ -51,7 +51,7 @@ pub(crate) fn pull_entry(home: &Path, e: &CatalogEntry) -> Result<PathBuf> {
     let dir = home.join("models");
     mkdir(&dir)?;
     let dest = dir.join(e.file);
-    let _lock = lock(&dir.join(format!(".{}.lock", e.file)), e.name)?;
+    let _lock = super::lock(&dir.join(format!(".{}.lock", e.file)), "fetch", e.name)?;
     // Holding the lock, anything left by an interrupted pull of this model is stale.
     remove_matching(&dir, &format!(".{}.partial-", e.file));
     remove_matching(&home.join("tmp"), &format!("pull-{}-", e.name));
@@ -97,7 +97,7 @@ pub(crate) fn llama_cpp_source_in(home: &Path) -> Result<PathBuf> {
         return absolute(&dest);
     }
     mkdir(&src)?;
-    let _lock = lock(&src.join(format!(".{LLAMA_CPP_PYTHON}.lock")), LLAMA_CPP_PYTHON)?;
+    let _lock = super::lock(&src.join(format!(".{LLAMA_CPP_PYTHON}.lock")), "fetch", LLAMA_CPP_PYTHON)?;
     if complete(&dest) {
         return absolute(&dest);
     }
@@ -184,21 +184,6 @@ fn run_python(mut cmd: Command, what: &str) -> Result<()> {
         return Err(KilnError::Hub(format!("{what} failed ({}): {last}", out.status)));
     }
     Ok(())
-}
-
-/// Holds an exclusive lock on `path` until dropped (the OS releases it if we die).
-fn lock(path: &Path, what: &str) -> Result<File> {
-    let f = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| KilnError::io(path, e))?;
-    if f.try_lock().is_err() {
-        eprintln!("kiln: waiting for another fetch of {what} to finish");
-        f.lock().map_err(|e| KilnError::io(path, e))?;
-    }
-    Ok(f)
 }
 
 /// Best-effort removal of the entries of `dir` named `prefix` followed by a process id.

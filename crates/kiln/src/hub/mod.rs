@@ -107,3 +107,19 @@ pub fn llama_cpp_source() -> Result<PathBuf> {
 pub fn sha256_file(path: &Path) -> Result<String> {
     fetch::sha256_file(path).map_err(|e| KilnError::io(path, e))
 }
+
+/// Holds an exclusive lock on `path` until dropped (the OS releases it if we die), saying
+/// that it waits where another process (a `job` of `what`) holds it.
+fn lock(path: &Path, job: &str, what: &str) -> Result<std::fs::File> {
+    let f = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| KilnError::io(path, e))?;
+    if f.try_lock().is_err() {
+        eprintln!("kiln: waiting for another {job} of {what} to finish");
+        f.lock().map_err(|e| KilnError::io(path, e))?;
+    }
+    Ok(f)
+}

@@ -268,7 +268,8 @@ fn fetch(
     }
     cache.create_dirs()?;
     let lock_path = cache.lock_path(etag);
-    let _lock = lock(&lock_path, &f.path)?;
+    // huggingface_hub locks the same file.
+    let _lock = super::lock(&lock_path, "download", &f.path)?;
     let blob = cache.blob(etag);
     if !std::fs::metadata(&blob).is_ok_and(|m| m.is_file() && m.len() == f.size) {
         let part = cache.incomplete(etag);
@@ -281,21 +282,6 @@ fn fetch(
         std::fs::rename(&part, &blob).map_err(|e| KilnError::io(&blob, e))?;
     }
     cache.link(commit, &f.path, etag)
-}
-
-/// Holds an exclusive lock on `path` until dropped (huggingface_hub locks the same file).
-fn lock(path: &std::path::Path, what: &str) -> Result<std::fs::File> {
-    let f = std::fs::File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(|e| KilnError::io(path, e))?;
-    if f.try_lock().is_err() {
-        eprintln!("kiln: waiting for another download of {what} to finish");
-        f.lock().map_err(|e| KilnError::io(path, e))?;
-    }
-    Ok(f)
 }
 
 #[cfg(test)]
