@@ -7,15 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-fn model(stem: &str) -> Option<PathBuf> {
-    let p = kiln::hub::kiln_home().join("models").join(format!("{stem}.gguf"));
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
-}
+mod support;
+use support::model;
 
 const SMOL: &str = "SmolLM2-135M-Instruct.Q4_1";
 

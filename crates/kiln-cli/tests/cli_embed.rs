@@ -3,12 +3,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod support;
+
 fn model() -> Option<PathBuf> {
-    let p = kiln::hub::kiln_home().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    p.exists().then_some(p).or_else(|| {
-        eprintln!("skipping: smollm2 is absent");
-        None
-    })
+    support::model("SmolLM2-135M-Instruct.Q4_1")
 }
 
 fn embed(args: &[&str]) -> Output {

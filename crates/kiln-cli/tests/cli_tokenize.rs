@@ -5,15 +5,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-fn model(stem: &str) -> Option<PathBuf> {
-    let p = kiln::hub::kiln_home().join("models").join(format!("{stem}.gguf"));
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
-}
+mod support;
+use support::model;
 
 fn kiln(args: &[&str], stdin: Option<&[u8]>) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kiln"));
