@@ -114,8 +114,20 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
                     assert_eq!(v2[i].to_bits(), want.to_bits(), "{ty} {tier:?} rows2_toks4");
                 }
             }
+            // Rows 0 and 2, or 1 and 3, two rows apart (a cache's slots holding two heads).
+            for r in [0, 1] {
+                tk.rows2_toks4_strided(&w[r * wr..][..3 * wr], 2 * wr, &a, n, &mut v2);
+                for i in 0..2 * TILE {
+                    let want = got[(r + 2 * (i / TILE)) * TILE + i % TILE];
+                    assert_eq!(v2[i].to_bits(), want.to_bits(), "{ty} {tier:?} rows2_toks4_strided");
+                }
+            }
             // Mis-sized input gives NaN, not a read out of bounds.
             assert!(tk.one(&w[..wr - 1], &a[..ar], n).is_nan());
+            tk.rows2_toks4_strided(&w[..3 * wr - 1], 2 * wr, &a, n, &mut v2);
+            assert!(v2.iter().all(|x| x.is_nan()));
+            tk.rows2_toks4_strided(&w, wr - 1, &a, n, &mut v2);
+            assert!(v2.iter().all(|x| x.is_nan()), "rows overlapping");
         }
         if detected_cpu_tier() >= CpuTier::Avx2 {
             assert!(tested > 0);

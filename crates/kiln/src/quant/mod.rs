@@ -37,8 +37,21 @@ pub type VecDotFn = fn(&[u8], &[u8], usize) -> f32;
 /// Dequantizes `dst.len()` elements from `src` (whole blocks of `ty`).
 /// Err if lengths mismatch or the type is unsupported.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let f = dequantizer(ty)?;
+    check_len(ty, src.len(), dst.len())?;
+    f(src, dst);
+    Ok(())
+}
+
+/// Whole blocks of one type to f32 (`dst.len()` values; the blocks past those ignored).
+pub type DequantizeFn = fn(&[u8], &mut [f32]);
+
+/// `ty`'s dequantizer on this CPU (a SIMD one where kiln has it: exact, the scalar
+/// reference's bits), for callers that dequantize many short rows; unlike
+/// [`dequantize_row`] it checks no lengths. Err if the type is unsupported.
+pub fn dequantizer(ty: GgmlType) -> Result<DequantizeFn> {
     use GgmlType::*;
-    let f: fn(&[u8], &mut [f32]) = match ty {
+    let f: DequantizeFn = match ty {
         F32 => float::dequantize_f32,
         F16 => float::dequantize_f16,
         BF16 => float::dequantize_bf16,
@@ -58,9 +71,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         IQ4_XS => iquants::dequantize_iq4_xs,
         _ => return Err(KilnError::unsupported("tensor type", ty.name())),
     };
-    check_len(ty, src.len(), dst.len())?;
-    simd::simd_dequantize(ty).unwrap_or(f)(src, dst);
-    Ok(())
+    Ok(simd::simd_dequantize(ty).unwrap_or(f))
 }
 
 /// Reference quantizer (ggml's `quantize_row_*_ref` semantics) for every supported type.

@@ -373,6 +373,26 @@ pub(super) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     unsafe { f16_to_f32_row(src.as_ptr(), dst.as_mut_ptr(), n) }
 }
 
+/// Q8_0 -> f32: each quant widened and times the block's scale, as the scalar path (exact:
+/// the same single rounding).
+pub(super) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    let nb = (src.len() / 34).min(dst.len() / 32);
+    // SAFETY: only called for the Avx2 tier; nb whole blocks fit both slices.
+    unsafe { q8_0_to_f32(src.as_ptr(), dst.as_mut_ptr(), nb) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_to_f32(src: *const u8, dst: *mut f32, nb: usize) {
+    for i in 0..nb {
+        let (b, y) = (src.add(34 * i), dst.add(32 * i));
+        let d = _mm256_set1_ps(h2f(b));
+        for k in 0..4 {
+            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(2 + 8 * k) as *const __m128i));
+            _mm256_storeu_ps(y.add(8 * k), _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
 // ---------------------------------------------------------------- activations
 
 /// One 32-value block as `legacy::quantize_block_x86` (ggml's AVX2 `quantize_row_q8_0/1`):

@@ -348,14 +348,16 @@ pub fn x16_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<X16Kernels> {
 // NEON (aarch64) is the seam for an ARM tier: a `neon` module with the same `VecDotFn`
 // signatures and a `CpuTier::Neon`; nothing is claimed for it yet.
 
-type DequantizeFn = fn(&[u8], &mut [f32]);
-
 /// The dequantizer for `ty` on this CPU where a SIMD one exists (exact, so it always agrees
 /// with the scalar reference bit for bit).
-pub(super) fn simd_dequantize(ty: GgmlType) -> Option<DequantizeFn> {
+pub(super) fn simd_dequantize(ty: GgmlType) -> Option<super::DequantizeFn> {
     #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::F16 && cpu_tier() >= CpuTier::Avx2 {
-        return Some(avx2::dequantize_f16);
+    if cpu_tier() >= CpuTier::Avx2 {
+        match ty {
+            GgmlType::F16 => return Some(avx2::dequantize_f16),
+            GgmlType::Q8_0 => return Some(avx2::dequantize_q8_0),
+            _ => {}
+        }
     }
     let _ = ty;
     None
@@ -377,4 +379,58 @@ pub(super) fn simd_quantize_activation(ty: GgmlType) -> Option<QuantizeFn> {
     }
     let _ = ty;
     None
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// The SIMD dequantizers give the scalar reference's bits: every quant, scales from
+    /// subnormal to the largest f16, negative zero, infinity; a NaN scale gives NaNs.
+    #[test]
+    fn simd_dequantize_matches_the_scalar_reference() {
+        let scalar: [(GgmlType, super::super::DequantizeFn); 2] = [
+            (GgmlType::F16, super::super::float::dequantize_f16),
+            (GgmlType::Q8_0, super::super::legacy::dequantize_q8_0),
+        ];
+        let scales: [u16; 8] = [0x0001, 0x03ff, 0x2e66, 0x3c00, 0x8000, 0xbc00, 0x7bff, 0x7c00];
+        for (ty, reference) in scalar {
+            let Some(simd) = simd_dequantize(ty) else {
+                assert!(cpu_tier() < CpuTier::Avx2, "{ty}: no SIMD dequantizer");
+                continue;
+            };
+            // F16: every bit pattern; Q8_0: every quant under each scale, a block each.
+            let src: Vec<u8> = match ty {
+                GgmlType::F16 => (0..=u16::MAX).flat_map(u16::to_le_bytes).collect(),
+                _ => scales
+                    .iter()
+                    .flat_map(|&d| {
+                        (0..8).flat_map(move |k| {
+                            let mut b = d.to_le_bytes().to_vec();
+                            b.extend((0..32).map(|i| (k * 32 + i) as u8));
+                            b
+                        })
+                    })
+                    .collect(),
+            };
+            let n = src.len() / ty.type_size() * ty.block_size();
+            let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+            reference(&src, &mut want);
+            simd(&src, &mut got);
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()),
+                    "{ty} value {i}: {w} vs {g}"
+                );
+            }
+        }
+        // A NaN scale.
+        let mut block = vec![0x7e, 0x7e];
+        block.extend([1u8; 32]);
+        let mut got = [0f32; 32];
+        if let Some(simd) = simd_dequantize(GgmlType::Q8_0) {
+            simd(&block, &mut got);
+            assert!(got.iter().all(|x| x.is_nan()));
+        }
+    }
 }

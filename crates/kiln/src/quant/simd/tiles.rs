@@ -355,6 +355,18 @@ impl TileKernels {
         }
     }
 
+    /// [`Self::rows2_toks4`] with the two weight rows `ws` bytes apart (e.g. two slots'
+    /// keys in a cache whose rows hold several heads).
+    pub fn rows2_toks4_strided(&self, w: &[u8], ws: usize, a: &[u8], n: usize, out: &mut [f32; 2 * TILE]) {
+        *out = [f32::NAN; 2 * TILE];
+        let nb = n / self.bs;
+        let fits = ws >= nb * self.wb && w.len() >= ws + nb * self.wb;
+        if let Some(nb) = self.check(w, 1, a, TILE, n).filter(|_| fits) {
+            // SAFETY: as in `one`; the second row lies inside `w` (checked above).
+            unsafe { (self.rows2_toks4)(w.as_ptr(), ws, a.as_ptr(), nb * self.ab, nb, out.as_mut_ptr()) };
+        }
+    }
+
     /// `out[t] = dot(w, a row t)` for 4 consecutive activation rows.
     pub fn toks4(&self, w: &[u8], a: &[u8], n: usize, out: &mut [f32; TILE]) {
         *out = [f32::NAN; TILE];

@@ -302,8 +302,8 @@ trait Elem: Copy + Default {
     fn gather(src: &[f16], spans: impl Iterator<Item = (usize, usize)>, hd: usize, dst: &mut [Self]);
     /// A block's K tiles as this type: f16 as they are, f32 widened into `s32`.
     fn tiles<'s>(src: &'s [f16], s32: &'s mut Vec<f32>) -> &'s [Self];
-    /// Blocks of `ty` (`dst.len()` values) dequantized as ggml's `to_float` does.
-    fn from_blocks(ty: GgmlType, src: &[u8], dst: &mut [Self]);
+    /// Blocks (`dst.len()` values) dequantized by `f` (their type's, as ggml's `to_float`).
+    fn from_blocks(f: quant::DequantizeFn, src: &[u8], dst: &mut [Self]);
 }
 
 impl Elem for f32 {
@@ -324,8 +324,8 @@ impl Elem for f32 {
         widen(src, &mut s32[..src.len()]);
         &s32[..src.len()]
     }
-    fn from_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
-        quant::dequantize_row(ty, src, dst).expect("whole blocks");
+    fn from_blocks(f: quant::DequantizeFn, src: &[u8], dst: &mut [f32]) {
+        f(src, dst)
     }
 }
 
@@ -343,12 +343,12 @@ impl Elem for f16 {
     fn tiles<'s>(src: &'s [f16], _: &'s mut Vec<f32>) -> &'s [f16] {
         src
     }
-    fn from_blocks(ty: GgmlType, src: &[u8], dst: &mut [f16]) {
+    fn from_blocks(f: quant::DequantizeFn, src: &[u8], dst: &mut [f16]) {
         // Block by block, widened then narrowed (no kernel reads quantized values as f16).
-        let per = ty.type_size();
+        let per = src.len() * 32 / dst.len().max(1);
         let mut x = [0f32; 32];
         for (b, d) in src.chunks_exact(per).zip(dst.chunks_exact_mut(32)) {
-            quant::dequantize_row(ty, b, &mut x).expect("one block");
+            f(b, &mut x);
             d.iter_mut().zip(&x).for_each(|(d, &x)| *d = f16::from_f32(x));
         }
     }
@@ -623,8 +623,8 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     // A quantized K cache's queries, quantized for its dot product; else rounded to f16.
     let k_quant = k.blocks().map(|b| quantized::QuantKeys::new(b, plan.n_head_kv, hd));
     let q_row = k_quant.as_ref().map_or(0, |kq| kq.q_row());
-    if qq.len() < rows * q_row {
-        qq.resize(rows * q_row, 0);
+    if qq.len() < (rows + quantized::QUERY_TILE) * q_row {
+        qq.resize((rows + quantized::QUERY_TILE) * q_row, 0);
     }
     for r in 0..rows {
         let (t, h) = row(r);
@@ -807,17 +807,22 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
         };
         // Scores several rows at a time, a run split evenly (a group of 6: 3 and 3, not 4
         // and 2).
+        let score_rows = if k_quant.is_some() { quantized::QUERY_TILE } else { K::SCORE_ROWS };
         let mut r = 0;
         while r < rows {
             let run = run_end(&wts, r, MAX_ROWS) - r;
-            let e = r + run.div_ceil(run.div_ceil(K::SCORE_ROWS));
+            let e = r + run.div_ceil(run.div_ceil(score_rows));
             if wts[r].a < wts[r].b {
                 match &k_quant {
                     Some(kq) => {
-                        for j in r..e {
-                            let (q, wt) = (&qq[j * q_row..(j + 1) * q_row], &mut wts[j]);
-                            let kvh = kvs.start + kv_of(j);
-                            mbs[j] = kq.scores(q, kvh, slot, plan.score_scale(), &mut wt.w, wt.a, wt.b);
+                        let kvh = kvs.start + kv_of(r);
+                        let (q, scale) = (&qq[r * q_row..], plan.score_scale());
+                        // Where the block's slots are consecutive, several rows at once.
+                        if !(runs && kq.scores_tile(q, kvh, slot(0), scale, &mut wts[r..e], &mut mbs[r..e])) {
+                            for j in r..e {
+                                let (q, wt) = (&qq[j * q_row..(j + 1) * q_row], &mut wts[j]);
+                                mbs[j] = kq.scores(q, kvh, slot, scale, &mut wt.w, wt.a, wt.b);
+                            }
                         }
                     }
                     None => {
@@ -1431,9 +1436,10 @@ mod reference_tests {
     /// the maximum moves and some weights fall below `expf`'s underflow.
     /// The storages the kernels are checked over: f16, each quantized type for K and for
     /// V, and mixes.
-    const CACHE_PAIRS: [(GgmlType, GgmlType); 6] = [
+    const CACHE_PAIRS: [(GgmlType, GgmlType); 7] = [
         (GgmlType::F16, GgmlType::F16),
         (GgmlType::Q8_0, GgmlType::Q8_0),
+        (GgmlType::Q4_1, GgmlType::Q8_0),
         (GgmlType::Q4_0, GgmlType::F16),
         (GgmlType::F16, GgmlType::Q5_1),
         (GgmlType::IQ4_NL, GgmlType::Q4_1),

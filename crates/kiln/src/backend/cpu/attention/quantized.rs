@@ -2,7 +2,8 @@
 //! one-chunk flash attention for such caches: the query rotated by the K cache's
 //! Walsh-Hadamard transform and quantized to the K type's `vec_dot_type`, each key's score
 //! the type's dot product of its blocks with it (`quant::vec_dot_fn`, ggml's x86 float
-//! order), times the scale; values dequantized (`to_float`) and accumulated in f32, the
+//! order; where the type has matmul tiles, two keys by four queries of a group a call, the
+//! same bits), times the scale; values dequantized (`to_float`) and accumulated in f32, the
 //! accumulator rescaled wherever a key raises the maximum; the output rotated back by the
 //! V cache's transform. The blocks are read where they lie: only a block of keys' values
 //! is dequantized at a time, into the task's scratch.
@@ -68,11 +69,20 @@ impl Layout {
     }
 }
 
+/// Query rows [`QuantKeys::scores_tile`] scores at once; the task's quantized queries have
+/// room for this many rows past the last.
+pub const QUERY_TILE: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(QUERY_TILE == quant::TILE);
+
 /// The K side of a task over a quantized K cache: its queries, quantized.
 pub struct QuantKeys<'a> {
     blocks: Blocks<'a>,
     layout: Layout,
     dot: VecDotFn,
+    /// The type's matmul tiles (the same bits as `dot`), where kiln has them.
+    #[cfg(target_arch = "x86_64")]
+    tiles: Option<quant::TileKernels>,
     /// Bytes of a quantized query row.
     q_row: usize,
     hd: usize,
@@ -82,7 +92,15 @@ impl<'a> QuantKeys<'a> {
     pub fn new(blocks: Blocks<'a>, n_head_kv: usize, hd: usize) -> Self {
         let q_row = blocks.ty.vec_dot_type().row_size(hd).unwrap_or(0);
         let layout = Layout::new(blocks.ty, n_head_kv, hd);
-        QuantKeys { blocks, layout, dot: quant::vec_dot_fn(blocks.ty), q_row, hd }
+        QuantKeys {
+            blocks,
+            layout,
+            dot: quant::vec_dot_fn(blocks.ty),
+            #[cfg(target_arch = "x86_64")]
+            tiles: quant::tile_kernels(blocks.ty),
+            q_row,
+            hd,
+        }
     }
 
     /// Bytes the task's quantized queries take per row.
@@ -123,6 +141,52 @@ impl<'a> QuantKeys<'a> {
         max
     }
 
+    /// [`Self::scores`] of up to [`QUERY_TILE`] query rows that see the same keys
+    /// (`wts[0].a..wts[0].b`) of KV head `kvh`, at consecutive slots from `slot0`: their
+    /// quantized queries one after another in `q` (with room for [`QUERY_TILE`]), weights
+    /// into `wts`, maxima into `max`. The matmul tiles load two keys' blocks once for four
+    /// queries, each dot in the single dot product's operations (the same bits). False,
+    /// writing nothing, where the type has no tiles.
+    #[inline(always)]
+    pub fn scores_tile(
+        &self,
+        q: &[u8],
+        kvh: usize,
+        slot0: usize,
+        scale: f32,
+        wts: &mut [super::Weights],
+        max: &mut [f32],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tk) = &self.tiles {
+            let (a, b, rows) = (wts[0].a, wts[0].b, wts.len());
+            let (row, head) = (self.layout.row, self.layout.head);
+            let mut m = [f32::NEG_INFINITY; QUERY_TILE];
+            let mut out = [0f32; 2 * QUERY_TILE];
+            for i in (a..b).step_by(2) {
+                let at = (slot0 + i) * row + kvh * head;
+                if i + 1 < b {
+                    tk.rows2_toks4_strided(&self.blocks.data[at..], row, q, self.hd, &mut out);
+                } else {
+                    let mut one = [0f32; QUERY_TILE];
+                    tk.toks4(&self.blocks.data[at..at + head], q, self.hd, &mut one);
+                    out[..QUERY_TILE].copy_from_slice(&one);
+                }
+                for (k, key) in (i..b.min(i + 2)).enumerate() {
+                    for (r, (wt, m)) in wts.iter_mut().zip(&mut m).enumerate() {
+                        let w = out[k * QUERY_TILE + r] * scale;
+                        wt.w[key] = w;
+                        *m = if w > *m { w } else { *m };
+                    }
+                }
+            }
+            max[..rows].copy_from_slice(&m[..rows]);
+            return true;
+        }
+        let _ = (q, kvh, slot0, scale, wts, max);
+        false
+    }
+
     /// The span of slot `slot`'s row holding KV heads `kvs` (to prefetch).
     pub fn span(&self, slot: usize, kvs: &std::ops::Range<usize>) -> (usize, usize) {
         (slot * self.layout.row + kvs.start * self.layout.head, kvs.len() * self.layout.head)
@@ -143,11 +207,12 @@ pub fn gather_values<E: super::Elem>(
     hd: usize,
     dst: &mut [E],
 ) {
+    let f = quant::dequantizer(blocks.ty).expect("a cache type");
     for (i, slot) in rows {
         for (j, kvh) in kvs.clone().enumerate() {
             let at = slot * layout.row + kvh * layout.head;
             let d = &mut dst[(j * super::K_BLOCK + i) * hd..][..hd];
-            E::from_blocks(blocks.ty, &blocks.data[at..at + layout.head], d);
+            E::from_blocks(f, &blocks.data[at..at + layout.head], d);
         }
     }
 }
