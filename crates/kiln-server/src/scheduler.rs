@@ -313,7 +313,7 @@ impl Scheduler {
             }
         };
         let runner = self.engine.runner();
-        let kept = runner.reuse_prefix(seq, &job.prompt);
+        let kept = runner.reuse_prefix(seq, &job.prompt, job.images.as_deref());
         if kept >= job.prompt.len() {
             runner.truncate_seq(seq, job.prompt.len() - 1);
         }

@@ -493,7 +493,7 @@ impl Session {
         let t0 = Instant::now();
         let runner = self.engine.runner();
         let n = self.tokens.len();
-        let kept = runner.reuse_prefix(self.seq, &self.tokens[..n - 1]);
+        let kept = runner.reuse_prefix(self.seq, &self.tokens[..n - 1], Some(&self.images));
         self.timings.prompt_cached += kept;
         let chunk = runner.n_ubatch();
         let mut at = kept;
@@ -530,7 +530,7 @@ impl Session {
         // The draft model reads the prompt too, so that drafting starts from it.
         if let (Some(r), Some(d)) = (self.engine.draft_runner(), self.draft_seq) {
             if at == n && self.tokens.iter().all(|&t| (t as usize) < r.config().n_vocab) {
-                let kept = r.reuse_prefix(d, &self.tokens);
+                let kept = r.reuse_prefix(d, &self.tokens, None);
                 let entries: Vec<Entry> =
                     self.tokens[kept..].iter().map(|&token| Entry { seq: d, token, output: false }).collect();
                 for chunk in entries.chunks(r.n_ubatch().max(1)) {

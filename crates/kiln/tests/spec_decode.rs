@@ -113,7 +113,7 @@ fn rollback_keeps_the_kv_pool_and_prefix_cache_consistent() {
     let other = r.new_seq();
     decode(other, &conv);
     let seq = r.new_seq();
-    let kept = r.reuse_prefix(seq, &conv);
+    let kept = r.reuse_prefix(seq, &conv, None);
     assert_eq!(kept, 32, "one whole block shared with the other sequence");
     decode(seq, &conv[kept..]);
     for step in 0..60 {
@@ -133,7 +133,7 @@ fn rollback_keeps_the_kv_pool_and_prefix_cache_consistent() {
         if step % 10 == 9 {
             // A third sequence takes the cached blocks of the conversation so far.
             let third = r.new_seq();
-            r.reuse_prefix(third, &conv);
+            r.reuse_prefix(third, &conv, None);
             r.check_kv().unwrap_or_else(|m| panic!("step {step}, after a reuse: {m}"));
             r.free_seq(third);
         }

@@ -224,3 +224,53 @@ fn bad_image_inputs_are_clear_errors() {
     assert!(e.contains("image markers"), "{e}");
     assert!(s.tokens().is_empty(), "nothing appended");
 }
+
+/// Two different images whose image-row ids coincide (ids hold 31 bits of the pixels' hash;
+/// a birthday search over 8x8 images finds a pair): their prompts are the same ids, yet the
+/// second never reuses the first's keys and values, in a new session through the prefix cache
+/// or in one conversation holding both.
+#[test]
+fn images_with_the_same_ids_never_share_keys_and_values() {
+    let (a, b) = {
+        let mut seen = std::collections::HashMap::new();
+        let img = |i: u32| {
+            let data = (0..8 * 8 * 3).map(|j| (i.wrapping_mul(2_654_435_761) >> (j % 4 * 8)) as u8 ^ j as u8);
+            RgbImage::new(8, 8, data.collect()).unwrap()
+        };
+        (0u32..)
+            .find_map(|i| {
+                let h = img(i).hash();
+                let base = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) & 0x7fff_ffff;
+                seen.insert(base, i).map(|j| (img(j), img(i)))
+            })
+            .unwrap()
+    };
+    assert_ne!(a, b);
+    let ask = || [Message::user("Describe this image.")];
+    let e = engine(Some("idefics3-tiny-mmproj")).unwrap();
+    let mut sa = e.session(Default::default()).unwrap();
+    let ids_a = sa.append_chat_with_images(&ask(), std::slice::from_ref(&a)).unwrap();
+    let mut sb = e.session(Default::default()).unwrap();
+    let ids_b = sb.append_chat_with_images(&ask(), std::slice::from_ref(&b)).unwrap();
+    assert_eq!(ids_a, ids_b, "the same ids for both images");
+    let first_row = ids_a.iter().position(|&t| t >= 0x8000_0000).unwrap();
+    assert!(
+        sb.n_evaluated() >= ids_b.len() - first_row,
+        "{} of {} positions evaluated: the second image reused the first's",
+        sb.n_evaluated(),
+        ids_b.len()
+    );
+    let alone = engine(Some("idefics3-tiny-mmproj")).unwrap();
+    let mut fresh = alone.session(Default::default()).unwrap();
+    fresh.append_chat_with_images(&ask(), std::slice::from_ref(&b)).unwrap();
+    assert_eq!(sb.logits(), fresh.logits(), "the second image's logits as on a fresh engine");
+    assert_ne!(sa.logits(), sb.logits(), "the images matter");
+
+    // Both in one conversation: the second takes other ids, each image its own rows.
+    let mut both = e.session(Default::default()).unwrap();
+    let msg = Message::user(format!("{m}and{m}Describe these.", m = kiln::vision::MEDIA_MARKER));
+    let ids = both.append_chat_with_images(&[msg], &[a, b]).unwrap();
+    let rows: Vec<u32> = ids.iter().copied().filter(|&t| t >= 0x8000_0000).collect();
+    let distinct: std::collections::HashSet<u32> = rows.iter().copied().collect();
+    assert_eq!(distinct.len(), rows.len(), "every image row its own id");
+}

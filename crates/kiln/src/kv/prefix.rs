@@ -1,9 +1,11 @@
 //! Prefix cache: full KV blocks indexed by the tokens that produced them, so a new turn or a
 //! new sequence that starts with tokens already computed reuses their keys and values.
 //!
-//! A block is keyed by its 32 tokens and its parent block's key (a chain, as in vLLM), so a
-//! lookup walks a token list one block at a time and stops at the first miss: the result
-//! is the longest cached prefix in whole blocks. Only full blocks are cached; a full block
+//! A block is keyed by what its 32 positions hold and its parent block's key (a chain, as in
+//! vLLM), so a lookup walks a sequence one block at a time and stops at the first miss: the
+//! result is the longest cached prefix in whole blocks. A position is told apart by its
+//! [`token_key`] or, where it was fed an input row instead of a token (an image row), its
+//! [`row_key`]: the row's id with a hash of the row's values. Only full blocks are cached; a full block
 //! is never written again by its sequence, which is what makes sharing safe without a copy.
 //! The cache holds one reference on each block it names (the pool's reference counts);
 //! eviction is least-recently-used, deepest blocks of a chain first.
@@ -16,10 +18,27 @@ use super::BLOCK_SIZE;
 /// Key of the empty prefix (the parent of a sequence's first block).
 pub const ROOT: u64 = 0x6b69_6c6e_2d6b_7600;
 
+/// The key of a position holding token `id`.
+pub fn token_key(id: u32) -> u64 {
+    id as u64
+}
+
+/// The key of a position fed `row` (an input row, not a token embedding) under `id`: the
+/// id in the low 32 bits, a hash of the row's values above it. Image-row ids are derived
+/// from 31 bits of their image's hash and may coincide for two images; with the row's hash
+/// two different rows share a key only with odds of about 2^-63, so they never share
+/// cached keys and values in practice. The low bits are the id (`key as u32`).
+pub fn row_key(id: u32, row: &[f32]) -> u64 {
+    let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+    let mut h = DefaultHasher::new();
+    h.write(&bytes);
+    (h.finish() & !0xffff_ffff) | id as u64
+}
+
 struct CachedBlock {
     block: u32,
     parent: u64,
-    tokens: Box<[u32]>,
+    keys: Box<[u64]>,
     /// Last use; smaller is older.
     tick: u64,
 }
@@ -31,11 +50,11 @@ pub struct PrefixCache {
     clock: u64,
 }
 
-/// The key of a block holding `tokens` after the prefix keyed `parent`.
-pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
+/// The key of a block whose positions hold `keys` after the prefix keyed `parent`.
+pub fn block_key(parent: u64, keys: &[u64]) -> u64 {
     let mut h = DefaultHasher::new();
     parent.hash(&mut h);
-    tokens.hash(&mut h);
+    keys.hash(&mut h);
     h.finish()
 }
 
@@ -58,24 +77,24 @@ impl PrefixCache {
         self.map.is_empty()
     }
 
-    /// The cached blocks holding the longest whole-block prefix of `tokens`, in order, and
-    /// marks them used.
-    pub fn lookup(&mut self, tokens: &[u32]) -> Vec<u32> {
+    /// The cached blocks holding the longest whole-block prefix of the positions `keys`, in
+    /// order, and marks them used.
+    pub fn lookup(&mut self, keys: &[u64]) -> Vec<u32> {
         let mut out = Vec::new();
-        let mut keys = Vec::new();
+        let mut found = Vec::new();
         let mut parent = ROOT;
-        for chunk in tokens.chunks_exact(BLOCK_SIZE) {
+        for chunk in keys.chunks_exact(BLOCK_SIZE) {
             let key = block_key(parent, chunk);
             match self.map.get(&key) {
-                Some(c) if c.parent == parent && *c.tokens == *chunk => {
+                Some(c) if c.parent == parent && *c.keys == *chunk => {
                     out.push(c.block);
-                    keys.push(key);
+                    found.push(key);
                     parent = key;
                 }
                 _ => break,
             }
         }
-        self.touch(&keys);
+        self.touch(&found);
         out
     }
 
@@ -95,19 +114,20 @@ impl PrefixCache {
         self.map.contains_key(&key)
     }
 
-    /// Records `block` as holding `tokens` (one block's worth) after the prefix `parent`.
-    /// Returns false when that key is already cached (the caller keeps its reference).
-    pub fn insert(&mut self, parent: u64, tokens: &[u32], block: u32) -> bool {
-        if self.capacity == 0 || tokens.len() != BLOCK_SIZE {
+    /// Records `block` as holding the positions `keys` (one block's worth) after the prefix
+    /// `parent`. Returns false when that key is already cached (the caller keeps its
+    /// reference).
+    pub fn insert(&mut self, parent: u64, keys: &[u64], block: u32) -> bool {
+        if self.capacity == 0 || keys.len() != BLOCK_SIZE {
             return false;
         }
-        let key = block_key(parent, tokens);
+        let key = block_key(parent, keys);
         if self.map.contains_key(&key) {
             self.touch(&[key]);
             return false;
         }
         self.clock += 1;
-        self.map.insert(key, CachedBlock { block, parent, tokens: tokens.into(), tick: self.clock });
+        self.map.insert(key, CachedBlock { block, parent, keys: keys.into(), tick: self.clock });
         true
     }
 
@@ -151,8 +171,8 @@ impl PrefixCache {
 mod tests {
     use super::*;
 
-    fn toks(n: usize, seed: u32) -> Vec<u32> {
-        (0..n as u32).map(|i| i * 7 + seed).collect()
+    fn toks(n: usize, seed: u32) -> Vec<u64> {
+        (0..n as u32).map(|i| token_key(i * 7 + seed)).collect()
     }
 
     #[test]
@@ -166,7 +186,7 @@ mod tests {
         }
         assert_eq!(c.lookup(&t), vec![10, 11, 12]);
         let mut other = t.clone();
-        other[BLOCK_SIZE + 3] = 99_999;
+        other[BLOCK_SIZE + 3] = token_key(99_999);
         assert_eq!(c.lookup(&other), vec![10]);
         assert_eq!(c.lookup(&t[..BLOCK_SIZE - 1]), Vec::<u32>::new());
         // The same tokens after a different parent are another block.
@@ -186,6 +206,16 @@ mod tests {
         assert_eq!(c.evict(|_| true), Some(2));
         assert_eq!(c.evict(|b| b != 1), None);
         assert_eq!(c.evict(|_| true), Some(1));
+    }
+
+    #[test]
+    fn rows_under_one_id_are_told_apart_by_their_values() {
+        let (a, b) = ([0.5f32, -1.0, 2.0], [0.5f32, -1.0, 2.5]);
+        let id = 0x8000_1234;
+        assert_eq!(row_key(id, &a), row_key(id, &a));
+        assert_ne!(row_key(id, &a), row_key(id, &b));
+        assert_eq!(row_key(id, &a) as u32, id);
+        assert_ne!(row_key(id, &a), token_key(id));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::backend::{Backend, IdsTicket};
 use crate::error::{KilnError, Result};
 use crate::kv::{prefix, PrefixCache, BLOCK_SIZE};
 use crate::kv::{BlockTable, KvPool, KvTypes};
+use crate::vision::ImageRows;
 
 /// A sequence in the runner's KV pool.
 pub type SeqId = u32;
@@ -40,8 +41,10 @@ pub trait Runner: Send + Sync {
     fn truncate_seq(&self, seq: SeqId, n: usize);
     /// Makes `seq` hold the longest prefix of `tokens` available without computing: its
     /// own common prefix with `tokens`, or a longer whole-block prefix from the prefix
-    /// cache. Returns the positions kept; the caller evaluates `tokens[kept..]`.
-    fn reuse_prefix(&self, seq: SeqId, tokens: &[u32]) -> usize;
+    /// cache. Image-row ids of `images` are matched by their rows' values
+    /// ([`prefix::row_key`]), other ids as tokens. Returns the positions kept; the caller
+    /// evaluates `tokens[kept..]`.
+    fn reuse_prefix(&self, seq: SeqId, tokens: &[u32], images: Option<&ImageRows>) -> usize;
     /// Context shift: drops positions `n_keep..n_keep + n_discard` of `seq` and moves the
     /// later ones down, their cached keys rotated to the new positions (as llama.cpp does:
     /// nothing is recomputed, so those keys and values still reflect the dropped tokens).
@@ -52,8 +55,9 @@ pub trait Runner: Send + Sync {
     fn decode(&self, entries: &[Entry], kind: OutputKind) -> Result<Vec<f32>>;
     /// Appends positions to `seq` whose inputs are the rows of `embd` (`ids.len()` rows of
     /// `n_embd`: an image's encoded rows) instead of token embeddings. `ids` name the
-    /// positions for prefix reuse (any values; images use ids past the vocabulary derived
-    /// from their pixels' hash). Returns the last row's logits when `output`, else nothing.
+    /// positions (any values; images use ids past the vocabulary derived from their pixels'
+    /// hash); prefix reuse tells them apart by id and row values ([`prefix::row_key`]).
+    /// Returns the last row's logits when `output`, else nothing.
     /// On error nothing is appended.
     fn decode_embd(&self, seq: SeqId, ids: &[u32], embd: &[f32], output: bool) -> Result<Vec<f32>>;
     /// Fraction of KV blocks in use (blocks held only by the prefix cache count as used).
@@ -72,12 +76,13 @@ pub trait Runner: Send + Sync {
     }
 }
 
-/// One sequence: its block table, the tokens in it, and the keys of its full blocks as
-/// the prefix cache knows them.
+/// One sequence: its block table, what its positions hold (their prefix-cache keys: a
+/// token's id, or an input row's id and hash), and the keys of its full blocks as the prefix
+/// cache knows them.
 #[derive(Default)]
 struct Seq {
     table: BlockTable,
-    tokens: Vec<u32>,
+    keys: Vec<u64>,
     /// `chain[i]`: prefix-cache key of full block `i` (computed up to `n_tokens / 32`).
     chain: Vec<u64>,
     /// Blocks from this index on hold shifted keys and values, which depend on dropped
@@ -127,7 +132,7 @@ impl<B: Backend> State<B> {
         }
         self.kv.truncate(&mut s.table, n);
         s.table.n_tokens = n;
-        s.tokens.truncate(n);
+        s.keys.truncate(n);
         s.chain.truncate(n / BLOCK_SIZE);
         if s.shifted_from.is_some_and(|b| n <= b * BLOCK_SIZE) {
             s.shifted_from = None;
@@ -142,7 +147,7 @@ impl<B: Backend> State<B> {
         while s.chain.len() < full {
             let i = s.chain.len();
             let parent = s.chain.last().copied().unwrap_or(prefix::ROOT);
-            let chunk = &s.tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+            let chunk = &s.keys[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
             let block = s.table.blocks[i];
             if self.cache.insert(parent, chunk, block) {
                 self.kv.retain_block(block);
@@ -350,7 +355,7 @@ impl<B: Backend> ModelRunner<B> {
             }
         };
         let s = st.seq_mut(e.seq).expect("checked above");
-        s.tokens.push(e.token);
+        s.keys.push(prefix::token_key(e.token));
         s.table.n_tokens = n + 1;
         st.register(e.seq);
         // The next step, if the pool has room for it (else the caller's next call runs it).
@@ -433,18 +438,26 @@ impl<B: Backend> Runner for ModelRunner<B> {
     }
 
     fn seq_tokens(&self, seq: SeqId) -> Vec<u32> {
-        self.lock().seqs.get(seq as usize).and_then(Option::as_ref).map_or(Vec::new(), |s| s.tokens.clone())
+        self.lock()
+            .seqs
+            .get(seq as usize)
+            .and_then(Option::as_ref)
+            .map_or(Vec::new(), |s| s.keys.iter().map(|&k| k as u32).collect())
     }
 
     fn truncate_seq(&self, seq: SeqId, n: usize) {
         self.lock_settled().truncate(seq, n);
     }
 
-    fn reuse_prefix(&self, seq: SeqId, tokens: &[u32]) -> usize {
+    fn reuse_prefix(&self, seq: SeqId, tokens: &[u32], images: Option<&ImageRows>) -> usize {
+        let keys: Vec<u64> = match images {
+            Some(images) => images.keys(tokens),
+            None => tokens.iter().map(|&t| prefix::token_key(t)).collect(),
+        };
         let st = &mut *self.lock_settled();
         let Some(s) = st.seq_mut(seq) else { return 0 };
-        let own = s.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
-        let cached = st.cache.lookup(tokens);
+        let own = s.keys.iter().zip(&keys).take_while(|(a, b)| a == b).count();
+        let cached = st.cache.lookup(&keys);
         if cached.len() * BLOCK_SIZE > own {
             let s = st.seqs[seq as usize].as_mut().expect("checked above");
             st.kv.release(&mut s.table);
@@ -453,7 +466,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
             }
             let n = cached.len() * BLOCK_SIZE;
             s.table = BlockTable { blocks: cached, n_tokens: n };
-            s.tokens = tokens[..n].to_vec();
+            s.keys = keys[..n].to_vec();
             s.chain.clear();
             st.register(seq);
             n
@@ -522,7 +535,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
         let s = st.seq_mut(seq).expect("checked above");
         table.n_tokens = new_len;
         s.table = table;
-        s.tokens.drain(n_keep..n_keep + n_discard);
+        s.keys.drain(n_keep..n_keep + n_discard);
         s.chain.truncate(first);
         s.shifted_from = Some(first);
         Ok(())
@@ -546,12 +559,12 @@ impl<B: Backend> Runner for ModelRunner<B> {
         for (i, s) in st.seqs.iter().enumerate() {
             let Some(s) = s else { continue };
             let t = &s.table;
-            if t.blocks.len() != t.n_tokens.div_ceil(BLOCK_SIZE) || s.tokens.len() != t.n_tokens {
+            if t.blocks.len() != t.n_tokens.div_ceil(BLOCK_SIZE) || s.keys.len() != t.n_tokens {
                 return Err(format!(
                     "sequence {i}: {} tokens, {} blocks, {} token ids",
                     t.n_tokens,
                     t.blocks.len(),
-                    s.tokens.len()
+                    s.keys.len()
                 ));
             }
             if s.chain.len() > t.n_tokens / BLOCK_SIZE {
@@ -663,9 +676,13 @@ impl<B: Backend> ModelRunner<B> {
         })();
         match result {
             Ok(()) => {
-                for e in entries {
+                for (i, e) in entries.iter().enumerate() {
+                    let key = match embd {
+                        Some(rows) => prefix::row_key(e.token, &rows[i * cfg.n_embd..(i + 1) * cfg.n_embd]),
+                        None => prefix::token_key(e.token),
+                    };
                     if let Some(s) = st.seq_mut(e.seq) {
-                        s.tokens.push(e.token);
+                        s.keys.push(key);
                     }
                 }
                 let mut touched: Vec<SeqId> = Vec::new();

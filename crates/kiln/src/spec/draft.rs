@@ -29,7 +29,7 @@ pub fn draft(
         return Ok(Vec::new());
     }
     let n = context.len();
-    let kept = runner.reuse_prefix(seq, &context[..n - 1]);
+    let kept = runner.reuse_prefix(seq, &context[..n - 1], None);
     let entries: Vec<Entry> =
         (kept..n).map(|i| Entry { seq, token: context[i], output: i + 1 == n }).collect();
     let mut logits = Vec::new();

@@ -1,8 +1,9 @@
 //! Images in the prompt, as llama.cpp's mtmd places them: the text holds a marker where
 //! each image goes; an image becomes its family's marker tokens around the encoded rows of
 //! each tile. Positions holding image rows carry ids past any vocabulary, derived from the
-//! pixels' hash, so the prefix cache and a session's prefix reuse see the same image as the
-//! same tokens.
+//! pixels' hash, so a session's prefix reuse and the prefix cache see the same image as the
+//! same positions; they tell image rows apart by id and the rows' values
+//! ([`prefix::row_key`]), so two images whose ids coincide never share keys and values.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use super::encoder::VisionEncoder;
 use super::image::RgbImage;
 use super::preprocess::preprocess;
 use crate::error::{KilnError, Result};
+use crate::kv::prefix;
 use crate::tokenizer::Tokenizer;
 
 /// Where an image goes in a prompt's text (llama.cpp's default media marker).
@@ -36,12 +38,21 @@ impl EncodedImage {
 }
 
 /// The images of a conversation or request, by their pixels' hash, and for each image-row
-/// id where its row is: what a prompt's image ids stand for.
+/// id where its row is: what a prompt's image ids stand for. Ids are distinct per image here:
+/// an image whose ids would coincide with an earlier one's takes the next free ids.
 #[derive(Clone, Debug, Default)]
 pub struct ImageRows {
     images: Vec<Arc<EncodedImage>>,
     by_hash: HashMap<[u8; 32], usize>,
-    rows: HashMap<u32, (usize, usize)>,
+    rows: HashMap<u32, Row>,
+}
+
+/// Where an image-row id's row is, and its prefix-cache key.
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    image: usize,
+    row: usize,
+    key: u64,
 }
 
 impl ImageRows {
@@ -56,15 +67,30 @@ impl ImageRows {
         if let Some(&i) = self.by_hash.get(&hash) {
             return Ok(self.images[i].clone());
         }
-        let e = encode_image(enc, tok, img)?;
-        let i = self.images.len();
-        self.by_hash.insert(hash, i);
-        let ids = e.ids.iter().filter(|&&id| EncodedImage::is_image_id(id));
-        for (row, &id) in ids.enumerate() {
-            self.rows.insert(id, (i, row));
+        let mut e = encode_image(enc, tok, img)?;
+        let n = e.ids.iter().filter(|&&id| EncodedImage::is_image_id(id)).count() as u32;
+        let mut base = image_base(&hash);
+        while (0..n).any(|k| self.rows.contains_key(&image_id(base, k))) {
+            base = base.wrapping_add(n);
         }
+        let i = self.images.len();
+        let rows = Arc::make_mut(&mut e);
+        let d = rows.embd.len() / n.max(1) as usize;
+        let ids = rows.ids.iter_mut().filter(|id| EncodedImage::is_image_id(**id));
+        for (k, id) in ids.enumerate() {
+            *id = image_id(base, k as u32);
+            let key = prefix::row_key(*id, &rows.embd[k * d..(k + 1) * d]);
+            self.rows.insert(*id, Row { image: i, row: k, key });
+        }
+        self.by_hash.insert(hash, i);
         self.images.push(e.clone());
         Ok(e)
+    }
+
+    /// The prefix-cache keys of the positions `tokens`: image rows of these images by their
+    /// ids and values, anything else as a token.
+    pub fn keys(&self, tokens: &[u32]) -> Vec<u64> {
+        tokens.iter().map(|&t| self.rows.get(&t).map_or(prefix::token_key(t), |r| r.key)).collect()
     }
 
     /// Images held.
@@ -85,9 +111,8 @@ impl ImageRows {
     pub fn gather(&self, ids: &[u32], n_embd: usize) -> Result<Vec<f32>> {
         let mut out = Vec::with_capacity(ids.len() * n_embd);
         for id in ids {
-            let &(i, r) =
-                self.rows.get(id).ok_or_else(|| KilnError::invalid(format!("no image row {id:#x}")))?;
-            out.extend_from_slice(&self.images[i].embd[r * n_embd..(r + 1) * n_embd]);
+            let r = self.rows.get(id).ok_or_else(|| KilnError::invalid(format!("no image row {id:#x}")))?;
+            out.extend_from_slice(&self.images[r.image].embd[r.row * n_embd..(r.row + 1) * n_embd]);
         }
         Ok(out)
     }
@@ -95,6 +120,16 @@ impl ImageRows {
     pub fn clear(&mut self) {
         *self = ImageRows::default();
     }
+}
+
+/// Where an image's ids start, from its pixels' hash.
+fn image_base(hash: &[u8; 32]) -> u32 {
+    u32::from_le_bytes([hash[0], hash[1], hash[2], hash[3]])
+}
+
+/// The id of row `k` of the image whose ids start at `base` (31 bits above `IMAGE_ID_BASE`).
+fn image_id(base: u32, k: u32) -> u32 {
+    IMAGE_ID_BASE | (base.wrapping_add(k) & !IMAGE_ID_BASE)
 }
 
 /// The end of the run starting at `at` of `tokens` that is all image rows of `images` or all
@@ -113,8 +148,7 @@ pub fn run_end(tokens: &[u32], at: usize, max: usize, images: Option<&ImageRows>
 pub fn encode_image(enc: &VisionEncoder, tok: &Tokenizer, img: &RgbImage) -> Result<Arc<EncodedImage>> {
     let cfg = enc.config();
     let pre = preprocess(img, cfg)?;
-    let hash = img.hash();
-    let base = u32::from_le_bytes([hash[0], hash[1], hash[2], hash[3]]);
+    let base = image_base(&img.hash());
     let mut next = 0u32;
     let mut out = EncodedImage { ids: Vec::new(), embd: Vec::new() };
     let text = |out: &mut EncodedImage, s: &str| -> Result<()> {
@@ -124,7 +158,7 @@ pub fn encode_image(enc: &VisionEncoder, tok: &Tokenizer, img: &RgbImage) -> Res
     let mut tile = |out: &mut EncodedImage, i: usize| -> Result<()> {
         let rows = enc.encode(&pre.tiles[i])?;
         for _ in 0..cfg.n_tokens_per_image() {
-            out.ids.push(IMAGE_ID_BASE | (base.wrapping_add(next) & !IMAGE_ID_BASE));
+            out.ids.push(image_id(base, next));
             next += 1;
         }
         out.embd.extend(rows);
