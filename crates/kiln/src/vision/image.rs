@@ -60,9 +60,12 @@ impl RgbImage {
             return Err(bad("truncated JPEG (no end-of-image marker after the image data)".into()));
         }
         let (w, h) = reader.into_dimensions().map_err(|e| bad(e.to_string()))?;
-        if w == 0 || h == 0 || w as u64 * h as u64 > MAX_PIXELS {
+        if w == 0 || h == 0 {
+            return Err(bad(format!("the header says {w}x{h} pixels (an empty image)")));
+        }
+        if w as u64 * h as u64 > MAX_PIXELS {
             return Err(KilnError::invalid(format!(
-                "image is {w}x{h} pixels: more than the limit of {MAX_PIXELS} (or empty)"
+                "image is {w}x{h} pixels: more than the limit of {MAX_PIXELS} pixels (64 megapixels)"
             )));
         }
         let mut reader = image::ImageReader::with_format(Cursor::new(bytes), format);
