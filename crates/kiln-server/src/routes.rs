@@ -1,5 +1,5 @@
-//! The HTTP routes (docs/cli.md): OpenAI's chat, completions, embeddings and models, plus
-//! `/health` and `/metrics`.
+//! The HTTP routes (docs/cli.md): OpenAI's chat, completions, embeddings and models,
+//! llama-server's `/v1/rerank`, plus `/health` and `/metrics`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,6 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use kiln::embed::Pooling;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::unbounded_channel;
 
@@ -28,6 +29,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/rerank", post(rerank))
         .fallback(fallback)
         .layer(axum::middleware::map_response(crate::error::shape))
         .with_state(app)
@@ -224,6 +226,15 @@ async fn embed(app: &Arc<App>, headers: &HeaderMap, body: &[u8]) -> Result<Respo
         }
     }
     let n_embd = ready.engine.config().n_embd;
+    let pooling = match Pooling::of(&ready.engine) {
+        Pooling::Rank => {
+            return Err(ApiError::bad("this model is a reranker (pooling rank): use /v1/rerank"))
+        }
+        Pooling::None => {
+            return Err(ApiError::bad("this model's pooling is none, which has no OpenAI shape"))
+        }
+        p => p,
+    };
     let base64 = match o.get("encoding_format") {
         None | Some(Value::Null) => false,
         Some(v) if v == "float" => false,
@@ -255,7 +266,7 @@ async fn embed(app: &Arc<App>, headers: &HeaderMap, body: &[u8]) -> Result<Respo
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     admissible(ready, 1, "input", n_tokens, "input")?;
     let (reply, rx) = tokio::sync::oneshot::channel();
-    app.submit(ready, vec![Job::Embed(EmbedJob { inputs, reply })])?;
+    app.submit(ready, vec![Job::Embed(EmbedJob { inputs, pooling, normalize: true, reply })])?;
     let vectors = rx
         .await
         .map_err(|_| ApiError::unavailable("the server is shutting down"))?
@@ -270,4 +281,79 @@ async fn embed(app: &Arc<App>, headers: &HeaderMap, body: &[u8]) -> Result<Respo
         .collect();
     let usage = json!({"prompt_tokens": n_tokens, "total_tokens": n_tokens});
     Ok(Json(json!({"object": "list", "data": data, "model": app.model_id, "usage": usage})).into_response())
+}
+
+async fn rerank(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let mut guard = Abandoned(&app, true);
+    let r = rerank_documents(&app, &headers, &body).await;
+    guard.1 = false;
+    done(&app, r)
+}
+
+/// llama-server's rerank: `query`, `documents` (strings), optional `top_n`; the results
+/// sorted best first, each with its document's `index` and the head's raw score.
+async fn rerank_documents(app: &Arc<App>, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+    app.authorize(headers)?;
+    let ready = app.ready()?;
+    let o = params::object(body)?;
+    app.check_model(params::model(&o)?)?;
+    for k in o.keys() {
+        if !["query", "documents", "top_n", "model"].contains(&k.as_str()) {
+            return Err(ApiError::unsupported(k));
+        }
+    }
+    ready.engine.classifier().map_err(|e| ApiError::bad(e.to_string()))?;
+    let query = o
+        .get("query")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::param("query", "'query' is required and must be a string"))?;
+    let shape = "'documents' must be a non-empty array of strings";
+    let docs =
+        o.get("documents").and_then(Value::as_array).ok_or_else(|| ApiError::param("documents", shape))?;
+    if docs.is_empty() || !docs.iter().all(Value::is_string) {
+        return Err(ApiError::param("documents", shape));
+    }
+    if docs.len() > 2048 {
+        return Err(ApiError::param("documents", "at most 2048 documents per request"));
+    }
+    let top_n = match o.get("top_n") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64().ok_or_else(|| ApiError::param("top_n", "'top_n' must be a non-negative integer"))?
+                as usize,
+        ),
+    };
+    let mut inputs = Vec::with_capacity(docs.len());
+    for (i, d) in docs.iter().enumerate() {
+        let ids = kiln::embed::rerank_input(&ready.engine, query, d.as_str().unwrap_or_default())
+            .map_err(|e| ApiError::param("documents", e.to_string()))?;
+        if ids.len() > ready.n_ctx {
+            return Err(ApiError::context_length(
+                "documents",
+                format!(
+                    "the query with document {i} has {} tokens; the context is {}",
+                    ids.len(),
+                    ready.n_ctx
+                ),
+            ));
+        }
+        inputs.push(ids);
+    }
+    let n_tokens: usize = inputs.iter().map(Vec::len).sum();
+    admissible(ready, 1, "documents", n_tokens, "documents")?;
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    app.submit(
+        ready,
+        vec![Job::Embed(EmbedJob { inputs, pooling: Pooling::Rank, normalize: false, reply })],
+    )?;
+    let scores = rx
+        .await
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?
+        .map_err(|e| if app.draining() { ApiError::unavailable(e) } else { ApiError::internal(e) })?;
+    let ranked = kiln::embed::rank(scores.iter().map(|s| s.first().copied().unwrap_or(f32::NAN)), top_n);
+    let results: Vec<Value> =
+        ranked.iter().map(|&(i, score)| json!({"index": i, "relevance_score": score})).collect();
+    let usage = json!({"prompt_tokens": n_tokens, "total_tokens": n_tokens});
+    Ok(Json(json!({"object": "list", "model": app.model_id, "results": results, "usage": usage}))
+        .into_response())
 }

@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln::embed::{normalize, pool, Pooling};
+use kiln::embed::{embed_batch, normalize, Pooling};
 use kiln::engine::Engine;
 use kiln::grammar::{CompiledGrammar, Constraint};
 use kiln::model::{Entry, OutputKind, SeqId};
@@ -51,6 +51,10 @@ pub struct GenJob {
 
 pub struct EmbedJob {
     pub inputs: Vec<Vec<u32>>,
+    /// How rows are pooled (`Rank`: each input's classification scores).
+    pub pooling: Pooling,
+    /// Scale each vector to unit length (embeddings; never a reranker's scores).
+    pub normalize: bool,
     pub reply: oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
 }
 
@@ -544,23 +548,30 @@ impl Scheduler {
         true
     }
 
-    /// Embeds one input of the oldest embedding request (one per step, so long batches do
-    /// not stall the streams).
+    /// Embeds the next inputs of the oldest embedding request: as many whole inputs as one
+    /// micro-batch holds (at least one), so long batches do not stall the streams.
     fn embed_step(&mut self) {
         let Some(work) = self.embeds.front_mut() else { return };
-        let runner = self.engine.runner();
-        let ids = &work.job.inputs[work.done.len()];
-        let seq = runner.new_seq();
-        let entries: Vec<Entry> = ids.iter().map(|&t| Entry { seq, token: t, output: true }).collect();
-        let res = runner.decode(&entries, OutputKind::Hidden);
-        runner.free_seq(seq);
-        self.shared.metrics.prompt_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        let n_ubatch = self.engine.runner().n_ubatch();
+        let start = work.done.len();
+        let mut end = start + 1;
+        let mut n = work.job.inputs[start].len();
+        while end < work.job.inputs.len() && n + work.job.inputs[end].len() <= n_ubatch {
+            n += work.job.inputs[end].len();
+            end += 1;
+        }
+        let inputs: Vec<&[u32]> = work.job.inputs[start..end].iter().map(Vec::as_slice).collect();
+        // The library's pooling, so the vectors equal `kiln embed` / `kiln rerank`'s.
+        let res = embed_batch(&self.engine, &inputs, work.job.pooling);
+        self.shared.metrics.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
         match res {
-            Ok(h) => {
-                // The library's pooling, so the vectors equal `kiln embed --normalize`.
-                let mut v = pool(&h, self.engine.config().n_embd, Pooling::Mean).pop().unwrap_or_default();
-                normalize(&mut v);
-                work.done.push(v);
+            Ok(rows) => {
+                for mut v in rows.into_iter().map(|r| r.into_iter().next().unwrap_or_default()) {
+                    if work.job.normalize {
+                        normalize(&mut v);
+                    }
+                    work.done.push(v);
+                }
             }
             Err(e) => {
                 if let Some(w) = self.embeds.pop_front() {

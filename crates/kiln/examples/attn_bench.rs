@@ -65,6 +65,8 @@ fn main() {
                 q_scale: &[],
                 softcap: 0.0,
                 window: None,
+                seq_len: None,
+                alibi: None,
             };
             let mut out = vec![0f32; n_tok * n_head * hd];
             let mut ms: Vec<f64> = (0..if n_tok == 1 { runs } else { 5 })

@@ -207,6 +207,8 @@ pub(crate) struct EngineInner {
     /// How sessions speculate, and the draft model's runner where one drafts.
     pub spec: SpecOptions,
     pub draft: Option<Box<dyn Runner>>,
+    /// A reranker's classification head, read on first use (or why there is none).
+    pub classifier: OnceLock<std::result::Result<Arc<crate::embed::Classifier>, String>>,
 }
 
 #[cfg(feature = "gpu")]
@@ -225,9 +227,16 @@ enum Backends {
 }
 
 impl Backends {
-    fn new(opts: &EngineOptions, gpu: Option<GpuBackend>, n_threads: usize) -> Result<Self> {
+    /// `gpu_allowed` false: the model runs on the CPU only, so no GPU is looked for.
+    fn new(
+        opts: &EngineOptions,
+        gpu: Option<GpuBackend>,
+        n_threads: usize,
+        gpu_allowed: bool,
+    ) -> Result<Self> {
         let gpu = match gpu {
             Some(g) => Some(g),
+            None if !gpu_allowed => None,
             None => gpu_backend(opts)?,
         };
         #[cfg(feature = "gpu")]
@@ -360,14 +369,27 @@ impl Engine {
         let template = ChatTemplate::from_gguf(&gguf)?;
         opts.spec.validate(n_ctx)?;
         let n_threads = opts.n_threads.unwrap_or_else(default_threads).max(1);
-        let n_ubatch = opts.n_batch.min(n_ctx);
+        // An encoder's micro-batch holds any input whole (every position sees the others).
+        let n_ubatch = if cfg.causal { opts.n_batch.min(n_ctx) } else { opts.n_batch.max(n_ctx) };
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
-        let backends = Backends::new(&opts, gpu, n_threads)?;
+        if let Some(what) = cfg.cpu_only() {
+            if gpu.is_some() || opts.device == Device::Gpu {
+                return Err(KilnError::Backend(format!(
+                    "the GPU backend cannot run {what} yet: use the CPU"
+                )));
+            }
+        }
+        let backends = Backends::new(&opts, gpu, n_threads, cfg.cpu_only().is_none())?;
         let load = |gguf: &Arc<GgufFile>, label: &str| -> Result<Box<dyn Runner>> {
             let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label));
             let runner: Box<dyn Runner> = match &backends {
                 #[cfg(feature = "gpu")]
                 Backends::Gpu(first) => {
+                    if let Some(what) = ModelConfig::from_gguf(gguf)?.cpu_only() {
+                        return Err(KilnError::Backend(format!(
+                            "{label}: the GPU backend cannot run {what} yet: use the CPU"
+                        )));
+                    }
                     let gpu = match first.take() {
                         Some(g) => g,
                         None => {
@@ -432,6 +454,7 @@ impl Engine {
                 vision,
                 spec: opts.spec.clone(),
                 draft,
+                classifier: OnceLock::new(),
             }),
         })
     }
@@ -521,6 +544,18 @@ impl Engine {
     pub fn embed(&self, text: &str, pooling: crate::embed::Pooling) -> Result<Vec<Vec<f32>>> {
         let ids = self.tokenizer().encode(text, true, true)?;
         crate::embed::embed_tokens(self, &ids, pooling)
+    }
+
+    /// The model's classification head (rerankers: `pooling_type` rank), or an error
+    /// saying why it has none.
+    pub fn classifier(&self) -> Result<Arc<crate::embed::Classifier>> {
+        let c = self.inner.classifier.get_or_init(|| {
+            let cfg = self.config();
+            crate::embed::Classifier::load(&self.inner.gguf, cfg.n_embd, cfg.pooling)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        c.clone().map_err(KilnError::invalid)
     }
 }
 

@@ -118,9 +118,15 @@ fn cached_models_match_catalog_sha256() {
 fn catalog_is_consistent() {
     let c = hub::catalog();
     assert_eq!(c[0].name, hub::DEFAULT_MODEL);
-    let names: Vec<_> =
-        ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "tiny-random-llama"]
-            .into();
+    let names: Vec<_> = [
+        "smollm2-135m",
+        "gemma3-270m",
+        "qwen2.5-coder-0.5b",
+        "qwen2.5-coder-1.5b",
+        "tiny-random-llama",
+        "nomic-embed-text-v1.5",
+    ]
+    .into();
     assert_eq!(c.iter().map(|e| e.name).collect::<Vec<_>>(), names);
     for e in c {
         assert_eq!(e.sha256.len(), 64);

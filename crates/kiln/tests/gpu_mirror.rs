@@ -330,6 +330,34 @@ impl Backend for Mirror {
         self.gpu.add_sigmoid_gated(&mut x.1, &y.1, &g.1, rows, dim);
         self.check("add_sigmoid_gated", x, rows * dim);
     }
+    // The GPU has no encoder or short-convolution kernels yet (the engine runs those
+    // models on the CPU), so the mirror never sees these ops.
+    fn layer_norm(
+        &self,
+        _x: &Self::Buf,
+        _w: &Self::Weight,
+        _b: Option<&Self::Weight>,
+        _eps: f32,
+        _rows: usize,
+        _dim: usize,
+        _out: &mut Self::Buf,
+    ) {
+        unimplemented!("layer_norm has no GPU kernel to mirror")
+    }
+    fn gelu(&self, _x: &mut Self::Buf, _len: usize) {
+        unimplemented!("gelu has no GPU kernel to mirror")
+    }
+    fn short_conv(
+        &self,
+        _bcx: &Self::Buf,
+        _w: &Self::Weight,
+        _state: &mut Self::Buf,
+        _plan: &kiln::backend::ConvPlan,
+        _dim: usize,
+        _out: &mut Self::Buf,
+    ) {
+        unimplemented!("short_conv has no GPU kernel to mirror")
+    }
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: Activation, len: usize) {
         self.sync(gate);
         self.sync(up);

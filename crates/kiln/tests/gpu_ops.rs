@@ -841,6 +841,8 @@ fn attention_out<B: Backend>(
         q_scale: if extras.is_some() { &q_scale } else { &[] },
         softcap: extras.unwrap_or(0.0),
         window,
+        seq_len: None,
+        alibi: None,
     };
     let mut out = b.alloc(n * n_head * hd).unwrap();
     b.attention(&q, &kc, &vc, &plan, &mut out);
@@ -985,6 +987,8 @@ fn shifted_attention_out<B: Backend>(b: &B, g: &Arc<GgufFile>, rope: &RopeParams
         q_scale: &[],
         softcap: 0.0,
         window: None,
+        seq_len: None,
+        alibi: None,
     };
     let mut out = b.alloc(2 * n_head * hd).unwrap();
     b.attention(&q, &kc, &vc, &plan, &mut out);

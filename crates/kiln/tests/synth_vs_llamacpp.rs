@@ -1,7 +1,7 @@
 //! Architectures and features with no real model at hand (qwen3 q/k norms, granite
 //! multipliers, llama-3 rope_freqs, YaRN, gemma3's sliding window, qwen2 biases, the
-//! mixtures of experts, phi3, gemma2, olmo2, smollm3, mistral3), checked on synthetic
-//! models against llama.cpp on the same files
+//! mixtures of experts, phi3, gemma2, olmo2, smollm3, mistral3, LFM2's short
+//! convolutions), checked on synthetic models against llama.cpp on the same files
 //! (`scripts/gen-synth-fixtures` regenerates the fixtures; they record llama.cpp's
 //! version): next-token logits after a prompt, and for the peaked presets greedy ids and
 //! perplexity on a text the model wrote.
@@ -176,6 +176,7 @@ synth_tests! {
     olmo2_post_norms: "olmo2-tiny";
     smollm3_nope_layers: "smollm3-tiny";
     mistral3_temperature: "mistral3-tiny";
+    lfm2_short_conv: "lfm2-tiny";
 }
 
 /// The mixtures of experts on the GPU (lavapipe in CI): the same bars against llama.cpp.

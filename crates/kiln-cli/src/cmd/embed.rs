@@ -1,7 +1,8 @@
 //! `kiln embed`: hidden states after the final norm, pooled (docs/cli.md). The pooling is the
-//! library's (`kiln::embed`), shared with the server's `/v1/embeddings`.
+//! library's (`kiln::embed`), shared with the server's `/v1/embeddings`; the texts are
+//! embedded together, several to a forward pass.
 
-use kiln::embed::{embed_tokens, normalize, Pooling};
+use kiln::embed::{embed_batch, normalize, Pooling};
 use kiln::KilnError;
 use serde_json::json;
 
@@ -14,28 +15,44 @@ pub struct Args {
     /// Texts to embed, one embedding each.
     #[arg(value_name = "TEXT", required = true)]
     texts: Vec<String>,
-    /// mean, last or none (one row per token).
-    #[arg(long, default_value = "mean")]
-    pooling: String,
+    /// mean, cls, last, rank or none (one row per token); default: the model's own
+    /// (the file's pooling_type, else mean).
+    #[arg(long)]
+    pooling: Option<String>,
     /// Scale each embedding (each row, with --pooling none) to unit Euclidean length.
     #[arg(long)]
     normalize: bool,
+    /// Cut texts longer than the context to its length (else they are an error).
+    #[arg(long)]
+    truncate: bool,
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> kiln::Result<()> {
-    let pooling: Pooling = a.pooling.parse()?;
     let engine = a.model.load()?;
-    let mut data = Vec::new();
+    let pooling = match &a.pooling {
+        Some(p) => p.parse()?,
+        None => Pooling::of(&engine),
+    };
+    let mut inputs = Vec::with_capacity(a.texts.len());
     for (i, text) in a.texts.iter().enumerate() {
-        let ids = engine.tokenizer().encode(text, true, true)?;
-        let mut rows =
-            embed_tokens(&engine, &ids, pooling).map_err(|e| KilnError::invalid(format!("text {i}: {e}")))?;
-        if a.normalize {
-            rows.iter_mut().for_each(|r| normalize(r));
+        let mut ids = engine.tokenizer().encode(text, true, true)?;
+        if a.truncate {
+            ids.truncate(engine.n_ctx());
+        } else if ids.len() > engine.n_ctx() {
+            return Err(KilnError::invalid(format!(
+                "text {i} has {} tokens, more than the context ({}); --truncate cuts it",
+                ids.len(),
+                engine.n_ctx()
+            )));
         }
-        data.push(rows);
+        inputs.push(ids);
+    }
+    let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut data = embed_batch(&engine, &refs, pooling)?;
+    if a.normalize {
+        data.iter_mut().flatten().for_each(|r| normalize(r));
     }
     if a.json {
         let items: Vec<_> = data
@@ -46,7 +63,8 @@ pub fn run(a: Args) -> kiln::Result<()> {
                 _ => json!({"index": i, "embedding": rows[0]}),
             })
             .collect();
-        let out = json!({"n_embd": engine.config().n_embd, "pooling": pooling.as_str(), "data": items});
+        let width = data.first().and_then(|r| r.first()).map_or(engine.config().n_embd, Vec::len);
+        let out = json!({"n_embd": width, "pooling": pooling.as_str(), "data": items});
         print_out(&format!("{out}\n"));
     } else {
         let mut s = String::new();

@@ -10,6 +10,7 @@ mod logits;
 mod perplexity;
 mod prompt;
 mod pull;
+mod rerank;
 mod run;
 mod serve;
 mod tokenize;
@@ -36,6 +37,8 @@ pub enum Command {
     Chat(chat::Args),
     /// Print embeddings (hidden states after the final norm, pooled).
     Embed(embed::Args),
+    /// Score documents against a query with a reranker, best first.
+    Rerank(rerank::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve::Args),
 }
@@ -52,6 +55,7 @@ impl Command {
             Command::Pull(a) => pull::run(a),
             Command::Chat(a) => chat::run(a),
             Command::Embed(a) => embed::run(a),
+            Command::Rerank(a) => rerank::run(a),
             Command::Serve(a) => serve::run(a),
         }
     }

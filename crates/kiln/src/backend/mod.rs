@@ -16,7 +16,7 @@ use crate::quant::GgmlType;
 pub enum Activation {
     /// SiLU(gate) * up (llama, qwen, granite).
     Silu,
-    /// GELU-tanh(gate) * up (gemma).
+    /// GELU-tanh(gate) * up (gemma; BERT's GEGLU).
     GeluTanh,
 }
 
@@ -82,7 +82,7 @@ impl RopeParams {
 /// Which keys each query token of a batch attends to. Sequences are stored in the KV
 /// pool as block tables; token `i` sits at position `pos[i]` of sequence `seq[i]` and sees
 /// positions `pos[i] - window + 1 ..= pos[i]` of its own sequence (all earlier ones when
-/// `window` is `None`).
+/// `window` is `None`); without causality (encoders), every position of its sequence.
 #[derive(Clone, Debug)]
 pub struct AttnPlan<'a> {
     pub pos: &'a [u32],
@@ -102,6 +102,12 @@ pub struct AttnPlan<'a> {
     /// Soft-capping of the scores, `cap · tanh(score / cap)` (gemma2); 0: none.
     pub softcap: f32,
     pub window: Option<u32>,
+    /// Non-causal attention (encoders): the number of positions of each sequence, all of
+    /// which every query of that sequence sees. `None`: causal.
+    pub seq_len: Option<&'a [u32]>,
+    /// ALiBi's maximum bias: each score gets `slope(head) * -|query pos - key pos|`, the
+    /// slopes as ggml's `soft_max`/flash attention compute them. `None`: no bias.
+    pub alibi: Option<f32>,
 }
 
 impl AttnPlan<'_> {
@@ -132,6 +138,88 @@ impl AttnPlan<'_> {
             None => 0,
         }
     }
+
+    /// Last position token `i` attends to.
+    pub fn last_pos(&self, i: usize) -> u32 {
+        match self.seq_len {
+            Some(n) => n[self.seq[i] as usize].saturating_sub(1),
+            None => self.pos[i],
+        }
+    }
+
+    /// ALiBi's bias of key position `p` for query `i` on head `h` (0 without ALiBi): the
+    /// distance as an f16 mask value, times the head's slope, as ggml adds it.
+    pub fn bias(&self, i: usize, h: usize, p: u32) -> f32 {
+        match self.alibi {
+            Some(max_bias) => {
+                let d = self.pos[i].abs_diff(p) as f32;
+                alibi_slope(max_bias, self.n_head, h) * half::f16::from_f32(-d).to_f32()
+            }
+            None => 0.0,
+        }
+    }
+}
+
+/// ALiBi's slope of head `h` of `n_head` (ggml's: `m0^(h+1)` for the first power-of-two
+/// heads, odd powers of `m1` for the rest).
+pub fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
+    let n_log2 = 1u32 << (n_head as u32).ilog2();
+    let m0 = 2f32.powf(-max_bias / n_log2 as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n_log2 as f32);
+    let h = h as u32;
+    if h < n_log2 {
+        m0.powf((h + 1) as f32)
+    } else {
+        m1.powf((2 * (h - n_log2) + 1) as f32)
+    }
+}
+
+/// Where each token of a micro-batch finds the positions before it for a short
+/// convolution (`Backend::short_conv`), and where its state goes. A state slot holds the
+/// last `l_cache - 1` values of `B·x` of one sequence, oldest first, `l_cache - 1` rows of
+/// the layer's width.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvPlan<'a> {
+    pub l_cache: usize,
+    /// Per token: the batch's previous token of its sequence, or [`ConvPlan::NONE`].
+    pub prev: &'a [u32],
+    /// Per token without a previous one: the state slot holding the positions before it,
+    /// or `NONE` (position 0: zeros).
+    pub state_in: &'a [u32],
+    /// Per token: the slot its state is written to after every token has read, or `NONE`.
+    pub state_out: &'a [u32],
+}
+
+impl ConvPlan<'_> {
+    pub const NONE: u32 = u32::MAX;
+
+    /// Where token `i`'s window value `j` (`j` = 0 the oldest, `l_cache - 1` the token
+    /// itself) comes from.
+    pub fn source(&self, i: usize, j: usize) -> ConvSource {
+        let mut t = i;
+        let back = self.l_cache - 1 - j;
+        for step in 0..back {
+            match self.prev[t] {
+                Self::NONE => {
+                    return match self.state_in[t] {
+                        Self::NONE => ConvSource::Zero,
+                        slot => ConvSource::State { slot, row: self.l_cache - 1 - (back - step) },
+                    };
+                }
+                p => t = p as usize,
+            }
+        }
+        ConvSource::Token(t)
+    }
+}
+
+/// One value of a convolution window: `B·x` of a token of the batch, a row of a state
+/// slot, or zero (before position 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvSource {
+    Token(usize),
+    State { slot: u32, row: usize },
+    Zero,
 }
 
 /// Greedy ids on their way from the device: `Ready` where they were computed at once,
@@ -210,6 +298,19 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         x: &Self::Buf,
         w: &Self::Weight,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut Self::Buf,
+    );
+    /// LayerNorm of each of `rows` rows of `dim` values: `(x - mean) / sqrt(var + eps)`,
+    /// times `w`, plus `b`.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        b: Option<&Self::Weight>,
         eps: f32,
         rows: usize,
         dim: usize,
@@ -336,8 +437,25 @@ pub trait Backend: Send + Sync + 'static {
     /// `x[t] += y[t] · σ(g[t])` over rows of `dim`, `σ(g)` as ggml's `silu(g) / g` (a
     /// shared expert's gate).
     fn add_sigmoid_gated(&self, x: &mut Self::Buf, y: &Self::Buf, g: &Self::Buf, rows: usize, dim: usize);
+    /// LFM2's short convolution on `plan.prev.len()` tokens: `bcx` holds each token's B,
+    /// C and x (`[n, 3 * dim]`); `out[t, c] = C[t, c] · Σ_j w[c, j] · window_j` where the
+    /// window is `B·x` at the token's last `l_cache` positions (`plan.source`), summed
+    /// oldest first with fused multiply-adds (ggml's `ssm_conv` as GCC compiles it). Then
+    /// the states `plan.state_out` names are written (after every read), slot `s` at
+    /// `state[s * (l_cache - 1) * dim..]`.
+    fn short_conv(
+        &self,
+        bcx: &Self::Buf,
+        w: &Self::Weight,
+        state: &mut Self::Buf,
+        plan: &ConvPlan,
+        dim: usize,
+        out: &mut Self::Buf,
+    );
     /// `gate = act(gate) * up` over `len` values.
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: Activation, len: usize);
+    /// `x = gelu(x)` over `len` values (GELU-tanh; BERT's feed-forward).
+    fn gelu(&self, x: &mut Self::Buf, len: usize);
     /// `x += y * scale` over `len` values.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, scale: f32, len: usize);
     /// `x *= s` over `len` values.

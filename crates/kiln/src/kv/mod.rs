@@ -1,5 +1,7 @@
-//! The KV block pool the engine owns: fixed-size blocks of KV slots for every layer, a
-//! free list, and reference counts so that sequences can share prefix blocks.
+//! The KV block pool the engine owns: fixed-size blocks of KV slots for every attention
+//! layer (and two recurrent-state slots per block for every short-convolution layer:
+//! `model::block::conv`), a free list, and reference counts so that sequences can share
+//! prefix blocks.
 
 pub mod prefix;
 mod types;
@@ -9,6 +11,7 @@ pub use types::{cache_type, cache_type_name, hadamard, KvTypes, CACHE_TYPES};
 
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
+use crate::model::{Mixer, ModelConfig};
 
 /// Token slots per block.
 pub const BLOCK_SIZE: usize = 32;
@@ -32,10 +35,17 @@ impl BlockTable {
     }
 }
 
-/// K and V caches of every layer, carved into blocks.
+/// One layer's memory: K and V caches (`[n_blocks * BLOCK_SIZE, kv_dim]` f16) for
+/// attention, states (`[n_blocks * 2, state_len]` f32) for a short convolution.
+pub struct LayerCache<B: Backend> {
+    pub k: B::Kv,
+    pub v: B::Kv,
+    pub state: Option<B::Buf>,
+}
+
+/// The caches of every layer, carved into blocks.
 pub struct KvPool<B: Backend> {
-    /// `(k, v)` per layer, each `n_blocks * BLOCK_SIZE` rows of `kv_dim` values.
-    pub layers: Vec<(B::Kv, B::Kv)>,
+    pub layers: Vec<LayerCache<B>>,
     pub kv_dim: usize,
     /// How the rows are stored.
     pub types: KvTypes,
@@ -45,24 +55,28 @@ pub struct KvPool<B: Backend> {
 }
 
 impl<B: Backend> KvPool<B> {
-    /// A pool of `n_slots` token slots (rounded up to whole blocks) per layer for heads of
-    /// `head_dim` values, `kv_dim` per slot, stored as `types` says.
-    pub fn new(
-        backend: &B,
-        n_layer: usize,
-        kv_dim: usize,
-        head_dim: usize,
-        n_slots: usize,
-        types: KvTypes,
-    ) -> Result<Self> {
+    /// A pool of `n_slots` token slots (rounded up to whole blocks) for `cfg`'s layers,
+    /// K and V rows stored as `types` says.
+    pub fn new(backend: &B, cfg: &ModelConfig, n_slots: usize, types: KvTypes) -> Result<Self> {
+        let (kv_dim, head_dim) = (cfg.kv_dim(), cfg.head_dim);
         types.check(head_dim)?;
         let n_blocks = n_slots.div_ceil(BLOCK_SIZE);
         let rows = n_blocks * BLOCK_SIZE;
         let (k_rot, v_rot) = (types.k_rotation(head_dim), types.v_rotation(head_dim));
-        let layers = (0..n_layer)
-            .map(|_| {
-                let k = backend.alloc_kv_typed(rows, kv_dim, types.k, k_rot)?;
-                Ok((k, backend.alloc_kv_typed(rows, kv_dim, types.v, v_rot)?))
+        let layers = cfg
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Attention(_) => Ok(LayerCache {
+                    k: backend.alloc_kv_typed(rows, kv_dim, types.k, k_rot)?,
+                    v: backend.alloc_kv_typed(rows, kv_dim, types.v, v_rot)?,
+                    state: None,
+                }),
+                Mixer::ShortConv(c) => Ok(LayerCache {
+                    k: backend.alloc_kv(2)?,
+                    v: backend.alloc_kv(2)?,
+                    state: Some(backend.alloc(n_blocks * 2 * c.state_len(cfg.n_embd))?),
+                }),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(KvPool {

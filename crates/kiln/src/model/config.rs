@@ -17,6 +17,25 @@ pub enum RopeScaling {
     Yarn,
 }
 
+/// The kind of every norm of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    Rms,
+    /// LayerNorm, with a bias where the file has one (BERT).
+    Layer,
+}
+
+/// What an encoder adds to its token embeddings before the first layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Embeddings {
+    /// Learned absolute positions (`position_embd`, BERT).
+    pub positions: bool,
+    /// Token type 0's row (`token_types`).
+    pub token_types: bool,
+    /// A norm of the sum (`token_embd_norm`).
+    pub norm: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     /// `general.architecture`.
@@ -41,6 +60,16 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// What each layer is made of.
     pub layers: Vec<Layer>,
+    pub norm: NormKind,
+    /// Each position sees only the ones before it (decoders); else its whole sequence
+    /// (encoders: `attention.causal` = false).
+    pub causal: bool,
+    pub embd: Embeddings,
+    /// The final norm's tensor name (without `.weight`), `None` where the last layer
+    /// ends with one (BERT).
+    pub output_norm: Option<&'static str>,
+    /// How the file says its embeddings are pooled (`pooling_type`); `None`: not said.
+    pub pooling: Option<crate::embed::Pooling>,
 }
 
 impl ModelConfig {
@@ -88,13 +117,15 @@ impl ModelConfig {
                     };
                 }
             }
-            if !positive(l.attn.scale) {
-                return bad(&format!("layer {il}'s attention scale"), &l.attn.scale);
+            // The rest checks attention (a short convolution has nothing to check here).
+            let Some(attn) = l.mixer.attention() else { continue };
+            if !positive(attn.scale) {
+                return bad(&format!("layer {il}'s attention scale"), &attn.scale);
             }
-            if l.attn.window == Some(0) {
+            if attn.window == Some(0) {
                 return bad(&format!("layer {il}'s sliding window"), &0);
             }
-            if let Some(r) = &l.attn.rope {
+            if let Some(r) = &attn.rope {
                 if r.n_rot > self.head_dim || r.n_rot % 2 != 0 {
                     return bad(
                         &format!("layer {il}'s rotated dimensions (head size {})", self.head_dim),
@@ -132,7 +163,24 @@ impl ModelConfig {
 
     /// The sliding window of layer `il`'s attention (`None`: it sees the whole context).
     pub fn window(&self, il: usize) -> Option<u32> {
-        self.layers.get(il).and_then(|l| l.attn.window)
+        self.layers.get(il).and_then(|l| l.mixer.attention()?.window)
+    }
+
+    /// Why the GPU backend cannot run this model yet (it has no kernels for encoders'
+    /// LayerNorm, GELU and bidirectional attention, nor for short convolutions), or `None`.
+    pub fn cpu_only(&self) -> Option<&'static str> {
+        if !self.causal || self.norm != NormKind::Rms {
+            Some("encoders (bert, nomic-bert, jina-bert-v2)")
+        } else if self.is_recurrent() {
+            Some("short convolutions (lfm2)")
+        } else {
+            None
+        }
+    }
+
+    /// Whether some layer keeps a recurrent state per sequence (LFM2's short convolutions).
+    pub fn is_recurrent(&self) -> bool {
+        self.layers.iter().any(|l| matches!(l.mixer, super::block::Mixer::ShortConv(_)))
     }
 
     /// The share of tensor `name` one token reads: `k / n_expert` for a layer's routed
@@ -232,6 +280,37 @@ impl Meta<'_> {
             )));
         }
         Ok(Some(Routing { n_expert, k, gating, norm, scale: 1.0 }))
+    }
+
+    /// The file's `pooling_type` (llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last, 4 rank).
+    pub fn pooling(&self) -> Result<Option<crate::embed::Pooling>> {
+        use crate::embed::Pooling;
+        Ok(match self.usize("pooling_type")? {
+            None => None,
+            Some(0) => Some(Pooling::None),
+            Some(1) => Some(Pooling::Mean),
+            Some(2) => Some(Pooling::Cls),
+            Some(3) => Some(Pooling::Last),
+            Some(4) => Some(Pooling::Rank),
+            Some(other) => return Err(KilnError::unsupported("pooling_type", other.to_string())),
+        })
+    }
+
+    /// A per-layer count as one value per layer (a scalar repeated, or an array of
+    /// `n_layer`).
+    pub fn per_layer(&self, k: &str, n_layer: usize) -> Result<Option<Vec<usize>>> {
+        let key = self.key(k);
+        match self.g.get(&key) {
+            None => Ok(None),
+            Some(Value::Array(a)) => {
+                let v = a
+                    .to_i64_vec()
+                    .filter(|v| v.len() == n_layer && v.iter().all(|&x| (0..1 << 20).contains(&x)))
+                    .ok_or_else(|| KilnError::Metadata(format!("{key} should hold {n_layer} counts")))?;
+                Ok(Some(v.iter().map(|&x| x as usize).collect()))
+            }
+            Some(_) => Ok(self.g.get_usize(&key)?.map(|x| vec![x; n_layer])),
+        }
     }
 
     /// Which of `n_layer` layers use the sliding window: `attention.sliding_window_pattern`
@@ -337,6 +416,9 @@ pub struct Hparams {
     /// (those are tensors: the loader adds them).
     pub rope: RopeParams,
     pub rope_scaling: RopeScaling,
+    /// `attention.causal` (default true).
+    pub causal: bool,
+    pub pooling: Option<crate::embed::Pooling>,
 }
 
 impl Hparams {
@@ -346,7 +428,22 @@ impl Hparams {
         let n_head = m
             .uniform("attention.head_count")?
             .ok_or_else(|| KilnError::Metadata(format!("{} is missing", m.key("attention.head_count"))))?;
-        let n_head_kv = m.uniform("attention.head_count_kv")?.unwrap_or(n_head);
+        // Layers without attention (LFM2's convolutions) have no KV heads: the others'
+        // count, which must agree.
+        let n_head_kv = match m.per_layer("attention.head_count_kv", n_layer.min(4096))? {
+            None => n_head,
+            Some(v) => {
+                let mut heads = v.iter().copied().filter(|&h| h > 0);
+                let first = heads.next().unwrap_or(n_head);
+                if heads.any(|h| h != first) {
+                    return Err(KilnError::unsupported(
+                        "per-layer shape",
+                        format!("{} = {v:?}", m.key("attention.head_count_kv")),
+                    ));
+                }
+                first
+            }
+        };
         let n_ff = m.uniform("feed_forward_length")?.unwrap_or(0);
         if n_head % n_head_kv != 0 {
             return Err(m.bad(
@@ -444,6 +541,8 @@ impl Hparams {
             attn_scale,
             rope,
             rope_scaling,
+            causal: m.g.get_bool(&m.key("attention.causal"))?.unwrap_or(true),
+            pooling: m.pooling()?,
         })
     }
 
@@ -452,7 +551,8 @@ impl Hparams {
         RopeParams { neox: true, ..self.rope.clone() }
     }
 
-    /// A config of these hparams with `layer(il)` as each layer; every multiplier 1.
+    /// A config of these hparams with `layer(il)` as each layer: every multiplier 1,
+    /// RMSNorms, `output_norm`.
     pub fn config(&self, m: &Meta, layer: impl Fn(usize) -> Layer) -> ModelConfig {
         let layers: Vec<Layer> = (0..self.n_layer).map(layer).collect();
         ModelConfig {
@@ -471,6 +571,11 @@ impl Hparams {
             logit_scale: 1.0,
             final_softcap: None,
             layers,
+            norm: NormKind::Rms,
+            causal: self.causal,
+            embd: Embeddings::default(),
+            output_norm: Some("output_norm"),
+            pooling: self.pooling,
         }
     }
 }

@@ -5,8 +5,10 @@
 use std::sync::Arc;
 
 use super::block::attention::{self, AttnScratch, Batch};
+use super::block::conv::{self, ConvScratch, ConvSlots};
 use super::block::ffn::{self, FfnScratch};
-use super::config::ModelConfig;
+use super::block::{Mixer, MixerWeights, Norm};
+use super::config::{ModelConfig, NormKind};
 use super::weights::Weights;
 use crate::backend::{Backend, IdsTicket, RopeParams};
 use crate::error::Result;
@@ -56,6 +58,7 @@ pub struct Scratch<B: Backend> {
     /// A block's output.
     o: B::Buf,
     attn: AttnScratch<B>,
+    conv: ConvScratch<B>,
     ffn: FfnScratch<B>,
     out_rows: B::Buf,
     /// Grown on demand: most calls want one row of logits, perplexity wants hundreds.
@@ -72,6 +75,7 @@ impl<B: Backend> Scratch<B> {
             h: b.alloc(n * cfg.n_embd)?,
             o: b.alloc(n * cfg.n_embd.max(cfg.q_dim()))?,
             attn: AttnScratch::new(b, cfg, n)?,
+            conv: ConvScratch::new(b, cfg, n)?,
             ffn: FfnScratch::new(b, cfg, n)?,
             out_rows: b.alloc(n * cfg.n_embd)?,
             logits: b.alloc(cfg.n_vocab)?,
@@ -129,7 +133,12 @@ impl<B: Backend> Model<B> {
             let longrope = if n_ctx > r.n_ctx_orig { &w.rope_long } else { &w.rope_short };
             RopeParams { freq_factors: w.rope_freqs.as_ref().or(longrope.as_ref()).cloned(), ..r.clone() }
         };
-        self.rope = self.cfg.layers.iter().map(|l| l.attn.rope.as_ref().map(rope)).collect();
+        self.rope = self
+            .cfg
+            .layers
+            .iter()
+            .map(|l| l.mixer.attention().and_then(|a| a.rope.as_ref()).map(rope))
+            .collect();
     }
 
     /// Runs one micro-batch (at most `scratch.n_ubatch()` entries) and writes the outputs
@@ -209,6 +218,9 @@ impl<B: Backend> Model<B> {
             s.logits = b.alloc(n_out * cfg.n_vocab)?;
             s.logits_rows = n_out;
         }
+        if !cfg.causal {
+            return Err(crate::error::KilnError::invalid("an encoder gives embeddings, not logits"));
+        }
         b.matmul(w.output.as_ref().unwrap_or(&w.token_embd), &s.out_rows, n_out, &mut s.logits);
         if let Some(cap) = cfg.final_softcap {
             b.softcap(&mut s.logits, cap, n_out * cfg.n_vocab);
@@ -236,6 +248,15 @@ impl<B: Backend> Model<B> {
                 t[p / BLOCK_SIZE] * BLOCK_SIZE as u32 + (p % BLOCK_SIZE) as u32
             })
             .collect();
+        // Encoders: each sequence is whole in the batch, and every position sees all of it.
+        let seq_len: Option<Vec<u32>> = (!cfg.causal).then(|| {
+            let mut len = vec![0u32; tables.len()];
+            for (&q, &p) in ub.seq.iter().zip(ub.pos) {
+                len[q as usize] = len[q as usize].max(p + 1);
+            }
+            len
+        });
+        let conv_slots = cfg.is_recurrent().then(|| ConvSlots::new(ub.pos, ub.seq, tables));
 
         if let Some(rows) = ub.embd {
             debug_assert_eq!(rows.len(), n * d);
@@ -245,57 +266,107 @@ impl<B: Backend> Model<B> {
         } else {
             b.embed(&w.token_embd, ub.tokens, cfg.embd_scale, &mut s.x)?;
         }
-        let batch = Batch { pos: ub.pos, seq: ub.seq, slots: &slots, tables };
-        if let Some(norm) = w.layers[0].attn_pre_norm() {
-            b.rms_norm(&s.x, norm, cfg.norm_eps, n, d, &mut s.h);
+        if let Some(t) = &w.type_embd {
+            b.add_bias(&mut s.x, t, n);
+        }
+        if let Some(pe) = &w.pos_embd {
+            if let Some(&p) = ub.pos.iter().find(|&&p| p as usize >= cfg.n_ctx_train) {
+                return Err(crate::error::KilnError::invalid(format!(
+                    "position {p} is beyond the model's {} learned positions",
+                    cfg.n_ctx_train
+                )));
+            }
+            b.embed(pe, ub.pos, 1.0, &mut s.h)?;
+            b.add(&mut s.x, &s.h, 1.0, n * d);
+        }
+        if let Some(norm) = &w.embd_norm {
+            self.norm(&s.x, norm, n, &mut s.h);
+            std::mem::swap(&mut s.x, &mut s.h);
+        }
+        let batch = Batch { pos: ub.pos, seq: ub.seq, slots: &slots, tables, seq_len: seq_len.as_deref() };
+        if let Some(norm) = w.layers[0].mixer_pre_norm() {
+            self.norm(&s.x, norm, n, &mut s.h);
         }
         for (il, (layer, lw)) in cfg.layers.iter().zip(&w.layers).enumerate() {
             // Each block reads its pre-norm's output (applied with the last residual add),
             // else the residual stream itself.
-            let x = if layer.attn.norms.pre { &s.h } else { &s.x };
-            let (kc, vc) = &mut kv.layers[il];
-            let rope = self.rope[il].as_ref();
-            attention::forward(
-                b,
-                cfg,
-                &layer.attn,
-                &lw.attn,
-                rope,
-                x,
-                &batch,
-                (kc, vc),
-                &mut s.attn,
-                &mut s.o,
-            );
-            self.residual(s, n, lw.attn.norms.post.as_ref(), lw.ffn.norms().pre.as_ref());
+            let x = if layer.mixer.norms().pre { &s.h } else { &s.x };
+            let cache = &mut kv.layers[il];
+            match (&layer.mixer, &lw.mixer) {
+                (Mixer::Attention(a), MixerWeights::Attention(aw)) => {
+                    let rope = self.rope[il].as_ref();
+                    let (kc, vc) = (&mut cache.k, &mut cache.v);
+                    attention::forward(b, cfg, a, aw, rope, x, &batch, (kc, vc), &mut s.attn, &mut s.o);
+                }
+                (Mixer::ShortConv(c), MixerWeights::ShortConv(cw)) => {
+                    let state = cache.state.as_mut().expect("a state for each conv layer");
+                    let slots = conv_slots.as_ref().expect("made for recurrent models");
+                    conv::forward(b, cfg, c, cw, x, n, slots, state, &mut s.conv, &mut s.o);
+                }
+                _ => unreachable!("weights are loaded for their spec"),
+            }
+            let norms = lw.mixer.norms();
+            self.residual(s, n, norms.post.as_ref(), norms.after.as_ref(), lw.ffn.norms().pre.as_ref());
             let x = if layer.ffn.norms().pre { &s.h } else { &s.x };
             ffn::forward(b, &layer.ffn, &lw.ffn, x, n, &mut s.ffn, &mut s.o);
-            let next = w.layers.get(il + 1).and_then(|l| l.attn_pre_norm());
-            self.residual(s, n, lw.ffn.norms().post.as_ref(), next);
+            let next = w.layers.get(il + 1).and_then(|l| l.mixer_pre_norm());
+            let norms = lw.ffn.norms();
+            self.residual(s, n, norms.post.as_ref(), norms.after.as_ref(), next);
         }
 
         let n_out = ub.outputs.len();
         if n_out == 0 {
             return Ok(());
         }
-        b.gather_rows(&s.x, ub.outputs, d, &mut s.h);
-        b.rms_norm(&s.h, &w.output_norm, cfg.norm_eps, n_out, d, &mut s.out_rows);
+        match &w.output_norm {
+            Some(norm) => {
+                b.gather_rows(&s.x, ub.outputs, d, &mut s.h);
+                self.norm(&s.h, norm, n_out, &mut s.out_rows);
+            }
+            None => b.gather_rows(&s.x, ub.outputs, d, &mut s.out_rows),
+        }
         Ok(())
     }
 
-    /// A block's output `s.o` (after its post-norm, if any) added to the residual stream,
-    /// then the next block's pre-norm of it (if any) into `s.h`.
-    fn residual(&self, s: &mut Scratch<B>, n: usize, post: Option<&B::Weight>, next: Option<&B::Weight>) {
+    /// `out` = the norm of `rows` rows of `x`.
+    fn norm(&self, x: &B::Buf, norm: &Norm<B::Weight>, rows: usize, out: &mut B::Buf) {
+        let (cfg, b) = (&self.cfg, &self.backend);
+        match cfg.norm {
+            NormKind::Rms => b.rms_norm(x, &norm.w, cfg.norm_eps, rows, cfg.n_embd, out),
+            NormKind::Layer => b.layer_norm(x, &norm.w, norm.b.as_ref(), cfg.norm_eps, rows, cfg.n_embd, out),
+        }
+    }
+
+    /// A block's output `s.o` (after its post-norm, if any) added to the residual stream
+    /// (then normed in place where the block has an `after` norm), then the next block's
+    /// pre-norm of it (if any) into `s.h`.
+    fn residual(
+        &self,
+        s: &mut Scratch<B>,
+        n: usize,
+        post: Option<&Norm<B::Weight>>,
+        after: Option<&Norm<B::Weight>>,
+        next: Option<&Norm<B::Weight>>,
+    ) {
         let (cfg, b, d) = (&self.cfg, &self.backend, self.cfg.n_embd);
         if let Some(pn) = post {
-            b.rms_norm(&s.o, pn, cfg.norm_eps, n, d, &mut s.h);
+            self.norm(&s.o, pn, n, &mut s.h);
             std::mem::swap(&mut s.o, &mut s.h);
         }
         match next {
-            Some(norm) => {
-                b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, norm, cfg.norm_eps, n, d, &mut s.h)
+            Some(norm) if cfg.norm == NormKind::Rms && after.is_none() => {
+                b.add_rms_norm(&mut s.x, &s.o, cfg.residual_scale, &norm.w, cfg.norm_eps, n, d, &mut s.h)
             }
-            None => b.add(&mut s.x, &s.o, cfg.residual_scale, n * d),
+            _ => {
+                b.add(&mut s.x, &s.o, cfg.residual_scale, n * d);
+                if let Some(an) = after {
+                    self.norm(&s.x, an, n, &mut s.h);
+                    std::mem::swap(&mut s.x, &mut s.h);
+                }
+                if let Some(norm) = next {
+                    self.norm(&s.x, norm, n, &mut s.h);
+                }
+            }
         }
     }
 }

@@ -10,8 +10,8 @@ mod runner;
 pub mod synth;
 mod weights;
 
-pub use block::{Layer, LayerWeights};
-pub use config::{Hparams, Meta, ModelConfig, RopeScaling};
+pub use block::{Layer, LayerWeights, Mixer};
+pub use config::{Embeddings, Hparams, Meta, ModelConfig, NormKind, RopeScaling};
 pub use forward::{Model, OutputKind, Scratch, UBatch};
 pub use runner::{Entry, ModelRunner, Runner, SeqId};
 pub use weights::{Loader, Weights};

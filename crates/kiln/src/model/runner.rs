@@ -97,6 +97,11 @@ struct State<B: Backend> {
     cache: PrefixCache,
     /// A greedy step recorded ahead of the caller's asking for it.
     lookahead: Option<Lookahead>,
+    /// The model's attention is causal (else blocks are never shared).
+    causal: bool,
+    /// The model keeps convolution states, which exist only at block ends and after each
+    /// sequence's last decoded position (`model::block::conv`).
+    recurrent: bool,
 }
 
 /// The next greedy step of `seq`, recorded and submitted before the caller had the token
@@ -117,17 +122,23 @@ impl<B: Backend> State<B> {
     /// Truncates with copy-on-write by recomputation: a kept partial block that another
     /// sequence also references is dropped rather than written into later. One only the
     /// prefix cache holds beside this sequence (which filled it, then rolled back into it:
-    /// a rejected draft) leaves the cache instead, and is kept without a copy.
+    /// a rejected draft) leaves the cache instead, and is kept without a copy. A recurrent
+    /// model keeps whole blocks only (its state inside a block is gone once later positions
+    /// ran).
     fn truncate(&mut self, seq: SeqId, n: usize) {
         let Some(s) = self.seqs.get_mut(seq as usize).and_then(Option::as_mut) else { return };
         let mut n = n.min(s.table.n_tokens);
         if n % BLOCK_SIZE != 0 {
-            let b = s.table.blocks[n / BLOCK_SIZE];
-            if self.kv.ref_count(b) == 2 && self.cache.forget(b) {
-                self.kv.release_block(b);
-            }
-            if self.kv.ref_count(b) > 1 {
+            if self.recurrent && n < s.table.n_tokens {
                 n -= n % BLOCK_SIZE;
+            } else {
+                let b = s.table.blocks[n / BLOCK_SIZE];
+                if self.kv.ref_count(b) == 2 && self.cache.forget(b) {
+                    self.kv.release_block(b);
+                }
+                if self.kv.ref_count(b) > 1 {
+                    n -= n % BLOCK_SIZE;
+                }
             }
         }
         self.kv.truncate(&mut s.table, n);
@@ -142,6 +153,10 @@ impl<B: Backend> State<B> {
     /// Offers the sequence's newly completed blocks to the prefix cache, then trims the
     /// cache to its capacity.
     fn register(&mut self, seq: SeqId) {
+        if !self.causal {
+            // An encoder's keys at a position depend on the positions after it.
+            return;
+        }
         let Some(s) = self.seqs.get_mut(seq as usize).and_then(Option::as_mut) else { return };
         let full = (s.table.n_tokens / BLOCK_SIZE).min(s.shifted_from.unwrap_or(usize::MAX));
         while s.chain.len() < full {
@@ -235,14 +250,23 @@ impl<B: Backend> ModelRunner<B> {
     /// [`Self::new`] with the KV cache stored as `types` says.
     pub fn with_kv_types(model: Model<B>, n_slots: usize, n_ubatch: usize, types: KvTypes) -> Result<Self> {
         let cfg = &model.cfg;
-        let kv = KvPool::new(&model.backend, cfg.n_layer, cfg.kv_dim(), cfg.head_dim, n_slots, types)?;
+        let kv = KvPool::new(&model.backend, cfg, n_slots, types)?;
         let scratch = Scratch::new(&model.backend, cfg, n_ubatch.max(1))?;
         let cache = PrefixCache::new(kv.n_blocks);
+        let (causal, recurrent) = (cfg.causal, cfg.is_recurrent());
         Ok(ModelRunner {
             model,
             n_slots,
             lookahead: true,
-            state: Mutex::new(State { kv, scratch, seqs: Vec::new(), cache, lookahead: None }),
+            state: Mutex::new(State {
+                kv,
+                scratch,
+                seqs: Vec::new(),
+                cache,
+                lookahead: None,
+                causal,
+                recurrent,
+            }),
         })
     }
 
@@ -379,6 +403,45 @@ impl<B: Backend> ModelRunner<B> {
         }
     }
 
+    /// The micro-batches of `entries` (at positions `pos`), as `[start, end)` ranges of at
+    /// most `n_ubatch`: consecutive runs, or for an encoder whole sequences (each new,
+    /// its entries together), since every position sees all the others.
+    fn ubatches(&self, st: &State<B>, entries: &[Entry], pos: &[u32]) -> Result<Vec<(usize, usize)>> {
+        let n_ub = st.scratch.n_ubatch();
+        if self.model.cfg.causal {
+            return Ok((0..entries.len())
+                .step_by(n_ub)
+                .map(|s| (s, (s + n_ub).min(entries.len())))
+                .collect());
+        }
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        let mut start = 0;
+        while start < entries.len() {
+            let seq = entries[start].seq;
+            let end = start + entries[start..].iter().take_while(|e| e.seq == seq).count();
+            if pos[start] != 0
+                || pos[end - 1] as usize + 1 != end - start
+                || entries[end..].iter().any(|e| e.seq == seq)
+            {
+                return Err(KilnError::invalid(
+                    "an encoder evaluates each sequence whole: its tokens together, in one call, from position 0",
+                ));
+            }
+            if end - start > n_ub {
+                return Err(KilnError::invalid(format!(
+                    "an input of {} tokens exceeds the micro-batch ({n_ub})",
+                    end - start
+                )));
+            }
+            match out.last_mut() {
+                Some(last) if end - last.0 <= n_ub => last.1 = end,
+                _ => out.push((start, end)),
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+
     /// Records the greedy step of `token` (`last_argmax`: the device's last id) at `pos`.
     fn forward_greedy(
         &self,
@@ -487,6 +550,12 @@ impl<B: Backend> Runner for ModelRunner<B> {
         if n_discard == 0 {
             return Ok(());
         }
+        if st.recurrent {
+            // A convolution state holds the dropped tokens; no shift can take them out.
+            return Err(KilnError::invalid(
+                "context shift is not possible for a model with convolution states (lfm2): the context is full",
+            ));
+        }
         let (new_len, first) = (n - n_discard, n_keep / BLOCK_SIZE);
         // Blocks about to be rewritten leave the prefix cache; a block another sequence
         // still shares is replaced by a fresh one (copy-on-write).
@@ -518,7 +587,8 @@ impl<B: Backend> Runner for ModelRunner<B> {
             let moves = (r0..(r0 + n_discard).min(new_len)).map(|q| (old.slot(q + n_discard), table.slot(q)));
             rounds.push((moves.collect(), -(n_discard as i32)));
         }
-        for (il, (kc, vc)) in st.kv.layers.iter_mut().enumerate() {
+        for (il, cache) in st.kv.layers.iter_mut().enumerate() {
+            let (kc, vc) = (&mut cache.k, &mut cache.v);
             let rope = self.model.shift_rope(il);
             for (moves, delta) in &rounds {
                 if !moves.is_empty() {
@@ -628,6 +698,7 @@ impl<B: Backend> ModelRunner<B> {
             pos.push(new_len[s] as u32);
             new_len[s] += 1;
         }
+        let ubatches = self.ubatches(st, entries, &pos)?;
         let need: usize = st
             .seqs
             .iter()
@@ -651,12 +722,10 @@ impl<B: Backend> ModelRunner<B> {
         let n_out_total = entries.iter().filter(|e| e.output).count();
         let mut out = vec![0.0f32; n_out_total * width];
         let mut written = 0;
-        let n_ub = st.scratch.n_ubatch();
         let tokens: Vec<u32> = entries.iter().map(|e| e.token).collect();
         let seqs: Vec<u32> = entries.iter().map(|e| e.seq).collect();
         let result = (|| {
-            for start in (0..entries.len()).step_by(n_ub) {
-                let end = (start + n_ub).min(entries.len());
+            for &(start, end) in &ubatches {
                 let outputs: Vec<u32> =
                     (start..end).filter(|&i| entries[i].output).map(|i| (i - start) as u32).collect();
                 let tables: Vec<&[u32]> =
@@ -703,6 +772,16 @@ impl<B: Backend> ModelRunner<B> {
                 for s in st.seqs.iter_mut().flatten() {
                     let n = s.table.n_tokens;
                     st.kv.truncate(&mut s.table, n);
+                }
+                if st.recurrent {
+                    // The micro-batches that ran wrote states into the sequences' last
+                    // blocks: keep only the blocks before them.
+                    let mut seqs: Vec<SeqId> = entries.iter().map(|e| e.seq).collect();
+                    seqs.dedup();
+                    for seq in seqs {
+                        let n = st.seqs[seq as usize].as_ref().map_or(0, |s| s.table.n_tokens);
+                        st.truncate(seq, n - n % BLOCK_SIZE);
+                    }
                 }
                 Err(e)
             }

@@ -1,7 +1,11 @@
 //! Synthetic models: GGUF files of a real architecture and shape with deterministic
-//! pseudo-random weights and a byte-level vocabulary. Tests compare kiln with llama.cpp on
+//! pseudo-random weights and a byte-level vocabulary (WordPiece for encoders). Tests compare kiln with llama.cpp on
 //! them where no real file is at hand (qwen3, granite, rope scaling), and speed work uses
 //! them at the shapes of large models (decode speed does not depend on the values).
+
+mod layouts;
+
+pub use layouts::{EncoderFfn, EncoderSpec, Layout};
 
 use crate::error::Result;
 use crate::gguf::{Array, GgufWriter, Value};
@@ -35,6 +39,8 @@ pub struct SynthSpec {
     /// logits are 0, far below a peaked model's best, so it writes plain text (greedy and
     /// sampled text round-trips through any tool's tokenizer).
     pub printable_output: bool,
+    /// Which tensors the layers have (llama's by default).
+    pub layout: Layout,
     pub qkv_bias: bool,
     pub qk_norm: bool,
     /// With `qk_norm`: one norm over all of q (and of k) instead of one per head (olmoe).
@@ -80,6 +86,7 @@ impl Default for SynthSpec {
             tied_output: false,
             output_gain: 1.0,
             printable_output: false,
+            layout: Layout::Decoder,
             qkv_bias: false,
             qk_norm: false,
             qk_norm_whole: false,
@@ -222,24 +229,23 @@ impl SynthSpec {
         for (k, v) in &self.metadata {
             w.set(a(k), v.clone());
         }
+        let mut rng = Rng(self.seed);
+        match &self.layout {
+            Layout::Decoder => {}
+            Layout::Encoder(e) => {
+                self.encoder(&mut w, &mut rng, e)?;
+                return Ok(w);
+            }
+            Layout::Lfm2 { l_cache, attn_layers } => {
+                self.vocab(&mut w);
+                self.lfm2(&mut w, &mut rng, *l_cache, attn_layers)?;
+                return Ok(w);
+            }
+        }
         self.vocab(&mut w);
 
-        let mut rng = Rng(self.seed);
         let (d, q, kv, ff) = (self.n_embd, self.n_head * head_dim, self.n_head_kv * head_dim, self.n_ff);
-        let embd_gain = if self.tied_output { self.output_gain } else { 1.0 };
-        self.matrix(&mut w, &mut rng, "token_embd.weight", d, self.n_vocab, self.embd_type, embd_gain)?;
-        self.vector(&mut w, &mut rng, "output_norm.weight", d, 1.0, 0.1)?;
-        if !self.tied_output {
-            self.matrix(
-                &mut w,
-                &mut rng,
-                "output.weight",
-                d,
-                self.n_vocab,
-                self.embd_type,
-                self.output_gain,
-            )?;
-        }
+        self.embeddings(&mut w, &mut rng, "output_norm")?;
         if self.rope_freqs {
             let n_rot = head_dim / 2;
             let f: Vec<f32> = (0..n_rot).map(|i| 1.0 + 3.0 * i as f32 / n_rot as f32).collect();
@@ -315,6 +321,19 @@ impl SynthSpec {
             self.matrix(w, rng, &n("ffn_gate_shexp.weight"), d, sf, ty, 1.0)?;
             self.matrix(w, rng, &n("ffn_up_shexp.weight"), d, sf, ty, 1.0)?;
             self.matrix(w, rng, &n("ffn_down_shexp.weight"), sf, d, ty, 1.0)?;
+        }
+        Ok(())
+    }
+
+    /// `token_embd`, the final norm `norm`, and `output` unless tied (scaled by
+    /// `output_gain`).
+    fn embeddings(&self, w: &mut GgufWriter, rng: &mut Rng, norm: &str) -> Result<()> {
+        let d = self.n_embd;
+        let embd_gain = if self.tied_output { self.output_gain } else { 1.0 };
+        self.matrix(w, rng, "token_embd.weight", d, self.n_vocab, self.embd_type, embd_gain)?;
+        self.vector(w, rng, &format!("{norm}.weight"), d, 1.0, 0.1)?;
+        if !self.tied_output {
+            self.matrix(w, rng, "output.weight", d, self.n_vocab, self.embd_type, self.output_gain)?;
         }
         Ok(())
     }
@@ -469,6 +488,23 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
     // The architectures added with mixtures of experts and after: peaked predictions of
     // plain text (see `output_gain`, `printable_output`), 3 layers.
     let peaked = SynthSpec { n_layer: 3, output_gain: 3.5, printable_output: true, ..base.clone() };
+    let encoder = |arch: &str, e: EncoderSpec| SynthSpec {
+        arch: arch.into(),
+        n_head_kv: 4,
+        n_ctx_train: 512,
+        layout: Layout::Encoder(e),
+        ..base.clone()
+    };
+    let bert = EncoderSpec {
+        positions: true,
+        ffn: EncoderFfn::Gelu,
+        fused_qkv: false,
+        biases: true,
+        pooling: 2,
+        classifier: false,
+    };
+    // LFM2-350M's layers: attention at 2, 5, 8, 10, 12 and 14, convolutions of 3 taps.
+    let lfm2 = |attn_layers| Layout::Lfm2 { l_cache: 3, attn_layers };
     Some(match name {
         "qwen3moe-tiny" => SynthSpec {
             arch: "qwen3moe".into(),
@@ -625,6 +661,52 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             ],
             ..peaked
         },
+        "bert-tiny" => encoder("bert", bert.clone()),
+        "bert-rerank-tiny" => encoder("bert", EncoderSpec { pooling: 4, classifier: true, ..bert.clone() }),
+        "nomic-bert-tiny" => SynthSpec {
+            metadata: vec![f("rope.freq_base", 1000.0)],
+            ..encoder(
+                "nomic-bert",
+                EncoderSpec {
+                    positions: false,
+                    ffn: EncoderFfn::SwiGlu,
+                    fused_qkv: true,
+                    biases: false,
+                    pooling: 1,
+                    ..bert.clone()
+                },
+            )
+        },
+        "jina-bert-v2-tiny" => encoder(
+            "jina-bert-v2",
+            EncoderSpec { positions: false, ffn: EncoderFfn::Geglu, pooling: 1, ..bert.clone() },
+        ),
+        "lfm2-tiny" => SynthSpec {
+            arch: "lfm2".into(),
+            n_layer: 4,
+            output_gain: 3.5,
+            layout: lfm2(vec![1, 3]),
+            metadata: vec![f("rope.freq_base", 1e6)],
+            ..base.clone()
+        },
+        "lfm2-350m" => SynthSpec {
+            arch: "lfm2".into(),
+            n_vocab: 65536,
+            n_embd: 1024,
+            n_layer: 16,
+            n_head: 16,
+            n_head_kv: 8,
+            n_ff: 4608,
+            n_ctx_train: 128000,
+            tied_output: true,
+            matrix_type: Q4_K,
+            embd_type: Q6_K,
+            type_overrides: q4_k_m.clone(),
+            layout: lfm2(vec![2, 5, 8, 10, 12, 14]),
+            metadata: vec![f("rope.freq_base", 1e6)],
+            random_blocks: true,
+            ..base.clone()
+        },
         "qwen3-tiny" => SynthSpec {
             arch: "qwen3".into(),
             head_dim: Some(32),
@@ -766,6 +848,11 @@ pub const PRESETS: &[&str] = &[
     "mixtral-tiny",
     "olmoe-tiny",
     "granitemoe-tiny",
+    "bert-tiny",
+    "bert-rerank-tiny",
+    "nomic-bert-tiny",
+    "jina-bert-v2-tiny",
+    "lfm2-tiny",
     "qwen3-tiny",
     "qwen2-tiny",
     "granite-tiny",
@@ -779,4 +866,5 @@ pub const PRESETS: &[&str] = &[
     "qwen2.5-1.5b-q4_k_m",
     "olmoe-1b-7b-q4_k_m",
     "qwen3-30b-a3b-q4_k_m",
+    "lfm2-350m",
 ];

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::block::LayerWeights;
+use super::block::{LayerWeights, Norm};
 use super::config::ModelConfig;
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
@@ -13,8 +13,15 @@ use crate::quant;
 
 pub struct Weights<B: Backend> {
     pub token_embd: B::Weight,
-    pub output_norm: B::Weight,
-    /// `None`: tied to `token_embd`.
+    /// Encoders' inputs: learned absolute positions (`position_embd`), the row of token
+    /// type 0 added to every token (`token_types`: llama.cpp embeds every token as
+    /// type 0), and a norm of the sum (`token_embd_norm`).
+    pub pos_embd: Option<B::Weight>,
+    pub type_embd: Option<B::Weight>,
+    pub embd_norm: Option<Norm<B::Weight>>,
+    /// `None`: the last layer's norm is the final one (BERT).
+    pub output_norm: Option<Norm<B::Weight>>,
+    /// `None`: tied to `token_embd` (or an encoder, which has no logits).
     pub output: Option<B::Weight>,
     pub layers: Vec<LayerWeights<B>>,
     /// Divisors of theta per dimension pair: llama-3's `rope_freqs` for every context, or
@@ -126,6 +133,54 @@ impl<B: Backend> Loader<'_, B> {
         self.split(name, cols, rows)?.ok_or_else(|| missing(name))
     }
 
+    /// A fused vector (`attn_qkv.bias`) split into parts of `lens[i]` values: views of
+    /// the file, loaded as vectors of their own.
+    pub fn split_vector<const N: usize>(
+        &self,
+        name: &str,
+        lens: [usize; N],
+    ) -> Result<Option<[B::Weight; N]>> {
+        let Some(t) = self.info(name, lens.iter().sum(), 1)? else { return Ok(None) };
+        let elem = match t.ty {
+            quant::GgmlType::F32 => 4,
+            quant::GgmlType::F16 => 2,
+            _ => {
+                return Err(KilnError::Tensor {
+                    name: name.into(),
+                    msg: "a fused bias must be F32 or F16".into(),
+                })
+            }
+        };
+        let mut offset = t.offset;
+        let mut parts = Vec::with_capacity(N);
+        for &n in &lens {
+            let part = TensorInfo { dims: vec![n as u64], offset, size: (elem * n) as u64, ..t.clone() };
+            offset += part.size;
+            parts.push(self.backend.load_weight(self.g, &part)?);
+        }
+        Ok(Some(parts.try_into().map_err(|_| KilnError::Backend("split_vector: wrong count".into()))?))
+    }
+
+    /// Row `r` of the matrix `name` (`[cols, rows]`), as a vector.
+    pub fn row(&self, name: &str, cols: usize, r: usize) -> Result<Option<B::Weight>> {
+        let Some(t) = self.g.tensor(name) else { return Ok(None) };
+        let (rows, c) = t.rows_cols();
+        if c != cols || r >= rows || t.dims.len() > 2 {
+            return Err(KilnError::Tensor {
+                name: name.into(),
+                msg: format!("shape {:?}, expected [{cols}, >{r}]", t.dims),
+            });
+        }
+        let row_size = t.ty.row_size(cols)? as u64;
+        let part = TensorInfo {
+            dims: vec![cols as u64],
+            offset: t.offset + row_size * r as u64,
+            size: row_size,
+            ..t.clone()
+        };
+        self.backend.load_weight(self.g, &part).map(Some)
+    }
+
     fn load_together<const N: usize>(&self, ts: &[TensorInfo]) -> Result<[B::Weight; N]> {
         let refs: Vec<&TensorInfo> = ts.iter().collect();
         let ws = self.backend.load_weights(self.g, &refs)?;
@@ -160,7 +215,7 @@ impl<B: Backend> Weights<B> {
                 Ok(w)
             })
             .collect::<Result<_>>()?;
-        let n_rot = cfg.layers.iter().find_map(|l| l.attn.rope.as_ref()).map_or(0, |r| r.n_rot);
+        let n_rot = cfg.layers.iter().find_map(|l| l.mixer.attention()?.rope.as_ref()).map_or(0, |r| r.n_rot);
         let factors = |name: &str| -> Result<Option<Arc<Vec<f32>>>> {
             let Some(t) = g.tensor(name) else { return Ok(None) };
             if t.n_elements() as usize != n_rot / 2 || t.dims.len() != 1 {
@@ -173,9 +228,13 @@ impl<B: Backend> Weights<B> {
             quant::dequantize_row(t.ty, g.tensor_data(t), &mut v)?;
             Ok(Some(Arc::new(v)))
         };
+        let e = &cfg.embd;
         let weights = Weights {
             token_embd: l.get("token_embd.weight", d, cfg.n_vocab)?,
-            output_norm: l.get("output_norm.weight", d, 1)?,
+            pos_embd: e.positions.then(|| l.get("position_embd.weight", d, cfg.n_ctx_train)).transpose()?,
+            type_embd: if e.token_types { l.row("token_types.weight", d, 0)? } else { None },
+            embd_norm: e.norm.then(|| Norm::load(&l, "token_embd_norm", d)).transpose()?,
+            output_norm: cfg.output_norm.map(|name| Norm::load(&l, name, d)).transpose()?,
             output: l.opt("output.weight", d, cfg.n_vocab)?,
             layers,
             rope_freqs: factors("rope_freqs.weight")?,

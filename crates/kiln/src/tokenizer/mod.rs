@@ -229,6 +229,10 @@ impl Tokenizer {
         self.vocab.texts.get(id as usize).map_or("", String::as_str)
     }
 
+    /// The separator (WordPiece's `[SEP]`).
+    pub fn sep(&self) -> Option<u32> {
+        self.vocab.sep
+    }
     pub fn bos(&self) -> Option<u32> {
         self.vocab.bos
     }

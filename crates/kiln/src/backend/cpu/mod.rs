@@ -22,7 +22,7 @@ pub use weight::CpuWeight;
 
 use std::sync::Arc;
 
-use super::{Activation, AttnPlan, Backend, RopeParams, Routing};
+use super::{Activation, AttnPlan, Backend, ConvPlan, RopeParams, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
@@ -199,6 +199,27 @@ impl Backend for CpuBackend {
         });
     }
 
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        w: &CpuWeight,
+        b: Option<&CpuWeight>,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut Vec<f32>,
+    ) {
+        let (w, b) = (self.vector(w), b.map(|b| self.vector(b)));
+        let run = rows.div_ceil(4 * self.pool.n_threads()).max(16);
+        let op = ops::SyncPtr(out.as_mut_ptr());
+        self.pool.run(rows.div_ceil(run), &|task| {
+            let r = task * run..((task + 1) * run).min(rows);
+            // SAFETY: each task writes its own rows of `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(op.get().add(r.start * dim), r.len() * dim) };
+            ops::layer_norm(&x[r.start * dim..r.end * dim], &w, b.as_deref().map(|b| &b[..]), eps, dim, o);
+        });
+    }
+
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, rows: usize, out: &mut Vec<f32>) {
         let mut act = self.act_buf.lock().unwrap_or_else(|e| e.into_inner());
         ops::matmul(&self.pool, w, &x[..rows * w.cols], rows, &mut out[..rows * w.rows], &mut act);
@@ -275,6 +296,23 @@ impl Backend for CpuBackend {
 
     fn glu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, act: Activation, len: usize) {
         ops::glu(&mut gate[..len], &up[..len], act);
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &Vec<f32>,
+        w: &CpuWeight,
+        state: &mut Vec<f32>,
+        plan: &ConvPlan,
+        dim: usize,
+        out: &mut Vec<f32>,
+    ) {
+        let w = self.vector(w);
+        ops::short_conv(&self.pool, bcx, &w, state, plan, dim, out);
+    }
+
+    fn gelu(&self, x: &mut Vec<f32>, len: usize) {
+        ops::gelu(&mut x[..len]);
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, scale: f32, len: usize) {

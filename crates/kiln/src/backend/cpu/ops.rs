@@ -7,7 +7,7 @@ use half::f16;
 
 use super::pool::ThreadPool;
 use super::CpuWeight;
-use crate::backend::{Activation, RopeParams};
+use crate::backend::{Activation, ConvPlan, ConvSource, RopeParams};
 use crate::quant::{self, GgmlType};
 
 /// A pointer that may be shared between pool tasks writing disjoint elements.
@@ -33,6 +33,98 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
             *o = (v * scale) * g;
         }
     }
+}
+
+/// ggml's LayerNorm (`ggml_norm`, then the weight and the bias as two more ops): the mean
+/// as an f64 sum, the variance of the centered values in lanes of 16 reduced as
+/// `_mm512_reduce_add_ps` into an f64 sum (ggml's AVX-512 `ggml_vec_cvar_f32`), the tail
+/// one value at a time.
+pub fn layer_norm(x: &[f32], w: &[f32], b: Option<&[f32]>, eps: f32, dim: usize, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let mean = (xr.iter().map(|&v| v as f64).sum::<f64>() as f32) / dim as f32;
+        let mut sum = 0f64;
+        let body = dim / 16 * 16;
+        for (xc, oc) in xr[..body].chunks_exact(16).zip(or[..body].chunks_exact_mut(16)) {
+            let mut sq = [0f32; 16];
+            for ((o, &v), s) in oc.iter_mut().zip(xc).zip(&mut sq) {
+                *o = v - mean;
+                *s = *o * *o;
+            }
+            let t1: [f32; 8] = std::array::from_fn(|l| sq[l + 8] + sq[l]);
+            let t2: [f32; 4] = std::array::from_fn(|l| t1[l + 4] + t1[l]);
+            sum += ((t2[0] + t2[2]) + (t2[1] + t2[3])) as f64;
+        }
+        for (o, &v) in or[body..].iter_mut().zip(&xr[body..]) {
+            *o = v - mean;
+            sum += (*o * *o) as f64;
+        }
+        let variance = (sum / dim as f64) as f32;
+        let scale = 1.0 / (variance + eps).sqrt();
+        match b {
+            Some(b) => or.iter_mut().zip(w).zip(b).for_each(|((o, &g), &c)| *o = *o * scale * g + c),
+            None => or.iter_mut().zip(w).for_each(|(o, &g)| *o = *o * scale * g),
+        }
+    }
+}
+
+/// `Backend::short_conv`: tasks take ranges of channels, each reading every token's window
+/// of its channels, then writing the states of its channels (so no task reads a value
+/// another has written).
+pub fn short_conv(
+    pool: &ThreadPool,
+    bcx: &[f32],
+    w: &[f32],
+    state: &mut [f32],
+    plan: &ConvPlan,
+    dim: usize,
+    out: &mut [f32],
+) {
+    let n = plan.prev.len();
+    let l = plan.l_cache;
+    let srcs: Vec<ConvSource> = (0..n).flat_map(|i| (0..l).map(move |j| plan.source(i, j))).collect();
+    let src = |i: usize, j: usize| srcs[i * l + j];
+    let row = (l - 1) * dim;
+    let (op, sp) = (SyncPtr(out.as_mut_ptr()), SyncPtr(state.as_mut_ptr()));
+    let state_ro = SyncPtr(state.as_mut_ptr());
+    const CHANNELS: usize = 64;
+    pool.run(dim.div_ceil(CHANNELS), &|task| {
+        let cs = task * CHANNELS..((task + 1) * CHANNELS).min(dim);
+        // B·x of channel `c` at window value `j` of token `i`.
+        let value = |i: usize, j: usize, c: usize| match src(i, j) {
+            ConvSource::Token(t) => bcx[t * 3 * dim + c] * bcx[t * 3 * dim + 2 * dim + c],
+            // SAFETY: states are written only below, each task its own channels.
+            ConvSource::State { slot, row: r } => unsafe {
+                *state_ro.get().add(slot as usize * row + r * dim + c)
+            },
+            ConvSource::Zero => 0.0,
+        };
+        for i in 0..n {
+            for c in cs.clone() {
+                let mut sum = 0f32;
+                for j in 0..l {
+                    sum = value(i, j, c).mul_add(w[c * l + j], sum);
+                }
+                // SAFETY: each task writes its own channels of `out`.
+                unsafe { *op.get().add(i * dim + c) = bcx[i * 3 * dim + dim + c] * sum };
+            }
+        }
+        let mut new = Vec::new();
+        for i in (0..n).filter(|&i| plan.state_out[i] != ConvPlan::NONE) {
+            for r in 0..l - 1 {
+                new.extend(cs.clone().map(|c| value(i, r + 1, c)));
+            }
+        }
+        let mut vals = new.iter();
+        for i in (0..n).filter(|&i| plan.state_out[i] != ConvPlan::NONE) {
+            let at = plan.state_out[i] as usize * row;
+            for r in 0..l - 1 {
+                for c in cs.clone() {
+                    // SAFETY: each task writes its own channels of the states.
+                    unsafe { *sp.get().add(at + r * dim + c) = *vals.next().expect("one value each") };
+                }
+            }
+        }
+    });
 }
 
 /// Tokens whose quantized activations stay in L1 while a chunk of weight rows passes over
@@ -348,6 +440,20 @@ unsafe fn low_halves(v: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m128
     // Lanes are < 2^16, so the unsigned saturating pack is exact.
     let packed = _mm256_packus_epi32(v, v);
     _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(packed))
+}
+
+/// `x = gelu(x)` (ggml's `ggml_vec_gelu_f32`: the table below 10, the identity above).
+pub fn gelu(x: &mut [f32]) {
+    let table = gelu_table();
+    for v in x {
+        *v = if *v <= -10.0 {
+            0.0
+        } else if *v >= 10.0 {
+            *v
+        } else {
+            table[f16::from_f32(*v).to_bits() as usize].to_f32()
+        };
+    }
 }
 
 pub fn glu(gate: &mut [f32], up: &[f32], act: Activation) {

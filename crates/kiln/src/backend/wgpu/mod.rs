@@ -1384,6 +1384,35 @@ impl Backend for GpuBackend {
         self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim });
     }
 
+    fn layer_norm(
+        &self,
+        _x: &GpuBuf,
+        _w: &GpuWeight,
+        _b: Option<&GpuWeight>,
+        _eps: f32,
+        _rows: usize,
+        _dim: usize,
+        _out: &mut GpuBuf,
+    ) {
+        unimplemented!("layer_norm on the GPU (Engine runs encoders on the CPU: ModelConfig::cpu_only)")
+    }
+
+    fn gelu(&self, _x: &mut GpuBuf, _len: usize) {
+        unimplemented!("gelu on the GPU (Engine runs encoders on the CPU: ModelConfig::cpu_only)")
+    }
+
+    fn short_conv(
+        &self,
+        _bcx: &GpuBuf,
+        _w: &GpuWeight,
+        _state: &mut GpuBuf,
+        _plan: &super::ConvPlan,
+        _dim: usize,
+        _out: &mut GpuBuf,
+    ) {
+        unimplemented!("short_conv on the GPU (Engine runs lfm2 on the CPU: ModelConfig::cpu_only)")
+    }
+
     fn glu(&self, gate: &mut GpuBuf, up: &GpuBuf, act: Activation, len: usize) {
         self.op();
         let a = match act {

@@ -33,7 +33,10 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
                 1.0 / (head as f32).sqrt(),
             )
         };
-        Layer { attn, ffn: Ffn::Gated { norms: Norms::PRE_POST, act: Activation::GeluTanh, n_ff: h.n_ff } }
+        Layer {
+            mixer: attn.into(),
+            ffn: Ffn::Gated { norms: Norms::PRE_POST, act: Activation::GeluTanh, n_ff: h.n_ff },
+        }
     });
     c.embd_scale = (h.n_embd as f32).sqrt();
     c.final_softcap = Some(m.f32("final_logit_softcapping")?.unwrap_or(30.0));

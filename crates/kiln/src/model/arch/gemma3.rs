@@ -29,7 +29,10 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
             window: if swa[il] { window } else { None },
             ..Attention::new(rope, h.attn_scale)
         };
-        Layer { attn, ffn: Ffn::Gated { norms: Norms::PRE_POST, act: Activation::GeluTanh, n_ff: h.n_ff } }
+        Layer {
+            mixer: attn.into(),
+            ffn: Ffn::Gated { norms: Norms::PRE_POST, act: Activation::GeluTanh, n_ff: h.n_ff },
+        }
     });
     c.embd_scale = (h.n_embd as f32).sqrt();
     Ok(c)

@@ -21,7 +21,7 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
         }
         None => Ffn::gated(Activation::Silu, h.n_ff),
     };
-    let layer = Layer { attn: Attention::new(h.rope.clone(), h.attn_scale), ffn };
+    let layer = Layer { mixer: Attention::new(h.rope.clone(), h.attn_scale).into(), ffn };
     let mut c = h.config(m, |_| layer.clone());
     c.embd_scale = m.f32("embedding_scale")?.unwrap_or(1.0);
     c.residual_scale = m.f32("residual_scale")?.unwrap_or(1.0);

@@ -18,6 +18,6 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
         },
         None => Ffn::gated(Activation::Silu, h.n_ff),
     };
-    let layer = Layer { attn: Attention::new(h.rope.clone(), h.attn_scale), ffn };
+    let layer = Layer { mixer: Attention::new(h.rope.clone(), h.attn_scale).into(), ffn };
     Ok(h.config(m, |_| layer.clone()))
 }

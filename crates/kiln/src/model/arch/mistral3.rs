@@ -22,7 +22,7 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
         _ => None,
     };
     let layer = Layer {
-        attn: Attention { temperature, ..Attention::new(h.rope.clone(), h.attn_scale) },
+        mixer: Attention { temperature, ..Attention::new(h.rope.clone(), h.attn_scale) }.into(),
         ffn: Ffn::gated(Activation::Silu, h.n_ff),
     };
     Ok(h.config(m, |_| layer.clone()))

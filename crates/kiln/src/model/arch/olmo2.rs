@@ -26,6 +26,9 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
             window: window.filter(|_| swa[il]),
             ..Attention::new(if swa[il] { local.clone() } else { global.clone() }, h.attn_scale)
         };
-        Layer { attn, ffn: Ffn::Gated { norms: Norms::POST, act: Activation::Silu, n_ff: h.n_ff } }
+        Layer {
+            mixer: attn.into(),
+            ffn: Ffn::Gated { norms: Norms::POST, act: Activation::Silu, n_ff: h.n_ff },
+        }
     }))
 }

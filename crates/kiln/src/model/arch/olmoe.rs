@@ -14,6 +14,6 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
         .ok_or_else(|| KilnError::Metadata(format!("{} is missing", m.key("expert_count"))))?;
     let moe = Moe { routing, n_ff: h.n_ff, act: Activation::Silu, shared: None };
     let attn = Attention { qk_norm: QkNorm::Whole, ..Attention::new(h.rope_neox(), h.attn_scale) };
-    let layer = Layer { attn, ffn: Ffn::Moe { norms: Norms::PRE, moe } };
+    let layer = Layer { mixer: attn.into(), ffn: Ffn::Moe { norms: Norms::PRE, moe } };
     Ok(h.config(m, |_| layer.clone()))
 }

@@ -13,6 +13,6 @@ use crate::model::config::{Hparams, Meta, ModelConfig};
 pub fn config(m: &Meta) -> Result<ModelConfig> {
     let h = Hparams::read(m)?;
     let attn = Attention { scale_q: true, ..Attention::new(h.rope_neox(), h.attn_scale) };
-    let layer = Layer { attn, ffn: Ffn::gated(Activation::Silu, h.n_ff) };
+    let layer = Layer { mixer: attn.into(), ffn: Ffn::gated(Activation::Silu, h.n_ff) };
     Ok(h.config(m, |_| layer.clone()))
 }

@@ -9,7 +9,7 @@ use crate::model::config::{Hparams, Meta, ModelConfig};
 pub fn config(m: &Meta) -> Result<ModelConfig> {
     let h = Hparams::read(m)?;
     let layer = Layer {
-        attn: Attention::new(h.rope_neox(), h.attn_scale),
+        mixer: Attention::new(h.rope_neox(), h.attn_scale).into(),
         ffn: Ffn::gated(Activation::Silu, h.n_ff),
     };
     Ok(h.config(m, |_| layer.clone()))

@@ -15,6 +15,6 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
     let n_ff = m.usize("expert_feed_forward_length")?.unwrap_or(h.n_ff / routing.k);
     let moe = Moe { routing, n_ff, act: Activation::Silu, shared: None };
     let attn = Attention { qk_norm: QkNorm::PerHead, ..Attention::new(h.rope_neox(), h.attn_scale) };
-    let layer = Layer { attn, ffn: Ffn::Moe { norms: Norms::PRE, moe } };
+    let layer = Layer { mixer: attn.into(), ffn: Ffn::Moe { norms: Norms::PRE, moe } };
     Ok(h.config(m, |_| layer.clone()))
 }

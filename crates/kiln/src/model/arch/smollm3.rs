@@ -16,7 +16,7 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
     Ok(h.config(m, |il| {
         let rope = ((il + 1) % NO_ROPE_INTERVAL != 0).then(|| h.rope.clone());
         Layer {
-            attn: Attention { rope, ..Attention::new(h.rope.clone(), h.attn_scale) },
+            mixer: Attention { rope, ..Attention::new(h.rope.clone(), h.attn_scale) }.into(),
             ffn: Ffn::gated(Activation::Silu, h.n_ff),
         }
     }))

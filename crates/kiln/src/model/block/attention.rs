@@ -1,7 +1,8 @@
 //! The attention block: q, k, v projections (separate `attn_q/k/v` or one fused
-//! `attn_qkv`, optional biases), optional RMSNorm of q and k, RoPE, causal attention over
-//! the KV cache (optionally within a sliding window, with soft-capped scores), the output
-//! projection `attn_output`.
+//! `attn_qkv`, optional biases), optional RMSNorm of q and k, RoPE, attention over the KV
+//! cache (causal, optionally within a sliding window, with soft-capped scores; or over the
+//! whole sequence for encoders, optionally with ALiBi), the output projection
+//! `attn_output` (optional bias).
 
 use super::{blk, NormWeights, Norms};
 use crate::backend::{AttnPlan, Backend, RopeParams};
@@ -29,6 +30,8 @@ pub struct Attention {
     pub softcap: Option<f32>,
     /// Queries scaled by their position (llama-4's temperature tuning; mistral3).
     pub temperature: Option<Temperature>,
+    /// ALiBi's maximum bias (jina-bert-v2): positions as a linear bias of the scores.
+    pub alibi: Option<f32>,
 }
 
 /// Llama-4's attention temperature: the query at position `p` is multiplied by
@@ -71,6 +74,7 @@ impl Attention {
             scale_q: false,
             softcap: None,
             temperature: None,
+            alibi: None,
         }
     }
 
@@ -101,6 +105,7 @@ pub struct AttnWeights<W> {
     pub bk: Option<W>,
     pub bv: Option<W>,
     pub wo: W,
+    pub bo: Option<W>,
     pub q_norm: Option<W>,
     pub k_norm: Option<W>,
 }
@@ -110,13 +115,22 @@ impl<W> AttnWeights<W> {
         let c = l.cfg;
         let (d, q, kv, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
         let n = |s: &str| blk(il, s);
-        let [wq, wk, wv] = match l.split(&n("attn_qkv.weight"), d, [q, kv, kv])? {
+        let fused = l.split(&n("attn_qkv.weight"), d, [q, kv, kv])?;
+        let [wq, wk, wv] = match fused {
             Some(w) => w,
             None => l.group([
                 (n("attn_q.weight"), d, q),
                 (n("attn_k.weight"), d, kv),
                 (n("attn_v.weight"), d, kv),
             ])?,
+        };
+        let [bq, bk, bv] = match l.split_vector(&n("attn_qkv.bias"), [q, kv, kv])? {
+            Some([bq, bk, bv]) => [Some(bq), Some(bk), Some(bv)],
+            None => [
+                l.opt(&n("attn_q.bias"), q, 1)?,
+                l.opt(&n("attn_k.bias"), kv, 1)?,
+                l.opt(&n("attn_v.bias"), kv, 1)?,
+            ],
         };
         let (q_norm, k_norm) = match a.qk_norm {
             QkNorm::None => (None, None),
@@ -128,14 +142,20 @@ impl<W> AttnWeights<W> {
             }
         };
         Ok(AttnWeights {
-            norms: NormWeights::load(l, il, a.norms, "attn_norm.weight", "post_attention_norm.weight")?,
+            norms: NormWeights::load(
+                l,
+                il,
+                a.norms,
+                ["attn_norm", "post_attention_norm", "attn_output_norm"],
+            )?,
             wq,
             wk,
             wv,
-            bq: l.opt(&n("attn_q.bias"), q, 1)?,
-            bk: l.opt(&n("attn_k.bias"), kv, 1)?,
-            bv: l.opt(&n("attn_v.bias"), kv, 1)?,
+            bq,
+            bk,
+            bv,
             wo: l.get(&n("attn_output.weight"), q, d)?,
+            bo: l.opt(&n("attn_output.bias"), d, 1)?,
             q_norm,
             k_norm,
         })
@@ -149,6 +169,8 @@ pub struct Batch<'a> {
     pub seq: &'a [u32],
     pub slots: &'a [u32],
     pub tables: &'a [&'a [u32]],
+    /// Encoders (non-causal attention): each sequence's length, all of it in this batch.
+    pub seq_len: Option<&'a [u32]>,
 }
 
 /// The attention block's activations, `n_ubatch` rows each.
@@ -235,9 +257,14 @@ pub fn forward<B: Backend>(
         q_scale: &s.q_scale,
         softcap: a.softcap.unwrap_or(0.0),
         window: a.window,
+        seq_len: batch.seq_len,
+        alibi: a.alibi,
     };
     b.attention(&s.q, kc, vc, &plan, &mut s.att);
-    b.matmul(&w.wo, &s.att, n, out);
+    match &w.bo {
+        Some(bo) => b.matmul_many(&[&w.wo], &[Some(bo)], &s.att, n, &mut [out]),
+        None => b.matmul(&w.wo, &s.att, n, out),
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The feed-forward block: a gated linear unit, `down · (act(gate · x) * (up · x))`
 //! (`ffn_gate`, `ffn_up`, `ffn_down`; or gate and up fused in one `ffn_up` of twice the
-//! rows, gate first, as phi3 has them), or a mixture of experts (`block::moe`).
+//! rows, gate first, as phi3 and jina-bert-v2's GEGLU have them), BERT's plain
+//! `down · gelu(up · x)`, each matrix with an optional bias; or a mixture of experts
+//! (`block::moe`).
 
 use super::moe::{self, Moe, MoeScratch, MoeWeights};
 use super::{blk, NormWeights, Norms};
@@ -14,6 +16,8 @@ use crate::model::weights::Loader;
 pub enum Ffn {
     /// A gated linear unit of `n_ff` hidden values.
     Gated { norms: Norms, act: Activation, n_ff: usize },
+    /// `down · gelu(up · x)` (BERT), `n_ff` hidden values.
+    Gelu { norms: Norms, n_ff: usize },
     /// A mixture of experts.
     Moe { norms: Norms, moe: Moe },
 }
@@ -27,70 +31,96 @@ impl Ffn {
     /// Hidden width of its dense units (scratch sizing): the GLU's, or a shared expert's.
     pub fn n_ff(&self) -> usize {
         match self {
-            Ffn::Gated { n_ff, .. } => *n_ff,
+            Ffn::Gated { n_ff, .. } | Ffn::Gelu { n_ff, .. } => *n_ff,
             Ffn::Moe { moe, .. } => moe.shared.map_or(0, |s| s.n_ff),
         }
     }
 
     pub fn norms(&self) -> Norms {
         match self {
-            Ffn::Gated { norms, .. } | Ffn::Moe { norms, .. } => *norms,
+            Ffn::Gated { norms, .. } | Ffn::Gelu { norms, .. } | Ffn::Moe { norms, .. } => *norms,
         }
     }
 
     pub fn moe(&self) -> Option<&Moe> {
         match self {
             Ffn::Moe { moe, .. } => Some(moe),
-            Ffn::Gated { .. } => None,
+            Ffn::Gated { .. } | Ffn::Gelu { .. } => None,
         }
     }
 }
 
-/// A gated linear unit's matrices.
+/// A dense unit's matrices, each with its bias where the file has one: gated (a GLU) or,
+/// without `gate`, plain GELU (BERT).
 pub struct Glu<W> {
-    pub gate: W,
-    pub up: W,
-    pub down: W,
+    pub gate: Option<(W, Option<W>)>,
+    pub up: (W, Option<W>),
+    pub down: (W, Option<W>),
 }
 
 impl<W> Glu<W> {
-    /// `blk.{il}.ffn_{gate,up,down}{suffix}.weight` of `n_ff` hidden values.
+    /// `blk.{il}.ffn_{gate,up,down}{suffix}.weight` (and `.bias`) of `n_ff` hidden values;
+    /// `gated` false: no gate.
     pub(crate) fn load<B: Backend<Weight = W>>(
         l: &Loader<B>,
         il: usize,
         suffix: &str,
         ff: usize,
+        gated: bool,
     ) -> Result<Self> {
         let d = l.cfg.n_embd;
-        let n = |s: &str| blk(il, &format!("ffn_{s}{suffix}.weight"));
-        // Fused: no gate, an up of twice the rows.
-        let fused = l.g.tensor(&n("gate")).is_none()
-            && l.g.tensor(&n("up")).is_some_and(|t| t.rows_cols().0 == 2 * ff);
-        let [gate, up] = match fused {
-            true => l.fused(&n("up"), d, [ff, ff])?,
-            false => l.group([(n("gate"), d, ff), (n("up"), d, ff)])?,
+        let n = |s: &str, what: &str| blk(il, &format!("ffn_{s}{suffix}.{what}"));
+        let down = (l.get(&n("down", "weight"), ff, d)?, l.opt(&n("down", "bias"), d, 1)?);
+        if !gated {
+            let up = (l.get(&n("up", "weight"), d, ff)?, l.opt(&n("up", "bias"), ff, 1)?);
+            return Ok(Glu { gate: None, up, down });
+        }
+        // Fused: no gate, an up of twice the rows (gate first), its bias likewise.
+        let fused = l.g.tensor(&n("gate", "weight")).is_none()
+            && l.g.tensor(&n("up", "weight")).is_some_and(|t| t.rows_cols().0 == 2 * ff);
+        let ([gate, up], [gate_b, up_b]) = match fused {
+            true => {
+                let w = l.fused(&n("up", "weight"), d, [ff, ff])?;
+                let b = match l.split_vector(&n("up", "bias"), [ff, ff])? {
+                    Some([g, u]) => [Some(g), Some(u)],
+                    None => [None, None],
+                };
+                (w, b)
+            }
+            false => {
+                let w = l.group([(n("gate", "weight"), d, ff), (n("up", "weight"), d, ff)])?;
+                (w, [l.opt(&n("gate", "bias"), ff, 1)?, l.opt(&n("up", "bias"), ff, 1)?])
+            }
         };
-        Ok(Glu { gate, up, down: l.get(&n("down"), ff, d)? })
+        Ok(Glu { gate: Some((gate, gate_b)), up: (up, up_b), down })
     }
 }
 
 pub enum FfnWeights<B: Backend> {
-    Gated { norms: NormWeights<B::Weight>, glu: Glu<B::Weight> },
-    Moe { norms: NormWeights<B::Weight>, moe: MoeWeights<B> },
+    /// A GLU or a plain GELU unit.
+    Dense {
+        norms: NormWeights<B::Weight>,
+        glu: Glu<B::Weight>,
+    },
+    Moe {
+        norms: NormWeights<B::Weight>,
+        moe: MoeWeights<B>,
+    },
 }
 
 impl<B: Backend> FfnWeights<B> {
     pub(crate) fn load(l: &Loader<B>, il: usize, f: &Ffn) -> Result<Self> {
-        let norms = NormWeights::load(l, il, f.norms(), "ffn_norm.weight", "post_ffw_norm.weight")?;
+        let norms = NormWeights::load(l, il, f.norms(), ["ffn_norm", "post_ffw_norm", "layer_output_norm"])?;
         Ok(match f {
-            Ffn::Gated { n_ff, .. } => FfnWeights::Gated { norms, glu: Glu::load(l, il, "", *n_ff)? },
+            Ffn::Gated { n_ff, .. } => FfnWeights::Dense { norms, glu: Glu::load(l, il, "", *n_ff, true)? },
+            Ffn::Gelu { n_ff, .. } => FfnWeights::Dense { norms, glu: Glu::load(l, il, "", *n_ff, false)? },
             Ffn::Moe { moe, .. } => FfnWeights::Moe { norms, moe: MoeWeights::load(l, il, moe)? },
         })
     }
 
     pub fn norms(&self) -> &NormWeights<B::Weight> {
         match self {
-            FfnWeights::Gated { norms, .. } | FfnWeights::Moe { norms, .. } => norms,
+            FfnWeights::Dense { norms, .. } | FfnWeights::Moe { norms, .. } => norms,
         }
     }
 }
@@ -118,7 +148,8 @@ impl<B: Backend> FfnScratch<B> {
     }
 }
 
-/// A GLU on `n` rows of `x`, its output to `out`.
+/// A dense unit on `n` rows of `x`, its output to `out`: gated by `act`, or plain GELU
+/// where it has no gate.
 #[allow(clippy::too_many_arguments)]
 pub fn glu<B: Backend>(
     b: &B,
@@ -130,9 +161,23 @@ pub fn glu<B: Backend>(
     s: &mut GluScratch<B>,
     out: &mut B::Buf,
 ) {
-    b.matmul_many(&[&w.gate, &w.up], &[], x, n, &mut [&mut s.gate, &mut s.up]);
-    b.glu(&mut s.gate, &s.up, act, n * n_ff);
-    b.matmul(&w.down, &s.gate, n, out);
+    let (up, up_b) = (&w.up.0, w.up.1.as_ref());
+    let hidden = match &w.gate {
+        Some((gate, gate_b)) => {
+            b.matmul_many(&[gate, up], &[gate_b.as_ref(), up_b], x, n, &mut [&mut s.gate, &mut s.up]);
+            b.glu(&mut s.gate, &s.up, act, n * n_ff);
+            &s.gate
+        }
+        None => {
+            b.matmul_many(&[up], &[up_b], x, n, &mut [&mut s.up]);
+            b.gelu(&mut s.up, n * n_ff);
+            &s.up
+        }
+    };
+    match &w.down {
+        (down, Some(db)) => b.matmul_many(&[down], &[Some(db)], hidden, n, &mut [out]),
+        (down, None) => b.matmul(down, hidden, n, out),
+    }
 }
 
 /// The block on `n` rows of `x` (already normed), its output to `out`.
@@ -146,8 +191,11 @@ pub fn forward<B: Backend>(
     out: &mut B::Buf,
 ) {
     match (f, w) {
-        (Ffn::Gated { act, n_ff, .. }, FfnWeights::Gated { glu: g, .. }) => {
+        (Ffn::Gated { act, n_ff, .. }, FfnWeights::Dense { glu: g, .. }) => {
             glu(b, g, *act, *n_ff, x, n, &mut s.glu, out)
+        }
+        (Ffn::Gelu { n_ff, .. }, FfnWeights::Dense { glu: g, .. }) => {
+            glu(b, g, Activation::GeluTanh, *n_ff, x, n, &mut s.glu, out)
         }
         (Ffn::Moe { moe: m, .. }, FfnWeights::Moe { moe: mw, .. }) => {
             let ms = s.moe.as_mut().expect("scratch made for the model's experts");

@@ -73,7 +73,7 @@ impl<B: Backend> MoeWeights<B> {
             None => (None, None),
             Some(s) => {
                 let g = if s.gated { Some(l.get(&n("ffn_gate_inp_shexp.weight"), d, 1)?) } else { None };
-                (Some(Glu::load(l, il, "_shexp", s.n_ff)?), g)
+                (Some(Glu::load(l, il, "_shexp", s.n_ff, true)?), g)
             }
         };
         Ok(MoeWeights {

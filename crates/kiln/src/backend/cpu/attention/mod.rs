@@ -114,7 +114,7 @@ pub fn attention(
     }
     let n_kv = plan.n_head_kv;
     let group = plan.n_head / n_kv;
-    let (c0, c1) = (plan.first_pos(0) / KV_CHUNK, plan.pos[0] / KV_CHUNK);
+    let (c0, c1) = (plan.first_pos(0) / KV_CHUNK, plan.last_pos(0) / KV_CHUNK);
     let inp = Inputs { q, k, v, plan, arith };
     if n_tok == 1 && c1 > c0 && group <= MAX_ROWS {
         return split_decode(pool, inp, c0..c1 + 1, out);
@@ -649,7 +649,7 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
     let seq = plan.seq[ts.start];
     // The keys query `t` sees in this task.
     let first = |t: usize| plan.first_pos(t).max(keys.start);
-    let last = |t: usize| plan.pos[t].min(keys.end - 1);
+    let last = |t: usize| plan.last_pos(t).min(keys.end - 1);
     let lo = ts.clone().map(first).min().unwrap_or(0);
     let hi = ts.clone().map(last).max().unwrap_or(0);
     // Blocks start at multiples of K_BLOCK, so a row's blocks depend only on its own keys.
@@ -838,6 +838,18 @@ fn run_task_body<K: Kernel>(task: &Task, s: &mut Scratch) {
             }
             fetch(0, ahead_spans, part(r)..part(e));
             r = e;
+        }
+        if plan.alibi.is_some() {
+            // ggml adds the bias after scaling the score; the block's maximum follows.
+            for (r, wt) in wts[..rows].iter_mut().enumerate() {
+                let (t, h) = row(r);
+                let mut mb = f32::NEG_INFINITY;
+                for i in wt.a..wt.b {
+                    wt.w[i] += plan.bias(t, h, p0 + i as u32);
+                    mb = if wt.w[i] > mb { wt.w[i] } else { mb };
+                }
+                mbs[r] = mb;
+            }
         }
         for (r, wt) in wts[..rows].iter_mut().enumerate() {
             if wt.a >= wt.b {
@@ -1322,17 +1334,14 @@ mod reference_tests {
                         None => dot_f16(&qr, &values(&k, &krows, p)),
                     };
                     let s = d * plan.score_scale();
-                    if plan.softcap != 0.0 {
-                        plan.softcap * s.tanh()
-                    } else {
-                        s
-                    }
+                    let s = if plan.softcap != 0.0 { plan.softcap * s.tanh() } else { s };
+                    s + plan.bias(t, h, p)
                 };
                 let key = |p: u32| (score(p), values(&v, v.f16(), p));
                 let round = v.blocks().is_none();
                 let mut folded = vec![0f32; hd];
                 let (mut mm, mut ss) = (f32::NEG_INFINITY, 0f32);
-                let (first, last) = (plan.first_pos(t), plan.pos[t]);
+                let (first, last) = (plan.first_pos(t), plan.last_pos(t));
                 for c in first / KV_CHUNK..=last / KV_CHUNK {
                     let keys = first.max(c * KV_CHUNK)..=last.min((c + 1) * KV_CHUNK - 1);
                     let (m, sum, acc) = if arith.f16_in_chunk(c) {
@@ -1501,17 +1510,25 @@ mod reference_tests {
             let prompt: Vec<(u32, u32)> = (0..37).map(|p| (p + 3, 0)).chain((0..5).map(|p| (p, 1))).collect();
             // A prompt whose queries cross a chunk boundary.
             let long: Vec<(u32, u32)> = (250..262).map(|p| (p, 0)).collect();
+            // Encoders: every query sees its whole sequence (40 and 300 positions), with
+            // and without ALiBi.
+            let encoder: Vec<(u32, u32)> = (0..40).map(|p| (p, 0)).chain((0..300).map(|p| (p, 1))).collect();
+            let lens = [40u32, 300];
             // Plain, and with gemma2's soft-capping and queries scaled per token.
             let cases = [
-                (decode.clone(), None),
-                (decode, Some(100)),
-                (decode_late, Some(40)),
-                (batch.clone(), None),
-                (prompt.clone(), None),
-                (prompt, Some(5)),
-                (long, None),
+                (decode.clone(), None, None, None),
+                (decode, Some(100), None, None),
+                (decode_late, Some(40), None, None),
+                (batch.clone(), None, None, Some(8.0)),
+                (prompt.clone(), None, None, None),
+                (prompt, Some(5), None, None),
+                (long, None, None, None),
+                (encoder.clone(), None, Some(&lens[..]), None),
+                (encoder, None, Some(&lens[..]), Some(8.0)),
             ];
-            for ((toks, window), capped) in cases.into_iter().flat_map(|c| [(c.clone(), false), (c, true)]) {
+            for ((toks, window, seq_len, alibi), capped) in
+                cases.into_iter().flat_map(|c| [(c.clone(), false), (c, true)])
+            {
                 let pos: Vec<u32> = toks.iter().map(|t| t.0).collect();
                 let seq: Vec<u32> = toks.iter().map(|t| t.1).collect();
                 let q_scale: Vec<f32> = pos.iter().map(|&p| 0.3 + p as f32 / 100.0).collect();
@@ -1527,6 +1544,8 @@ mod reference_tests {
                     q_scale: if capped { &q_scale } else { &[] },
                     softcap: if capped { 5.0 } else { 0.0 },
                     window,
+                    seq_len,
+                    alibi,
                 };
                 let q: Vec<f32> = (0..pos.len() * n_head * hd).map(|_| rng.f() * 8.0).collect();
                 for (kc, vc) in &caches {
@@ -1541,7 +1560,8 @@ mod reference_tests {
                                 assert_eq!(
                                     a.to_bits(),
                                     b.to_bits(),
-                                    "{types:?} {arith:?}, heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, capped {capped}, {} threads: value {i}",
+                                    "{types:?} {arith:?}, heads {n_head}/{n_kv}x{hd}, {} tokens, window {window:?}, capped {capped}, \
+                                     non-causal {seq_len:?}, alibi {alibi:?}, {} threads: value {i}",
                                     pos.len(),
                                     pool.n_threads()
                                 );
