@@ -84,6 +84,23 @@ fn exchange(addr: SocketAddr, raw: &[u8]) -> (u16, String, String) {
     parse(&read_all(&mut s))
 }
 
+/// `exchange` once the server has a place for the connection: at the cap, a connection
+/// is closed without a response until the server has seen an earlier one close.
+fn exchange_when_placed(addr: SocketAddr, raw: &[u8]) -> (u16, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = connect(addr);
+        s.write_all(raw).unwrap();
+        let _ = s.shutdown(Shutdown::Write);
+        let got = read_all(&mut s);
+        if !got.is_empty() {
+            return parse(&got);
+        }
+        assert!(Instant::now() < deadline, "no place for a connection");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn parse(raw: &[u8]) -> (u16, String, String) {
     let text = String::from_utf8_lossy(raw).into_owned();
     assert!(text.starts_with("HTTP/1.1 "), "not a response: {text:?}");
@@ -116,6 +133,25 @@ fn api_error(status: u16, head: &str, body: &str) -> Value {
     let keys: Vec<&String> = e.as_object().unwrap().keys().collect();
     assert_eq!(keys, ["message", "type", "param", "code"], "{status}: {v}");
     e.clone()
+}
+
+/// A connection the server has placed and keeps open while it sends nothing (one the
+/// server had no place for is closed at once; retried while an earlier connection's
+/// place is not yet free).
+fn held_connection(addr: SocketAddr) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = connect(addr);
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let mut buf = [0u8; 1];
+        match s.read(&mut buf) {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                return s;
+            }
+            _ => assert!(Instant::now() < deadline, "no place for a connection"),
+        }
+    }
 }
 
 /// Waits for the server to close `s` without a response; returns how long that took.
@@ -185,7 +221,7 @@ fn the_cap_refuses_new_connections_while_health_answers() {
     // The accept loop has taken them all once a probe is served from the reserved share.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (status, head, body) = exchange(addr, &request("GET", "/v1/models", ""));
+        let (status, head, body) = exchange_when_placed(addr, &request("GET", "/v1/models", ""));
         if status == 503 {
             let e = api_error(status, &head, &body);
             assert_eq!(e["code"], "too_many_connections", "{e}");
@@ -195,14 +231,13 @@ fn the_cap_refuses_new_connections_while_health_answers() {
         assert!(Instant::now() < deadline, "the cap never applied");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (status, _, body) = exchange(addr, &request("GET", "/health", ""));
+    let (status, _, body) = exchange_when_placed(addr, &request("GET", "/health", ""));
     assert_eq!((status, serde_json::from_str::<Value>(&body).unwrap()), (200, json!({"status": "ok"})));
-    let (status, _, body) = exchange(addr, &request("GET", "/metrics", ""));
+    let (status, _, body) = exchange_when_placed(addr, &request("GET", "/metrics", ""));
     assert_eq!(status, 200, "{body}");
 
     // With the reserved share held too, the next connection is closed at once.
-    let held = connect(addr);
-    std::thread::sleep(Duration::from_millis(100));
+    let held = held_connection(addr);
     let mut s = connect(addr);
     s.write_all(&request("GET", "/health", "")).unwrap();
     assert!(closed_without_response(&mut s) < Duration::from_secs(5));
@@ -211,7 +246,7 @@ fn the_cap_refuses_new_connections_while_health_answers() {
     // A connection that closes frees its place.
     idle.pop();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while exchange(addr, &request("GET", "/v1/models", "")).0 != 200 {
+    while exchange_when_placed(addr, &request("GET", "/v1/models", "")).0 != 200 {
         assert!(Instant::now() < deadline, "the freed place was not reused");
         std::thread::sleep(Duration::from_millis(20));
     }
