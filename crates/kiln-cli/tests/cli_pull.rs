@@ -42,7 +42,14 @@ fn list() {
     let names: Vec<_> = s.lines().map(|l| l.split_whitespace().next().unwrap()).collect();
     assert_eq!(
         names,
-        ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "tiny-random-llama"]
+        [
+            "smollm2-135m",
+            "gemma3-270m",
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-1.5b",
+            "tiny-random-llama",
+            "nomic-embed-text-v1.5"
+        ]
     );
     let smol = s.lines().next().unwrap();
     assert!(smol.contains("98.4 MB") && smol.contains("llama") && smol.contains("default"), "{smol}");

@@ -264,6 +264,13 @@ fn load_draft(
     let path = crate::hub::resolve_model_with(name, opts.progress.as_ref())?;
     let gguf = Arc::new(GgufFile::open(&path)?);
     let cfg = ModelConfig::from_gguf(&gguf)?;
+    if cfg.is_recurrent() {
+        return Err(KilnError::invalid(format!(
+            "the draft model {}: {} keeps a recurrent state, which a rejected draft cannot roll back by token",
+            path.display(),
+            cfg.arch
+        )));
+    }
     if cfg.n_ctx_train < n_ctx {
         return Err(KilnError::invalid(format!(
             "the draft model {} was trained for {} tokens of context, less than the context ({n_ctx})",
@@ -368,6 +375,14 @@ impl Engine {
         }
         let template = ChatTemplate::from_gguf(&gguf)?;
         opts.spec.validate(n_ctx)?;
+        if opts.spec.enabled() && cfg.is_recurrent() {
+            // A rejected draft rolls the state back token by token; a recurrent model's
+            // convolution state only survives at whole blocks, so the accepted tokens would go.
+            return Err(KilnError::invalid(format!(
+                "speculative decoding needs a model whose state rolls back by token; {} keeps a recurrent state",
+                cfg.arch
+            )));
+        }
         let n_threads = opts.n_threads.unwrap_or_else(default_threads).max(1);
         // An encoder's micro-batch holds any input whole (every position sees the others).
         let n_ubatch = if cfg.causal { opts.n_batch.min(n_ctx) } else { opts.n_batch.max(n_ctx) };

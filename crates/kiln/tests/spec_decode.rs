@@ -179,6 +179,13 @@ fn drafts_that_cannot_work_are_refused() {
     long.draft_max = 64;
     let e = err(long, 64);
     assert!(e.contains("does not fit in the context"), "{e}");
+    // A recurrent model (LFM2's convolution state) cannot roll back a rejected draft.
+    let lfm2 = std::env::temp_dir().join(format!("kiln-spec-lfm2-{}.gguf", std::process::id()));
+    kiln::model::synth::preset("lfm2-tiny").unwrap().build().unwrap().write_file(&lfm2).unwrap();
+    let opts = EngineOptions::default().with_n_ctx(128).with_threads(2).with_spec(lookup(2));
+    let e = Engine::load(lfm2.to_str().unwrap(), opts).err().expect("an error").to_string();
+    std::fs::remove_file(&lfm2).ok();
+    assert!(e.contains("recurrent state"), "{e}");
 }
 
 /// Sampled speculation keeps the model's distribution: a tiny synthetic model drafted for

@@ -434,7 +434,10 @@ impl Hparams {
             None => n_head,
             Some(v) => {
                 let mut heads = v.iter().copied().filter(|&h| h > 0);
-                let first = heads.next().unwrap_or(n_head);
+                // Every layer without KV heads: no attention anywhere, which is no model kiln runs.
+                let first = heads
+                    .next()
+                    .ok_or_else(|| m.bad("attention.head_count_kv", 0, "must be positive in some layer"))?;
                 if heads.any(|h| h != first) {
                     return Err(KilnError::unsupported(
                         "per-layer shape",
