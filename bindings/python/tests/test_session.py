@@ -86,6 +86,6 @@ def test_calls_wait_but_not_for_an_open_stream(engine):
     results = []
     t = threading.Thread(target=lambda: results.append(s.generate(max_tokens=40, temperature=0, ignore_eos=True)))
     t.start()
-    more = s.generate(max_tokens=5, temperature=0)
+    more = s.generate(max_tokens=5, temperature=0, ignore_eos=True)
     t.join()
     assert len(results[0].ids) == 40 and len(more.ids) == 5
