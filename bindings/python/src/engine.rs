@@ -51,7 +51,7 @@ impl Engine {
             opts = opts.with_batch(b);
         }
         let model = model.to_string_lossy().into_owned();
-        let inner = worker::run(py, None, move || kiln::Engine::load(&model, opts))?.or_raise()?;
+        let inner = worker::run(py, None, move |_| kiln::Engine::load(&model, opts))?.or_raise()?;
         Ok(Engine { inner })
     }
 
@@ -178,7 +178,7 @@ impl Engine {
                 .map_err(|_| PyTypeError::new_err("texts must be a string or a list of strings"))?,
         };
         let engine = self.inner.clone();
-        let rows = worker::run(py, None, move || -> kiln::Result<Vec<Vec<Vec<f32>>>> {
+        let rows = worker::run(py, None, move |_| -> kiln::Result<Vec<Vec<Vec<f32>>>> {
             texts
                 .iter()
                 .enumerate()

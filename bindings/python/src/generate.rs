@@ -40,8 +40,13 @@ pub struct Job {
 }
 
 impl Job {
-    /// Prepares and generates, handing each event to `on_event`.
-    fn execute(self, mut on_event: impl FnMut(&Event) -> ControlFlow<()>) -> kiln::Result<Outcome> {
+    /// Prepares and generates, handing each event to `on_event`; finishes `canceller`
+    /// before a shared session is unlocked.
+    fn execute(
+        self,
+        canceller: &Canceller,
+        mut on_event: impl FnMut(&Event) -> ControlFlow<()>,
+    ) -> kiln::Result<Outcome> {
         let Job { target, prepare, opts, .. } = self;
         let run = |session: &mut Session| {
             // A grammar that does not compile is an error before anything changes.
@@ -59,8 +64,17 @@ impl Job {
             Ok(Outcome { prompt_ids, summary, logprobs })
         };
         match target {
-            Target::Owned(mut s) => run(&mut s),
-            Target::Shared(m) => run(&mut m.lock().unwrap_or_else(|e| e.into_inner())),
+            Target::Owned(mut s) => {
+                canceller.start();
+                run(&mut s)
+            }
+            Target::Shared(m) => {
+                let mut session = m.lock().unwrap_or_else(|e| e.into_inner());
+                canceller.start();
+                let out = run(&mut session);
+                canceller.finish();
+                out
+            }
         }
     }
 }
@@ -68,8 +82,9 @@ impl Job {
 /// Runs `job` to the end on a worker thread.
 pub fn complete(py: Python<'_>, job: Job) -> PyResult<Completion> {
     let canceller = Canceller::new(Some(job.cancel.clone()));
+    let c = canceller.clone();
     let mut rx = Some(spawn(1, &canceller, move |tx: &SyncSender<kiln::Result<Outcome>>| {
-        let _ = tx.send(job.execute(|_| ControlFlow::Continue(())));
+        let _ = tx.send(job.execute(&c, |_| ControlFlow::Continue(())));
     })?);
     let out = recv(py, &mut rx, || canceller.cancel())?.ok_or_else(worker_died)?;
     out.or_raise()?.into_completion(py)
@@ -84,8 +99,9 @@ enum Msg {
 pub fn stream(mut job: Job) -> PyResult<Stream> {
     let canceller = Canceller::new(Some(job.cancel.clone()));
     let open = job.stream_open.take();
+    let c = canceller.clone();
     let rx = spawn(STREAM_AHEAD, &canceller, move |tx: &SyncSender<Msg>| {
-        let out = job.execute(|ev| match tx.send(Msg::Piece(Piece::from_event(ev))) {
+        let out = job.execute(&c, |ev| match tx.send(Msg::Piece(Piece::from_event(ev))) {
             Ok(()) => ControlFlow::Continue(()),
             // The reader is gone: stop generating.
             Err(_) => ControlFlow::Break(()),

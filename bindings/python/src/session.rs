@@ -55,7 +55,14 @@ impl Session {
     ) -> PyResult<T> {
         self.no_open_stream()?;
         let inner = self.inner.clone();
-        worker::run(py, Some(self.cancel.clone()), move || f(&mut lock(&inner)))?.or_raise()
+        worker::run(py, Some(self.cancel.clone()), move |c| {
+            let mut session = lock(&inner);
+            c.start();
+            let out = f(&mut session);
+            c.finish();
+            out
+        })?
+        .or_raise()
     }
 
     /// Reads the session, once any running call has ended.
@@ -66,7 +73,7 @@ impl Session {
     ) -> PyResult<T> {
         self.no_open_stream()?;
         let inner = self.inner.clone();
-        worker::run(py, None, move || f(&lock(&inner)))
+        worker::run(py, None, move |_| f(&lock(&inner)))
     }
 }
 

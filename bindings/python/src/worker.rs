@@ -19,13 +19,17 @@ const TICK: Duration = Duration::from_millis(50);
 
 #[derive(Default)]
 struct State {
+    started: bool,
     done: bool,
     cancelled: bool,
 }
 
-/// Cancels a worker's session from the waiting side, and withdraws that request once the
-/// worker is done, so that an interrupted call leaves no cancel pending on a session the
-/// caller keeps.
+/// Cancels the work of one call on a session, and only that work. The session's cancel
+/// flag is raised only while the work holds the session ([`Canceller::start`] to
+/// [`Canceller::finish`], both called by the work with the session locked): a request made
+/// before the work has the session waits for it, and the flag is lowered again before the
+/// session is unlocked. So a cancelled call never cancels the call that runs next, even one
+/// that locks the session before the cancelled worker has begun.
 #[derive(Clone)]
 pub struct Canceller {
     state: Arc<Mutex<State>>,
@@ -37,25 +41,48 @@ impl Canceller {
         Canceller { state: Arc::default(), handle }
     }
 
-    /// Asks the worker to stop, unless it is done already.
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the work to stop, unless it is done already.
     pub fn cancel(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state();
         if !s.done {
             s.cancelled = true;
-            if let Some(h) = &self.handle {
-                h.cancel();
+            if s.started {
+                self.raise();
             }
         }
     }
 
-    /// Called by the worker when its work has ended.
-    fn finish(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+    /// The work has the session: a cancel asked for earlier takes effect now.
+    pub fn start(&self) {
+        let mut s = self.state();
+        s.started = true;
+        if s.cancelled && !s.done {
+            self.raise();
+        }
+    }
+
+    /// The work has ended (call it before unlocking the session); a cancel asked for it is
+    /// withdrawn. Calls after the first do nothing.
+    pub fn finish(&self) {
+        let mut s = self.state();
+        if s.done {
+            return;
+        }
         s.done = true;
-        if s.cancelled {
+        if s.cancelled && s.started {
             if let Some(h) = &self.handle {
                 h.reset();
             }
+        }
+    }
+
+    fn raise(&self) {
+        if let Some(h) = &self.handle {
+            h.cancel();
         }
     }
 }
@@ -112,15 +139,17 @@ pub fn recv<M: Send>(
 }
 
 /// Runs `work` on a worker thread and returns its result (see the module docs); `cancel`
-/// is the session it computes on, if any.
+/// is the session it computes on, if any (`work` gets the canceller to finish while it
+/// holds that session).
 pub fn run<T: Send + 'static>(
     py: Python<'_>,
     cancel: Option<CancelHandle>,
-    work: impl FnOnce() -> T + Send + 'static,
+    work: impl FnOnce(&Canceller) -> T + Send + 'static,
 ) -> PyResult<T> {
     let canceller = Canceller::new(cancel);
+    let c = canceller.clone();
     let mut rx = Some(spawn(1, &canceller, move |tx| {
-        let _ = tx.send(work());
+        let _ = tx.send(work(&c));
     })?);
     recv(py, &mut rx, || canceller.cancel())?.ok_or_else(worker_died)
 }

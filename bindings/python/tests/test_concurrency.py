@@ -77,6 +77,20 @@ def test_cancel_stream(engine):
     assert engine.complete(PROMPTS[1], max_tokens=2).finish_reason == "length"
 
 
+def test_a_cancelled_stream_cancels_only_itself(engine):
+    # Cancelled at once, the stream's worker may lock the session after the next call has:
+    # the cancel must wait for its own worker, never end the next call.
+    s = engine.session()
+    s.append_text(PROMPTS[0])
+    for _ in range(30):
+        s.generate(max_tokens=10**5, ignore_eos=True, stream=True).cancel()
+        assert s.generate(max_tokens=1).finish_reason == "length"
+    # Read after cancel(), a stream ends "cancelled" however soon its worker started.
+    stream = s.generate(max_tokens=10**5, ignore_eos=True, stream=True)
+    stream.cancel()
+    assert len(list(stream)) <= 1 and stream.result.finish_reason == "cancelled"
+
+
 INTERRUPT = r"""
 import os, signal, sys, threading, time
 import kiln
