@@ -107,7 +107,7 @@ impl Engine {
         let session = self.inner.session(SessionOptions::default()).or_raise()?;
         let job = Job {
             cancel: session.cancel_handle(),
-            target: Target::Owned(session),
+            target: Target::Owned(Box::new(session)),
             prepare: Box::new(move |s| s.append_tokens(&ids).map(|()| ids)),
             opts: s.opts,
             stream_open: None,
@@ -148,7 +148,7 @@ impl Engine {
         let session = self.inner.session(SessionOptions::default()).or_raise()?;
         let job = Job {
             cancel: session.cancel_handle(),
-            target: Target::Owned(session),
+            target: Target::Owned(Box::new(session)),
             prepare: Box::new(move |s| s.append_chat_with(&msgs, &tools)),
             opts: s.opts,
             stream_open: None,

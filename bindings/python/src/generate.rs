@@ -21,7 +21,7 @@ const STREAM_AHEAD: usize = 16;
 /// The session a generation runs on.
 pub enum Target {
     /// Made for this call (`Engine.complete`, `Engine.chat`).
-    Owned(Session),
+    Owned(Box<Session>),
     /// A Python `Session`'s; locked for the whole generation.
     Shared(Arc<Mutex<Session>>),
 }
