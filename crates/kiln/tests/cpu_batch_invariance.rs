@@ -4,41 +4,11 @@
 mod support;
 
 use kiln::engine::{Engine, EngineOptions};
-use kiln::model::{synth, Entry, OutputKind};
+use kiln::model::synth;
 use kiln::AttnArith;
 use support::*;
 
 const N: usize = 72;
-
-fn tokens(n: usize, n_vocab: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| (100 + (i * 7919) % 20000) % n_vocab as u32).collect()
-}
-
-/// Logits after the last token when the prompt is fed in chunks of `sizes` (its length
-/// their sum), with `noise` tokens of another sequence decoded in the same batches.
-fn last_logits(e: &Engine, sizes: &[usize], noise: bool) -> Vec<f32> {
-    let r = e.runner();
-    let toks = tokens(sizes.iter().sum(), e.config().n_vocab);
-    let seq = r.new_seq();
-    let other = r.new_seq();
-    let mut at = 0;
-    let mut out = Vec::new();
-    for &n in sizes {
-        let mut entries: Vec<Entry> = Vec::new();
-        if noise {
-            // Neighbours first, so our rows sit at other offsets of the batch.
-            entries.extend((0..3).map(|i| Entry { seq: other, token: 5 + i, output: false }));
-        }
-        entries.extend((at..at + n).map(|i| Entry { seq, token: toks[i], output: true }));
-        // Every row is an output, so the logits matmul runs as a GEMM too; keep the last.
-        let all = r.decode(&entries, OutputKind::Logits).unwrap();
-        out = all[all.len() - e.config().n_vocab..].to_vec();
-        at += n;
-    }
-    r.free_seq(seq);
-    r.free_seq(other);
-    out
-}
 
 #[test]
 fn smollm2_logits_do_not_depend_on_the_batch() {
@@ -54,7 +24,7 @@ fn smollm2_default_attention_past_one_chunk_does_not_depend_on_the_batch() {
     let alone = last_logits(&e, &[1; 300], false);
     for sizes in [vec![100, 100, 100], vec![120, 125, 12, 43]] {
         let got = last_logits(&e, &sizes, true);
-        let diff = alone.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let diff = bits_differ(&alone, &got);
         assert_eq!(diff, 0, "batches {sizes:?}: {diff} logits differ from the token-by-token run");
     }
 }
@@ -72,25 +42,15 @@ fn qwen05_logits_do_not_depend_on_the_batch() {
     check(QWEN05.name, AttnArith::Ggml);
 }
 
-/// The synthetic presets of the architectures with no real model at hand (their logits
-/// against llama.cpp's in `synth_vs_llamacpp.rs`): the dense ones past their sliding
+/// The peaked synthetic presets, of the architectures with no real model at hand (their
+/// logits against llama.cpp's in `synth_vs_llamacpp.rs`): the dense ones past their sliding
 /// windows (8) and mistral3's temperature floor (16), and the mixtures of experts, whose
 /// tokens in a batch share experts.
 #[test]
 fn synthetic_architectures_do_not_depend_on_the_batch() {
-    for preset in [
-        "phi3-tiny",
-        "phi3-long-tiny",
-        "gemma2-tiny",
-        "olmo2-tiny",
-        "smollm3-tiny",
-        "mistral3-tiny",
-        "qwen3moe-tiny",
-        "qwen2moe-tiny",
-        "mixtral-tiny",
-        "olmoe-tiny",
-        "granitemoe-tiny",
-    ] {
+    let presets: Vec<_> = synth::peaked_presets().collect();
+    assert!(presets.len() > 10, "peaked presets: {presets:?}");
+    for preset in presets {
         let dir = std::env::temp_dir().join(format!("kiln-invariance-{}-{preset}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{preset}.gguf"));
@@ -126,7 +86,7 @@ fn check_engine(e: &Engine, name: &str) {
         ("batches of 32 beside another sequence", vec![8, 32, 32], true),
     ] {
         let got = last_logits(e, &sizes, noise);
-        let diff = alone.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let diff = bits_differ(&alone, &got);
         assert_eq!(diff, 0, "{name}, {what}: {diff} logits differ from the token-by-token run");
     }
 }

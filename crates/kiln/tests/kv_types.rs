@@ -5,12 +5,8 @@
 
 mod support;
 
-use std::ops::ControlFlow;
-
-use kiln::model::{Entry, OutputKind};
 use kiln::quant::GgmlType;
-use kiln::sample::SamplerParams;
-use kiln::{Engine, EngineOptions, GenerateOptions, SessionOptions};
+use kiln::{Engine, EngineOptions, SessionOptions};
 use support::*;
 
 fn engine(name: &str, opts: EngineOptions, k: GgmlType, v: GgmlType) -> Engine {
@@ -105,50 +101,7 @@ fn context_shift_with_q8_0_keys_matches_llama_cpp() {
     let fx = fixture_json("shift/smollm2_ctk_q8_0.json");
     let n_ctx = fx["n_ctx"].as_u64().unwrap() as usize;
     let e = engine(SMOLLM2.name, EngineOptions::default().with_n_ctx(n_ctx), GgmlType::Q8_0, GgmlType::F16);
-    let opts = SessionOptions::default().with_context_shift(fx["n_keep"].as_u64().unwrap() as usize);
-    let mut s = e.session(opts).unwrap();
-    s.append_text(fx["prompt"].as_str().unwrap()).unwrap();
-    let n = fx["n_predict"].as_u64().unwrap() as usize;
-    let greedy = GenerateOptions::default()
-        .with_sampler(SamplerParams::greedy())
-        .with_max_tokens(n)
-        .with_ignore_eos(true);
-    let mut text = String::new();
-    s.generate(&greedy, |ev| {
-        text.push_str(ev.text);
-        ControlFlow::Continue(())
-    })
-    .unwrap();
-    let want = fx["completion"].as_str().unwrap();
-    let same = text.chars().zip(want.chars()).take_while(|(a, b)| a == b).count();
-    assert_eq!(text, want, "differs after {same} chars");
-}
-
-fn tokens(n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| 100 + (i * 7919) % 20000).collect()
-}
-
-/// Logits after the last of 72 tokens fed in chunks of `sizes`, with tokens of another
-/// sequence in the same batches where `noise`.
-fn last_logits(e: &Engine, sizes: &[usize], noise: bool) -> Vec<f32> {
-    let r = e.runner();
-    let toks = tokens(sizes.iter().sum());
-    let (seq, other) = (r.new_seq(), r.new_seq());
-    let mut at = 0;
-    let mut out = Vec::new();
-    for &n in sizes {
-        let mut entries: Vec<Entry> = Vec::new();
-        if noise {
-            entries.extend((0..3).map(|i| Entry { seq: other, token: 5 + i, output: false }));
-        }
-        entries.extend((at..at + n).map(|i| Entry { seq, token: toks[i], output: true }));
-        let all = r.decode(&entries, OutputKind::Logits).unwrap();
-        out = all[all.len() - e.config().n_vocab..].to_vec();
-        at += n;
-    }
-    r.free_seq(seq);
-    r.free_seq(other);
-    out
+    shifted_completion_matches(&e, &fx);
 }
 
 /// Over quantized caches a token's logits are still the same bits whatever its batch.
@@ -162,7 +115,7 @@ fn quantized_caches_keep_batch_invariance() {
             [(vec![7; 10].into_iter().chain([2]).collect::<Vec<_>>(), true), (vec![8, 64], false)]
         {
             let got = last_logits(&e, &sizes, noise);
-            let diff = alone.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let diff = bits_differ(&alone, &got);
             assert_eq!(
                 diff, 0,
                 "{k}/{v}, batches {sizes:?}: {diff} logits differ from the token-by-token run"
@@ -177,7 +130,7 @@ fn quantized_caches_keep_batch_invariance() {
 fn prefix_reuse_over_quantized_caches_is_exact() {
     let (k, v) = (GgmlType::Q8_0, GgmlType::Q4_0);
     let e = engine(SMOLLM2.name, EngineOptions::default().with_n_ctx(512).with_n_seq(2), k, v);
-    let prompt = tokens(150);
+    let prompt = spread_tokens(150, e.config().n_vocab);
     let mut a = e.session(SessionOptions::default()).unwrap();
     a.append_tokens(&prompt[..140]).unwrap();
     let mut b = e.session(SessionOptions::default()).unwrap();

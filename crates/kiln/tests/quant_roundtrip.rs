@@ -1,7 +1,10 @@
 //! Quantize/dequantize round trips and dot products, with the thresholds of ggml's
 //! tests/test-quantize-fns.cpp, plus vec_dot against the dot of the dequantized rows.
 
+mod support;
+
 use kiln::quant::{dequantize_row, quantize_activation, quantize_row, vec_dot, GgmlType, ALL_TYPES};
+use support::Rng;
 
 const MAX_QUANTIZATION_REFERENCE_ERROR: f32 = 0.0001;
 const MAX_QUANTIZATION_TOTAL_ERROR: f32 = 0.002;
@@ -48,22 +51,6 @@ fn dequantize(ty: GgmlType, q: &[u8], n: usize) -> Vec<f32> {
     let mut y = vec![0f32; n];
     dequantize_row(ty, q, &mut y).unwrap();
     y
-}
-
-/// Small deterministic generator (xorshift64*) for random rows.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Roughly normal (sum of uniforms), scaled.
-    fn normal(&mut self, scale: f32) -> f32 {
-        let s: f32 = (0..4).map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32).sum();
-        (s - 2.0) * 1.7 * scale
-    }
 }
 
 #[test]

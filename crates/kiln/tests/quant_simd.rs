@@ -1,26 +1,15 @@
 //! The SIMD dot products against the scalar reference on random rows, for every tier this
 //! CPU has. They may differ only by float rounding (summation order, FMA).
 
+mod support;
+
 use std::time::Instant;
 
 use kiln::quant::{
     dequantize_row, detected_cpu_tier, quantize_activation, quantize_row, vec_dot, vec_dot_f16,
     vec_dot_fn_for, CpuTier, GgmlType, ALL_TYPES,
 };
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn normal(&mut self, scale: f32) -> f32 {
-        let s: f32 = (0..4).map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32).sum();
-        (s - 2.0) * 1.7 * scale
-    }
-}
+use support::Rng;
 
 fn tiers() -> Vec<CpuTier> {
     [CpuTier::Avx2, CpuTier::Avx512].into_iter().filter(|&t| t <= detected_cpu_tier()).collect()

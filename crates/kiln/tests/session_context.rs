@@ -59,19 +59,7 @@ fn context_shift_matches_llama_cpp() {
     let fx = fixture_json("shift/smollm2.json");
     let n_ctx = fx["n_ctx"].as_u64().unwrap() as usize;
     let e = engine(SMOLLM2.name, n_ctx);
-    let opts = SessionOptions::default().with_context_shift(fx["n_keep"].as_u64().unwrap() as usize);
-    let mut s = e.session(opts).unwrap();
-    s.append_text(fx["prompt"].as_str().unwrap()).unwrap();
-    let n = fx["n_predict"].as_u64().unwrap() as usize;
-    let mut text = String::new();
-    s.generate(&greedy(n), |ev| {
-        text.push_str(ev.text);
-        ControlFlow::Continue(())
-    })
-    .unwrap();
-    let want = fx["completion"].as_str().unwrap();
-    let same = text.chars().zip(want.chars()).take_while(|(a, b)| a == b).count();
-    assert_eq!(text, want, "differs after {same} chars");
+    shifted_completion_matches(&e, &fx);
 }
 
 /// smollm3's layers without RoPE (the 4th of smollm3-tiny's 4) keep their keys as they are
@@ -134,7 +122,7 @@ fn shift_without_rope(device: Device) {
     let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(diff(&before, &want) > 1e-3, "the discarded tokens do not reach the logits");
     assert_eq!(got.len(), want.len());
-    let n = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    let n = bits_differ(&got, &want);
     assert_eq!(n, 0, "{n} logits differ from a fresh evaluation (max |Δ| {})", diff(&got, &want));
     std::fs::remove_dir_all(&dir).ok();
 }

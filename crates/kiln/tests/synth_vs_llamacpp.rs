@@ -183,20 +183,14 @@ synth_tests! {
 #[cfg(feature = "gpu")]
 #[test]
 fn moe_presets_on_the_gpu() {
-    for preset in ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny"] {
+    for preset in peaked(true) {
         check_on(preset, Device::Gpu);
     }
 }
 
 #[test]
 fn perplexity_matches_llama_cpp() {
-    for preset in PEAKED_DENSE.iter().chain(&[
-        "qwen3moe-tiny",
-        "qwen2moe-tiny",
-        "mixtral-tiny",
-        "olmoe-tiny",
-        "granitemoe-tiny",
-    ]) {
+    for preset in synth::peaked_presets() {
         check_perplexity(preset);
     }
 }
@@ -223,9 +217,11 @@ fn perplexity_depends_on_the_routing() {
     });
 }
 
-/// The dense architectures added with the mixtures of experts (peaked presets).
-const PEAKED_DENSE: [&str; 6] =
-    ["phi3-tiny", "phi3-long-tiny", "gemma2-tiny", "olmo2-tiny", "smollm3-tiny", "mistral3-tiny"];
+/// The peaked presets with experts (`moe`), or without: the dense architectures added with
+/// the mixtures of experts.
+fn peaked(moe: bool) -> impl Iterator<Item = &'static str> {
+    synth::peaked_presets().filter(move |p| synth::preset(p).unwrap().experts.is_some() == moe)
+}
 
 /// The dense presets exercise what sets their architecture apart: without it (the file
 /// edited, or read as plain llama), kiln's logits lie more than 0.5 from llama.cpp's, five
@@ -262,7 +258,7 @@ fn dense_features_matter() {
 #[cfg(feature = "gpu")]
 #[test]
 fn dense_presets_on_the_gpu() {
-    for preset in ["qwen3-tiny", "llama-yarn-tiny", "gemma3-tiny"].iter().chain(&PEAKED_DENSE) {
+    for preset in ["qwen3-tiny", "llama-yarn-tiny", "gemma3-tiny"].into_iter().chain(peaked(false)) {
         check_on(preset, Device::Gpu);
     }
 }

@@ -868,3 +868,9 @@ pub const PRESETS: &[&str] = &[
     "qwen3-30b-a3b-q4_k_m",
     "lfm2-350m",
 ];
+
+/// The peaked presets (`printable_output`), in [`PRESETS`]' order: the tiny models of the
+/// architectures added with the mixtures of experts and after, dense ones first.
+pub fn peaked_presets() -> impl Iterator<Item = &'static str> {
+    PRESETS.iter().copied().filter(|name| preset(name).is_some_and(|s| s.printable_output))
+}

@@ -1,4 +1,5 @@
-//! Shared helpers of the integration tests: real models from the cache, fixtures, tiers.
+//! Shared helpers of the integration tests: real models from the cache, fixtures, tiers,
+//! batch-invariance runs, a generator of random rows.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -104,5 +105,83 @@ pub fn session_greedy_matches_oracle(e: &kiln::engine::Engine, m: &RealModel, ca
         let what = e.backend_name();
         assert_eq!(got[..n], want[..n], "{:?} on {what}: greedy ids differ from llama.cpp's", case["prompt"]);
         eprintln!("  {:?}: {n} greedy ids identical to llama.cpp's", case["prompt"].as_str().unwrap());
+    }
+}
+
+/// `n` token ids spread over the vocabulary (below 20100, and below `n_vocab`).
+pub fn spread_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (100 + (i * 7919) % 20000) % n_vocab as u32).collect()
+}
+
+/// Logits after the last of `spread_tokens` fed in chunks of `sizes` (their sum the prompt's
+/// length), with tokens of another sequence decoded in the same batches where `noise`.
+pub fn last_logits(e: &kiln::engine::Engine, sizes: &[usize], noise: bool) -> Vec<f32> {
+    use kiln::model::{Entry, OutputKind};
+    let r = e.runner();
+    let toks = spread_tokens(sizes.iter().sum(), e.config().n_vocab);
+    let (seq, other) = (r.new_seq(), r.new_seq());
+    let mut at = 0;
+    let mut out = Vec::new();
+    for &n in sizes {
+        let mut entries: Vec<Entry> = Vec::new();
+        if noise {
+            // Neighbours first, so our rows sit at other offsets of the batch.
+            entries.extend((0..3).map(|i| Entry { seq: other, token: 5 + i, output: false }));
+        }
+        entries.extend((at..at + n).map(|i| Entry { seq, token: toks[i], output: true }));
+        // Every row is an output, so the logits matmul runs as a GEMM too; keep the last.
+        let all = r.decode(&entries, OutputKind::Logits).unwrap();
+        out = all[all.len() - e.config().n_vocab..].to_vec();
+        at += n;
+    }
+    r.free_seq(seq);
+    r.free_seq(other);
+    out
+}
+
+/// How many values of `a` and `b` differ in their bits.
+pub fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    a.iter().zip(b).filter(|(a, b)| a.to_bits() != b.to_bits()).count()
+}
+
+/// A context-shift fixture (scripts/gen-shift-fixture.sh): greedy generation of
+/// `n_predict` tokens after `prompt` in a session of `e` that keeps `n_keep` tokens
+/// through its shifts gives llama-completion's `completion`.
+pub fn shifted_completion_matches(e: &kiln::engine::Engine, fx: &serde_json::Value) {
+    use kiln::sample::SamplerParams;
+    use kiln::session::{GenerateOptions, SessionOptions};
+    let opts = SessionOptions::default().with_context_shift(fx["n_keep"].as_u64().unwrap() as usize);
+    let mut s = e.session(opts).unwrap();
+    s.append_text(fx["prompt"].as_str().unwrap()).unwrap();
+    let n = fx["n_predict"].as_u64().unwrap() as usize;
+    let greedy = GenerateOptions::default()
+        .with_sampler(SamplerParams::greedy())
+        .with_max_tokens(n)
+        .with_ignore_eos(true);
+    let mut text = String::new();
+    s.generate(&greedy, |ev| {
+        text.push_str(ev.text);
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap();
+    let want = fx["completion"].as_str().unwrap();
+    let same = text.chars().zip(want.chars()).take_while(|(a, b)| a == b).count();
+    assert_eq!(text, want, "differs after {same} chars");
+}
+
+/// A small deterministic generator (xorshift64*) for random rows.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Roughly normal (a sum of uniforms), scaled.
+    pub fn normal(&mut self, scale: f32) -> f32 {
+        let s: f32 = (0..4).map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32).sum();
+        (s - 2.0) * 1.7 * scale
     }
 }
