@@ -1,15 +1,16 @@
 //! The vision encoder: a ViT (patch embedding, learned position embeddings, pre-norm blocks
 //! of LayerNorm, bidirectional multi-head attention and a GELU MLP, a final LayerNorm) and
 //! the projector of its family, as llama.cpp's `clip_graph_siglip` builds them. Matrices go
-//! through the CPU backend's matmul (ggml's activation rounding and dot order); the norms,
-//! attention and the projectors' reshuffles are the encoder's own (`vision::ops`).
+//! through the CPU backend's matmul (ggml's activation rounding and dot order); GELU and
+//! RMSNorm are the CPU backend's; LayerNorm, attention and the projectors' reshuffles are
+//! the encoder's own (`vision::ops`).
 
 use std::sync::Arc;
 
 use super::config::{ClipConfig, Projector};
 use super::ops;
 use super::preprocess::Tile;
-use crate::backend::cpu::{CpuBackend, CpuWeight};
+use crate::backend::cpu::{self, CpuBackend, CpuWeight};
 use crate::backend::Backend;
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, GgufWriter, TensorInfo};
@@ -209,7 +210,7 @@ impl VisionEncoder {
             x.iter_mut().zip(&h).for_each(|(x, h)| *x += h);
             ops::layer_norm(&x, &mut h, d, &b.ln2.w, b.ln2.b.as_deref(), cfg.eps);
             self.linear(&b.up, &h, n, &mut up);
-            ops::gelu(&mut up);
+            cpu::gelu(&mut up);
             self.linear(&b.down, &up, n, &mut h);
             x.iter_mut().zip(&h).for_each(|(x, h)| *x += h);
         }
@@ -227,9 +228,10 @@ impl VisionEncoder {
                 be.matmul(fc, &shuffled, n_out, &mut out);
             }
             Head::Gemma3 { norm, proj } => {
-                let mut pooled = ops::avg_pool(&x, side, d, m);
-                ops::rms_norm(&mut pooled, d, norm, cfg.eps);
-                be.matmul(proj, &pooled, n_out, &mut out);
+                let pooled = ops::avg_pool(&x, side, d, m);
+                let mut normed = vec![0f32; pooled.len()];
+                cpu::rms_norm(&pooled, norm, cfg.eps, d, &mut normed);
+                be.matmul(proj, &normed, n_out, &mut out);
             }
         }
         Ok(out)

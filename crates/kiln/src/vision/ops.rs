@@ -1,11 +1,9 @@
 //! The vision encoder's own operations on row-major `[rows, dim]` f32 buffers: LayerNorm
-//! and RMSNorm (sums in f64, as ggml's), GELU (ggml's f16 table), bidirectional multi-head
-//! attention (every query against every key, no mask), and the projectors' reshuffles
-//! (pixel shuffle, average pooling).
+//! (sums in f64, as ggml's), bidirectional multi-head attention (every query against every
+//! key, no mask), and the projectors' reshuffles (pixel shuffle, average pooling). RMSNorm
+//! and GELU are the CPU backend's.
 
 use half::f16;
-
-use crate::backend::cpu::gelu_table;
 
 /// Adds `b` to every row (rows of `b.len()`).
 pub fn add_rows(x: &mut [f32], b: &[f32]) {
@@ -28,31 +26,6 @@ pub fn layer_norm(x: &[f32], out: &mut [f32], dim: usize, w: &[f32], b: Option<&
         for (i, y) in yr.iter_mut().enumerate() {
             *y = *y * scale * w[i] + b.map_or(0.0, |b| b[i]);
         }
-    }
-}
-
-/// `x = x / sqrt(mean(x²) + eps) * w` per row of `dim`, in place (ggml_rms_norm, then the
-/// weight).
-pub fn rms_norm(x: &mut [f32], dim: usize, w: &[f32], eps: f32) {
-    for row in x.chunks_exact_mut(dim) {
-        let ss = row.iter().map(|&v| (v * v) as f64).sum::<f64>();
-        let scale = 1.0 / ((ss / dim as f64) as f32 + eps).sqrt();
-        row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * scale * w);
-    }
-}
-
-/// GELU (tanh form) in place, as ggml evaluates it: 0 below -10, the identity above 10, the
-/// f16 table of f16-rounded inputs between.
-pub fn gelu(x: &mut [f32]) {
-    let table = gelu_table();
-    for v in x {
-        *v = if *v <= -10.0 {
-            0.0
-        } else if *v >= 10.0 {
-            *v
-        } else {
-            table[f16::from_f32(*v).to_bits() as usize].to_f32()
-        };
     }
 }
 

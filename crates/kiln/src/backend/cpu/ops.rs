@@ -23,6 +23,8 @@ impl<T> SyncPtr<T> {
     }
 }
 
+/// `out = x / sqrt(mean(x²) + eps) * w` per row of `dim` (ggml_rms_norm, its sum of squares
+/// in f64, then the weight).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, dim: usize, out: &mut [f32]) {
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
