@@ -6,7 +6,7 @@
 //!   eight 32-element sub-blocks with 6-bit scales (4 low bits in `scales_l`, 2 high bits
 //!   in `scales_h`), x = d * (ls - 32) * KVALUES[q].
 
-use super::{f16_at, nearest_int, put_f16};
+use super::{f16_at, nearest_int, put_f16, signed_absmax};
 
 pub(super) const KVALUES_IQ4NL: [i8; 16] =
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
@@ -76,21 +76,14 @@ fn quantize_iq4_impl(x: &[f32], ntry: i32) -> (f32, Vec<i32>, Vec<u8>) {
     let mut l = vec![0u8; x.len()];
     let mut scales = vec![0f32; nblocks];
     let mut weight = [0f32; 32];
-    let (mut max_scale, mut amax_scale) = (0f32, 0f32);
     for ib in 0..nblocks {
         let xb = &x[32 * ib..32 * ib + 32];
         let lb = &mut l[32 * ib..32 * ib + 32];
         for (w, &v) in weight.iter_mut().zip(xb) {
             *w = v * v;
         }
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax < GROUP_MAX_EPS {
+        let max = signed_absmax(xb);
+        if max.abs() < GROUP_MAX_EPS {
             scales[ib] = 0.0;
             continue;
         }
@@ -122,11 +115,8 @@ fn quantize_iq4_impl(x: &[f32], ntry: i32) -> (f32, Vec<i32>, Vec<u8>) {
             }
         }
         scales[ib] = d;
-        if d.abs() > amax_scale {
-            amax_scale = d.abs();
-            max_scale = d;
-        }
     }
+    let max_scale = signed_absmax(&scales);
     let mut ls = vec![0i32; nblocks];
     let dh;
     if nblocks > 1 {

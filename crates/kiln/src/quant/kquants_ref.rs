@@ -3,21 +3,15 @@
 //! match llama.cpp's.
 
 use super::kquants::{scale_min_k4, QK_K};
-use super::{f16_at, nearest_int, put_f16};
+use super::{f16_at, nearest_int, put_f16, signed_absmax};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// `make_qx_quants` with no importance weights: a symmetric scale for `nmax` levels each
 /// side, refined over 18 nearby candidates. `L` gets values in 0..2*nmax.
 pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out.iter_mut().for_each(|l| *l = 0);
         return 0.0;
     }
@@ -71,14 +65,8 @@ pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: 
 
 /// `make_q3_quants` (with `do_rmse`): L gets values in 0..2*nmax.
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out.iter_mut().for_each(|l| *l = 0);
         return 0.0;
     }
@@ -290,14 +278,10 @@ pub(super) fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(110)) {
         let mut l = [0i8; QK_K];
         let mut scales = [0f32; 16];
-        let (mut max_scale, mut amax) = (0f32, 0f32);
         for j in 0..16 {
             scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
-            if scales[j].abs() > amax {
-                amax = scales[j].abs();
-                max_scale = scales[j];
-            }
         }
+        let max_scale = signed_absmax(&scales);
         let (hmask, rest) = y.split_at_mut(32);
         let (qs, rest) = rest.split_at_mut(64);
         let (ysc, yd) = rest.split_at_mut(12);
@@ -502,14 +486,8 @@ pub(super) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
 /// scale -127/max (signed), round half to even, clamp at 127, and 16-element sums.
 pub(super) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(292)) {
-        let (mut max, mut amax) = (0f32, 0f32);
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        let max = signed_absmax(x);
+        if max.abs() == 0.0 {
             y.iter_mut().for_each(|b| *b = 0);
             continue;
         }

@@ -9,7 +9,7 @@
 //! - Q8_0 (34 B): `d: f16, qs: [i8; 32]`.
 //! - Q8_1 (36 B): `d: f16, s: f16, qs: [i8; 32]` — s = d * sum(qs), used for the min term.
 
-use super::{f16_at, put_f16};
+use super::{f16_at, put_f16, signed_absmax};
 
 const QK: usize = 32;
 
@@ -81,18 +81,6 @@ pub(super) fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
 }
 
 // ---------------------------------------------------------------- reference quantizers
-
-/// The element of largest magnitude (the first one on ties), with its sign.
-fn signed_absmax(x: &[f32]) -> f32 {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    max
-}
 
 fn min_max(x: &[f32]) -> (f32, f32) {
     let (mut min, mut max) = (f32::MAX, -f32::MAX);

@@ -203,6 +203,18 @@ fn put_f16(b: &mut [u8], off: usize, x: f32) {
     b[off..off + 2].copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
 }
 
+/// The element of largest magnitude (the first one on ties), with its sign.
+fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
 /// ggml's `nearest_int`: round half to even via the 1.5 * 2^23 trick (exact for
 /// |x| < 2^22, which the callers guarantee; garbage-in stays garbage-out without panics).
 #[inline(always)]
