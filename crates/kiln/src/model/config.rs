@@ -246,21 +246,32 @@ impl Meta<'_> {
     /// A per-layer count that kiln requires to be the same for every layer (a scalar, or an
     /// array of equal values).
     pub fn uniform(&self, k: &str) -> Result<Option<usize>> {
+        let array = |key: &str, v: Option<Vec<i64>>| {
+            let v = v.ok_or_else(|| KilnError::Metadata(format!("{key} is not an integer array")))?;
+            match v.first() {
+                Some(&first) if v.iter().all(|&x| x == first) && first >= 0 => {
+                    self.count_checked(k, Some(first as usize))
+                }
+                _ => Err(KilnError::unsupported("per-layer shape", format!("{key} = {v:?}"))),
+            }
+        };
+        self.scalar_or_array(k, || self.usize(k), array)
+    }
+
+    /// A per-layer key: `None` where absent, else read by `scalar` where it holds one value,
+    /// by `array` (given the full key and the elements as integers, `None` where they are not)
+    /// where it holds an array.
+    fn scalar_or_array<T>(
+        &self,
+        k: &str,
+        scalar: impl FnOnce() -> Result<Option<T>>,
+        array: impl FnOnce(&str, Option<Vec<i64>>) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
         let key = self.key(k);
         match self.g.get(&key) {
             None => Ok(None),
-            Some(Value::Array(a)) => {
-                let v = a
-                    .to_i64_vec()
-                    .ok_or_else(|| KilnError::Metadata(format!("{key} is not an integer array")))?;
-                match v.first() {
-                    Some(&first) if v.iter().all(|&x| x == first) && first >= 0 => {
-                        self.count_checked(k, Some(first as usize))
-                    }
-                    _ => Err(KilnError::unsupported("per-layer shape", format!("{key} = {v:?}"))),
-                }
-            }
-            Some(_) => self.usize(k),
+            Some(Value::Array(a)) => array(&key, a.to_i64_vec()),
+            Some(_) => scalar(),
         }
     }
 
@@ -299,18 +310,13 @@ impl Meta<'_> {
     /// A per-layer count as one value per layer (a scalar repeated, or an array of
     /// `n_layer`).
     pub fn per_layer(&self, k: &str, n_layer: usize) -> Result<Option<Vec<usize>>> {
-        let key = self.key(k);
-        match self.g.get(&key) {
-            None => Ok(None),
-            Some(Value::Array(a)) => {
-                let v = a
-                    .to_i64_vec()
-                    .filter(|v| v.len() == n_layer && v.iter().all(|&x| (0..1 << 20).contains(&x)))
-                    .ok_or_else(|| KilnError::Metadata(format!("{key} should hold {n_layer} counts")))?;
-                Ok(Some(v.iter().map(|&x| x as usize).collect()))
-            }
-            Some(_) => Ok(self.g.get_usize(&key)?.map(|x| vec![x; n_layer])),
-        }
+        let scalar = || Ok(self.g.get_usize(&self.key(k))?.map(|x| vec![x; n_layer]));
+        self.scalar_or_array(k, scalar, |key, v| {
+            let v = v
+                .filter(|v| v.len() == n_layer && v.iter().all(|&x| (0..1 << 20).contains(&x)))
+                .ok_or_else(|| KilnError::Metadata(format!("{key} should hold {n_layer} counts")))?;
+            Ok(Some(v.iter().map(|&x| x as usize).collect()))
+        })
     }
 
     /// Which of `n_layer` layers use the sliding window: `attention.sliding_window_pattern`
