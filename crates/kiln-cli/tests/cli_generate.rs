@@ -1,32 +1,18 @@
 //! `kiln run`, `logits`, `perplexity` and `bench` per docs/cli.md on the default model: JSON
 //! shapes, greedy ids against llama.cpp's oracle, and clear errors for impossible settings.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod support;
+
+use std::process::Output;
 
 use serde_json::Value as Json;
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
-}
-
-fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
-}
+use support::{fails, fixture, kiln};
 
 fn json_out(out: &Output) -> Json {
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let s = String::from_utf8(out.stdout.clone()).unwrap();
     assert_eq!(s.matches('\n').count(), 1, "one line of JSON: {s}");
     serde_json::from_str(&s).unwrap()
-}
-
-#[track_caller]
-fn fails(out: &Output, want: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert!(out.stdout.is_empty());
-    assert!(err.starts_with("error: ") && err.contains(want), "stderr: {err}");
 }
 
 fn oracle_case(i: usize) -> Json {

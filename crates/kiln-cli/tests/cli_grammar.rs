@@ -2,12 +2,12 @@
 //! or schema, `--json` keeps its one-line shape, bad grammars and schemas exit 1 naming the
 //! problem, and two grammar flags at once are a usage error.
 
+mod support;
+
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
-}
+use support::{fails, kiln};
 
 fn run(extra: &[&str]) -> Output {
     let mut args = vec!["run", "-t", "2", "--temp", "0", "-n", "64"];
@@ -18,14 +18,6 @@ fn run(extra: &[&str]) -> Output {
 fn stdout(out: &Output) -> String {
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-#[track_caller]
-fn fails(out: &Output, want: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert!(out.stdout.is_empty());
-    assert!(err.starts_with("error: ") && err.contains(want), "stderr: {err}");
 }
 
 fn tmp(name: &str, text: &str) -> String {

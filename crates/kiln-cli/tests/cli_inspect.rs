@@ -1,16 +1,15 @@
 //! `kiln inspect` per docs/cli.md: the JSON shape on real models, and malformed files exiting 1
 //! with one `error:` line and nothing on stdout.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use kiln::gguf::{Array, GgufWriter, Value};
 use kiln::quant::GgmlType;
 use serde_json::Value as Json;
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
-}
+use support::kiln;
 
 fn tmp(name: &str) -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)

@@ -2,20 +2,14 @@
 //! of tests/fixtures/vision/run/), greedy ids as llama.cpp's up to its near-tie, and clear
 //! errors for images the command cannot take.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod support;
+
+use std::process::Output;
 use std::sync::OnceLock;
 
 use kiln::vision::synth;
 use serde_json::Value as Json;
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
-}
-
-fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
-}
+use support::{fails, fixture, kiln};
 
 /// SmolLM2 with SmolVLM's image tokens and the idefics3-tiny mmproj, written once.
 fn files() -> &'static (String, String) {
@@ -32,11 +26,9 @@ fn files() -> &'static (String, String) {
     })
 }
 
-#[track_caller]
-fn fails(out: &Output, want: &str) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert!(err.starts_with("error: ") && err.contains(want), "stderr: {err}");
+/// `kiln run -m LM --mmproj MMPROJ --image IMAGE ARGS...`.
+fn run_image(lm: &str, mmproj: &str, image: &str, args: &[&str]) -> Output {
+    kiln(&[&["run", "-m", lm, "--mmproj", mmproj, "--image", image], args].concat())
 }
 
 #[test]
@@ -47,23 +39,8 @@ fn run_with_an_image_matches_llama_mtmd_cli() {
     )
     .unwrap();
     let img = fixture("vision/test-1.stb.png");
-    let out = kiln(&[
-        "run",
-        "-m",
-        lm,
-        "--mmproj",
-        mmproj,
-        "--image",
-        img.to_str().unwrap(),
-        "--temp",
-        "0",
-        "-n",
-        "8",
-        "-t",
-        "2",
-        "--json",
-        "Describe this image.",
-    ]);
+    let args = ["--temp", "0", "-n", "8", "-t", "2", "--json", "Describe this image."];
+    let out = run_image(lm, mmproj, img.to_str().unwrap(), &args);
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let j: Json = serde_json::from_slice(&out.stdout).unwrap();
     let text_ids =
@@ -90,24 +67,8 @@ fn images_the_command_cannot_take_are_errors() {
     let img = img.to_str().unwrap();
     fails(&kiln(&["run", "-m", lm, "--image", img, "-n", "1", "hi"]), "takes no images");
     let not_image = fixture("vision/preprocess.json");
-    fails(
-        &kiln(&[
-            "run",
-            "-m",
-            lm,
-            "--mmproj",
-            mmproj,
-            "--image",
-            not_image.to_str().unwrap(),
-            "-n",
-            "1",
-            "hi",
-        ]),
-        "not a readable image",
-    );
-    fails(
-        &kiln(&["run", "-m", lm, "--mmproj", mmproj, "--image", "/nonexistent.png", "-n", "1", "hi"]),
-        "nonexistent",
-    );
+    let not_image = not_image.to_str().unwrap();
+    fails(&run_image(lm, mmproj, not_image, &["-n", "1", "hi"]), "not a readable image");
+    fails(&run_image(lm, mmproj, "/nonexistent.png", &["-n", "1", "hi"]), "nonexistent");
     fails(&kiln(&["run", "-m", lm, "--mmproj", lm, "-n", "1", "hi"]), "not an mmproj file");
 }
