@@ -227,16 +227,9 @@ enum Backends {
 }
 
 impl Backends {
-    /// `gpu_allowed` false: the model runs on the CPU only, so no GPU is looked for.
-    fn new(
-        opts: &EngineOptions,
-        gpu: Option<GpuBackend>,
-        n_threads: usize,
-        gpu_allowed: bool,
-    ) -> Result<Self> {
+    fn new(opts: &EngineOptions, gpu: Option<GpuBackend>, n_threads: usize) -> Result<Self> {
         let gpu = match gpu {
             Some(g) => Some(g),
-            None if !gpu_allowed => None,
             None => gpu_backend(opts)?,
         };
         #[cfg(feature = "gpu")]
@@ -387,24 +380,12 @@ impl Engine {
         // An encoder's micro-batch holds any input whole (every position sees the others).
         let n_ubatch = if cfg.causal { opts.n_batch.min(n_ctx) } else { opts.n_batch.max(n_ctx) };
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
-        if let Some(what) = cfg.cpu_only() {
-            if gpu.is_some() || opts.device == Device::Gpu {
-                return Err(KilnError::Backend(format!(
-                    "the GPU backend cannot run {what} yet: use the CPU"
-                )));
-            }
-        }
-        let backends = Backends::new(&opts, gpu, n_threads, cfg.cpu_only().is_none())?;
+        let backends = Backends::new(&opts, gpu, n_threads)?;
         let load = |gguf: &Arc<GgufFile>, label: &str| -> Result<Box<dyn Runner>> {
             let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label));
             let runner: Box<dyn Runner> = match &backends {
                 #[cfg(feature = "gpu")]
                 Backends::Gpu(first) => {
-                    if let Some(what) = ModelConfig::from_gguf(gguf)?.cpu_only() {
-                        return Err(KilnError::Backend(format!(
-                            "{label}: the GPU backend cannot run {what} yet: use the CPU"
-                        )));
-                    }
                     let gpu = match first.take() {
                         Some(g) => g,
                         None => {

@@ -1,12 +1,13 @@
 //! Encoders (bert, nomic-bert, jina-bert-v2) and rerankers against llama.cpp's
 //! `llama-embedding` (fixtures made by scripts/gen-encoder-fixtures, which records the
 //! commands and llama.cpp's version): the real nomic-embed-text-v1.5 and synthetic presets
-//! of each architecture, each pooled as its file says.
+//! of each architecture, each pooled as its file says; the presets on the CPU and on the
+//! GPU (lavapipe in CI).
 
 mod support;
 
 use kiln::embed::{embed_batch, normalize, rank, rerank_input, Pooling};
-use kiln::engine::{Engine, EngineOptions};
+use kiln::engine::{Device, Engine, EngineOptions};
 use kiln::model::synth;
 use support::*;
 
@@ -25,13 +26,19 @@ fn unit(v: &[f32]) -> Vec<f32> {
     v
 }
 
-/// A synthetic preset written to a temporary file and loaded.
+/// A synthetic preset written to a temporary file and loaded on the CPU.
 fn synth_engine(preset: &str) -> Engine {
-    let dir = std::env::temp_dir().join(format!("kiln-encoder-{}-{preset}", std::process::id()));
+    synth_engine_on(preset, Device::Cpu)
+}
+
+/// [`synth_engine`] on `device` (the GPU's batch-invariant kernels).
+fn synth_engine_on(preset: &str, device: Device) -> Engine {
+    let dir = std::env::temp_dir().join(format!("kiln-encoder-{}-{preset}-{device:?}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{preset}.gguf"));
     synth::preset(preset).unwrap().build().unwrap().write_file(&path).unwrap();
-    let e = Engine::load(path.to_str().unwrap(), EngineOptions::default().with_threads(2)).unwrap();
+    let opts = EngineOptions::default().with_threads(2).with_device(device).with_batch_invariant(true);
+    let e = Engine::load(path.to_str().unwrap(), opts).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     e
 }
@@ -75,6 +82,10 @@ fn nomic_embed_matches_llama_embedding() {
 
 #[test]
 fn synthetic_encoders_match_llama_embedding() {
+    synthetic_encoders_on(Device::Cpu);
+}
+
+fn synthetic_encoders_on(device: Device) {
     let fx = fixture_json("synth/encoders.json");
     let text = fx["text"].as_str().unwrap();
     for (preset, pooling) in [
@@ -82,19 +93,36 @@ fn synthetic_encoders_match_llama_embedding() {
         ("nomic-bert-tiny", Pooling::Mean),
         ("jina-bert-v2-tiny", Pooling::Mean),
     ] {
-        let e = synth_engine(preset);
+        let e = synth_engine_on(preset, device);
         assert_eq!(Pooling::of(&e), pooling, "{preset}");
         let got = e.embed(text, pooling).unwrap().remove(0);
         let err = max_abs(&got, &floats(&fx["embeddings"][preset]));
-        eprintln!("{preset}: max abs {err:.2e}");
+        eprintln!("{preset} on {}: max abs {err:.2e}", e.backend_name());
         assert!(err < 1e-3, "{preset}: max abs {err}");
+        // Batch invariance: the text alone and beside two others, one longer.
+        let ids = e.tokenizer().encode(text, true, true).unwrap();
+        let other = e.tokenizer().encode("a b c d e f g h i j k l m n o p q r s t", true, true).unwrap();
+        let batch = embed_batch(&e, &[&other, &ids, &ids[..ids.len() / 2]], pooling).unwrap();
+        assert_eq!(batch[1], embed_batch(&e, &[&ids], pooling).unwrap()[0], "{preset}: alone vs batched");
     }
 }
 
 #[test]
 fn reranker_matches_llama_embedding_rank() {
+    reranker_on(Device::Cpu);
+}
+
+/// The encoder presets and the reranker on the GPU: the same bars against llama.cpp.
+#[cfg(feature = "gpu")]
+#[test]
+fn encoders_on_the_gpu() {
+    synthetic_encoders_on(Device::Gpu);
+    reranker_on(Device::Gpu);
+}
+
+fn reranker_on(device: Device) {
     let fx = &fixture_json("synth/encoders.json")["rerank"];
-    let e = synth_engine(fx["preset"].as_str().unwrap());
+    let e = synth_engine_on(fx["preset"].as_str().unwrap(), device);
     assert_eq!(Pooling::of(&e), Pooling::Rank);
     let query = fx["query"].as_str().unwrap();
     let docs: Vec<&str> = fx["documents"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();

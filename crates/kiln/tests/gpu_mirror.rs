@@ -330,33 +330,42 @@ impl Backend for Mirror {
         self.gpu.add_sigmoid_gated(&mut x.1, &y.1, &g.1, rows, dim);
         self.check("add_sigmoid_gated", x, rows * dim);
     }
-    // The GPU has no encoder or short-convolution kernels yet (the engine runs those
-    // models on the CPU), so the mirror never sees these ops.
     fn layer_norm(
         &self,
-        _x: &Self::Buf,
-        _w: &Self::Weight,
-        _b: Option<&Self::Weight>,
-        _eps: f32,
-        _rows: usize,
-        _dim: usize,
-        _out: &mut Self::Buf,
+        x: &Self::Buf,
+        w: &Self::Weight,
+        b: Option<&Self::Weight>,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut Self::Buf,
     ) {
-        unimplemented!("layer_norm has no GPU kernel to mirror")
+        self.sync(x);
+        self.cpu.layer_norm(&x.0, &w.0, b.map(|b| &b.0), eps, rows, dim, &mut out.0);
+        self.gpu.layer_norm(&x.1, &w.1, b.map(|b| &b.1), eps, rows, dim, &mut out.1);
+        self.check("layer_norm", out, rows * dim);
     }
-    fn gelu(&self, _x: &mut Self::Buf, _len: usize) {
-        unimplemented!("gelu has no GPU kernel to mirror")
+    fn gelu(&self, x: &mut Self::Buf, len: usize) {
+        self.sync(x);
+        self.cpu.gelu(&mut x.0, len);
+        self.gpu.gelu(&mut x.1, len);
+        self.check("gelu", x, len);
     }
     fn short_conv(
         &self,
-        _bcx: &Self::Buf,
-        _w: &Self::Weight,
-        _state: &mut Self::Buf,
-        _plan: &kiln::backend::ConvPlan,
-        _dim: usize,
-        _out: &mut Self::Buf,
+        bcx: &Self::Buf,
+        w: &Self::Weight,
+        state: &mut Self::Buf,
+        plan: &kiln::backend::ConvPlan,
+        dim: usize,
+        out: &mut Self::Buf,
     ) {
-        unimplemented!("short_conv has no GPU kernel to mirror")
+        self.sync(bcx);
+        self.sync(state);
+        self.cpu.short_conv(&bcx.0, &w.0, &mut state.0, plan, dim, &mut out.0);
+        self.gpu.short_conv(&bcx.1, &w.1, &mut state.1, plan, dim, &mut out.1);
+        self.check("short_conv", out, plan.prev.len() * dim);
+        self.check("short_conv state", state, state.0.len());
     }
     fn glu(&self, gate: &mut Self::Buf, up: &Self::Buf, act: Activation, len: usize) {
         self.sync(gate);
@@ -410,7 +419,7 @@ fn mirror_run(fallback: bool) {
 fn run_mirror(fallback: bool, free: Option<Vec<&'static str>>) {
     let gguf = Arc::new(GgufFile::open(model(SMOLLM2.name)).unwrap());
     let prompt = [1u32, 504, 3575, 282, 4649, 314, 253, 1345, 28, 2245];
-    let s = mirror_stats(gguf, &prompt, &[30, 216, 1085], fallback, free.clone());
+    let s = mirror_stats(gguf, &prompt, &[30, 216, 1085], OutputKind::Logits, fallback, free.clone());
     let mut bad = Vec::new();
     for (op, (n, worst, differs)) in s.iter() {
         eprintln!("  {op:<22} {n:>5} calls  worst NMSE {worst:9.3e}  {differs:>5} not bit-identical");
@@ -421,11 +430,13 @@ fn run_mirror(fallback: bool, free: Option<Vec<&'static str>>) {
     assert!(bad.is_empty(), "ops over NMSE {OP_NMSE:e}: {bad:?}");
 }
 
-/// Each op's statistics over a prompt (one batch) and single-token steps of `model`.
+/// Each op's statistics over a prompt (one batch) and single-token steps of `model`, their
+/// outputs of `kind`.
 fn mirror_stats(
     gguf: Arc<GgufFile>,
     prompt: &[u32],
     steps: &[u32],
+    kind: OutputKind,
     fallback: bool,
     free: Option<Vec<&'static str>>,
 ) -> Stats {
@@ -437,9 +448,9 @@ fn mirror_stats(
     let runner = ModelRunner::new(Model::load(&gguf, mirror).unwrap(), 256, 64).unwrap();
     let seq = runner.new_seq();
     let prompt: Vec<Entry> = prompt.iter().map(|&token| Entry { seq, token, output: true }).collect();
-    runner.decode(&prompt, OutputKind::Logits).unwrap();
+    runner.decode(&prompt, kind).unwrap();
     for &token in steps {
-        runner.decode(&[Entry { seq, token, output: true }], OutputKind::Logits).unwrap();
+        runner.decode(&[Entry { seq, token, output: true }], kind).unwrap();
     }
     drop(runner);
     Arc::try_unwrap(stats).expect("the runner is gone").into_inner().unwrap()
@@ -450,8 +461,8 @@ fn mirror_stats(
 /// software adapter, each call's output is the CPU's bit for bit; on a hardware one within
 /// HW_OP_NMSE, as gpu_ops.rs's exact kernels (NVIDIA's f32 division, sqrt and exp are not
 /// IEEE-rounded, so the activations' quantization differs in the last bits; the H200 gave
-/// NMSE up to 1.1e-7 on F16 and Q8_0 experts). The other ops are printed only: the tiny presets' attention (head_dim 16)
-/// differs from the CPU's in the last bits (NMSE up to 1e-10), as it does without experts.
+/// NMSE up to 1.1e-7 on F16 and Q8_0 experts). The other ops are printed only (the
+/// dense ops have their own tests).
 #[test]
 fn mixture_of_experts_ops_match_cpu_bit_for_bit() {
     use kiln::model::synth;
@@ -475,13 +486,43 @@ fn mixture_of_experts_ops_match_cpu_bit_for_bit() {
         let gguf = Arc::new(GgufFile::from_bytes(spec.build().unwrap().to_bytes()).unwrap());
         for fallback in [false, true] {
             eprintln!("{what}{}:", if fallback { " (fallback)" } else { "" });
-            let s = mirror_stats(gguf.clone(), &prompt, &[40, 41, 42], fallback, None);
+            let s = mirror_stats(gguf.clone(), &prompt, &[40, 41, 42], OutputKind::Logits, fallback, None);
             for (op, (n, worst, differs)) in s.iter() {
                 eprintln!("  {op:<22} {n:>5} calls  worst NMSE {worst:9.3e}  {differs:>5} not bit-identical");
                 let moe = op.starts_with("moe_") || op == "matmul_id" || op == "add_sigmoid_gated";
                 let bar = if software { OP_NMSE } else { HW_OP_NMSE };
                 if moe && ((software && *differs > 0) || *worst > bar) {
                     bad.push(format!("{what}: {op}"));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "ops off the CPU's: {bad:?}");
+}
+
+/// The encoders' ops (LayerNorm, GELU, non-causal attention, with ALiBi on jina-bert-v2)
+/// and LFM2's (the short convolution and its states, over a prompt then single steps) on
+/// the synthetic presets: on a software adapter each call's output is the CPU's bit for
+/// bit, on a hardware one within HW_OP_NMSE.
+#[test]
+fn encoder_and_short_conv_ops_match_cpu() {
+    use kiln::model::synth;
+    let software = GpuBackend::new(AdapterPolicy::AnyGpu).unwrap().is_software();
+    let prompt: Vec<u32> = (0..24).map(|i| 32 + (i * 37) % 95).collect();
+    let mut bad = Vec::new();
+    for p in ["bert-tiny", "nomic-bert-tiny", "jina-bert-v2-tiny", "bert-rerank-tiny", "lfm2-tiny"] {
+        let gguf =
+            Arc::new(GgufFile::from_bytes(synth::preset(p).unwrap().build().unwrap().to_bytes()).unwrap());
+        let (steps, kind): (&[u32], _) =
+            if p == "lfm2-tiny" { (&[40, 41, 42], OutputKind::Logits) } else { (&[], OutputKind::Hidden) };
+        for fallback in [false, true] {
+            eprintln!("{p}{}:", if fallback { " (fallback)" } else { "" });
+            let s = mirror_stats(gguf.clone(), &prompt, steps, kind, fallback, None);
+            for (op, (n, worst, differs)) in s.iter() {
+                eprintln!("  {op:<22} {n:>5} calls  worst NMSE {worst:9.3e}  {differs:>5} not bit-identical");
+                let bar = if software { OP_NMSE } else { HW_OP_NMSE };
+                if (software && *differs > 0) || *worst > bar {
+                    bad.push(format!("{p}: {op}"));
                 }
             }
         }

@@ -97,6 +97,8 @@ fn model() -> Arc<GgufFile> {
     w.add_f32("norm4k", &[4096], &rng.vec(4096)).unwrap();
     w.add_f32("headnorm", &[64], &rng.vec(64)).unwrap();
     w.add_f32("bias", &[K as u64], &rng.vec(K)).unwrap();
+    // LFM2's convolution filters: 3 taps for each of 128 channels.
+    w.add_f32("conv", &[3, 128], &rng.vec(3 * 128)).unwrap();
     // Biases of the grouped weights (q/k/v's).
     for (i, rows) in [37usize, 13, 21].into_iter().enumerate() {
         w.add_f32(format!("bias.{i}"), &[rows as u64], &rng.vec(rows)).unwrap();
@@ -798,6 +800,9 @@ const GQA: (usize, usize, usize) = (8, 2, 64);
 /// (`split` reads it first, so the two run unfused). `queries`: (position, sequence) of
 /// each query token (q from rows of the gate table, at most 16). `extras`: `Some(cap)`
 /// scales each token's query (`q_scale`) and soft-caps the scores at `cap` (0: not).
+/// `encoder`: `Some(alibi)` makes it non-causal (every query sees its whole sequence),
+/// with ALiBi's biases where `alibi` is `Some(max_bias)`.
+#[allow(clippy::too_many_arguments)]
 fn attention_out<B: Backend>(
     b: &B,
     g: &Arc<GgufFile>,
@@ -806,6 +811,7 @@ fn attention_out<B: Backend>(
     then: Option<(GgmlType, bool)>,
     queries: &[(u32, u32)],
     extras: Option<f32>,
+    encoder: Option<Option<f32>>,
 ) -> Vec<f32> {
     let (n_head, n_kv, hd) = heads;
     let kv_dim = n_kv * hd;
@@ -841,8 +847,8 @@ fn attention_out<B: Backend>(
         q_scale: if extras.is_some() { &q_scale } else { &[] },
         softcap: extras.unwrap_or(0.0),
         window,
-        seq_len: None,
-        alibi: None,
+        seq_len: encoder.map(|_| &[40u32, 300][..]),
+        alibi: encoder.flatten(),
     };
     let mut out = b.alloc(n * n_head * hd).unwrap();
     b.attention(&q, &kc, &vc, &plan, &mut out);
@@ -872,9 +878,9 @@ fn vec_attention_is_batch_invariant() {
     let mut queries = five(299).to_vec();
     queries.extend([(5, 0), (20, 0), (100, 1), (250, 1), (256, 1), (31, 0), (298, 1)]);
     for gpu in vec_gpus() {
-        let all = attention_out(&gpu, &g, GQA, None, None, &queries, None);
+        let all = attention_out(&gpu, &g, GQA, None, None, &queries, None, None);
         for n in [5, 1] {
-            let part = attention_out(&gpu, &g, GQA, None, None, &queries[..n], None);
+            let part = attention_out(&gpu, &g, GQA, None, None, &queries[..n], None, None);
             assert_same_bits(&format!("{n} of 12 queries on {}", gpu.name()), &part, &all[..part.len()]);
         }
     }
@@ -896,14 +902,14 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
             for top in [299, 255] {
                 let what = format!("{what}, top position {top}");
                 let d0 = gpu.counts().get().1;
-                let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)), &five(top), None);
+                let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)), &five(top), None, None);
                 let d1 = gpu.counts().get().1;
-                let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)), &five(top), None);
+                let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)), &five(top), None, None);
                 let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
                 assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 used.push(d1 - d0);
-                let c = attention_out(&cpu, &g, GQA, None, Some((ty, false)), &five(top), None);
+                let c = attention_out(&cpu, &g, GQA, None, Some((ty, false)), &five(top), None, None);
                 against_cpu(&gpu, &what, &fused, &c, tol);
             }
             // The vec path's keys in one chunk: no merge dispatch.
@@ -930,8 +936,8 @@ fn kv_store_and_attention_match_cpu() {
             let cases = [(None, 299), (Some(16), 299), (Some(60), 299), (None, 255)].map(|c| (c, None));
             let extras = [((Some(16), 299), Some(0.0)), ((None, 299), Some(2.5))];
             for ((window, top), extras) in cases.into_iter().chain(extras) {
-                let c = attention_out(cpu, &g, heads, window, None, &five(top), extras);
-                let d = attention_out(&gpu, &g, heads, window, None, &five(top), extras);
+                let c = attention_out(cpu, &g, heads, window, None, &five(top), extras, None);
+                let d = attention_out(&gpu, &g, heads, window, None, &five(top), extras, None);
                 let what = format!(
                     "attention {heads:?} window {window:?} top {top} extras {extras:?} on {} {:?}",
                     gpu.name(),
@@ -944,12 +950,112 @@ fn kv_store_and_attention_match_cpu() {
     }
 }
 
+/// Encoders' attention: every query sees its whole sequence (both key chunks of the
+/// longer one), with ALiBi's biases or without; 6 heads take both of ALiBi's slope series,
+/// head_dim 16 and 80 the dims past the blocks of 64 (summed in f64 on the CPU).
+#[test]
+fn non_causal_and_alibi_attention_match_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2).with_attn_arith(AttnArith::Ggml);
+    let cpu_f32 = CpuBackend::new(2).with_attn_arith(AttnArith::F32);
+    for gpu in gpus().into_iter().chain(vec_gpus()) {
+        let vec = gpu.matmul_path() == MatmulPath::Vec;
+        let cpu = if vec { &cpu_f32 } else { &cpu };
+        for heads in [GQA, (6, 2, 64), (2, 1, 256), (4, 2, 16), (2, 1, 80)] {
+            for alibi in [None, Some(8.0)] {
+                let c = attention_out(cpu, &g, heads, None, None, &five(299), None, Some(alibi));
+                let d = attention_out(&gpu, &g, heads, None, None, &five(299), None, Some(alibi));
+                let causal = attention_out(&gpu, &g, heads, None, None, &five(299), None, None);
+                let what = format!(
+                    "attention {heads:?} non-causal, alibi {alibi:?} on {} {:?}",
+                    gpu.name(),
+                    gpu.matmul_path()
+                );
+                against_cpu(&gpu, &what, &d, &c, if vec { 1e-9 } else { 0.0 });
+                assert!(nmse(&d, &causal) > 1e-4, "{what}: the same as causal attention");
+            }
+        }
+    }
+}
+
+/// LayerNorm (with its bias and without; rows of 512, and of 40: a tail past the sums of
+/// sixteen) and GELU (gate values past ±10 too): the CPU's bits.
+fn encoder_ops<B: Backend>(b: &B, g: &Arc<GgufFile>) -> Vec<Vec<f32>> {
+    let len = 5 * K;
+    let x = input(b, g, "x", 5, len);
+    let mut h = b.alloc(len).unwrap();
+    let mut outs = Vec::new();
+    let (w, bias) = (weight(b, g, "norm"), weight(b, g, "bias"));
+    for (rows, dim) in [(5, K), (64, 40)] {
+        for bias in [Some(&bias), None] {
+            b.layer_norm(&x, &w, bias, 1e-12, rows, dim, &mut h);
+            outs.push(read(b, &h, rows * dim));
+        }
+    }
+    let mut gate = input(b, g, "gate", 5, len);
+    b.gelu(&mut gate, len - 3);
+    outs.push(read(b, &gate, len));
+    outs
+}
+
+#[test]
+fn layer_norm_and_gelu_match_cpu_bit_for_bit() {
+    let g = model();
+    let c = encoder_ops(&CpuBackend::new(2), &g);
+    for gpu in gpus() {
+        let d = encoder_ops(&gpu, &g);
+        let names = [
+            "layer_norm",
+            "layer_norm without bias",
+            "layer_norm of 40",
+            "layer_norm of 40 without bias",
+            "gelu",
+        ];
+        for ((c, d), name) in c.iter().zip(&d).zip(names) {
+            against_cpu(&gpu, name, d, c, 0.0);
+        }
+    }
+}
+
+/// LFM2's short convolution (filters of 3, 128 channels) on eight tokens of two sequences,
+/// interleaved: one continues from a state slot (and writes its new state to that same
+/// slot, which every window must read first), one starts at position 0; three tokens
+/// write states. The outputs, then the states.
+fn short_conv_out<B: Backend>(b: &B, g: &Arc<GgufFile>) -> Vec<f32> {
+    use kiln::backend::ConvPlan;
+    const NONE: u32 = ConvPlan::NONE;
+    let dim = 128;
+    let bcx = input(b, g, "x", 6, 6 * K);
+    let mut state = input(b, g, "y", 2, 2 * K);
+    let plan = ConvPlan {
+        l_cache: 3,
+        prev: &[NONE, NONE, 0, 1, 2, 3, 4, 6],
+        state_in: &[1, NONE, NONE, NONE, NONE, NONE, NONE, NONE],
+        state_out: &[NONE, NONE, NONE, NONE, 1, 2, NONE, 3],
+    };
+    let mut out = b.alloc(8 * dim).unwrap();
+    b.short_conv(&bcx, &weight(b, g, "conv"), &mut state, &plan, dim, &mut out);
+    let mut v = read(b, &out, 8 * dim);
+    v.extend(read(b, &state, 2 * K));
+    v
+}
+
+#[test]
+fn short_conv_matches_cpu_bit_for_bit() {
+    let g = model();
+    let c = short_conv_out(&CpuBackend::new(2), &g);
+    for gpu in gpus() {
+        let d = short_conv_out(&gpu, &g);
+        against_cpu(&gpu, "short_conv", &d, &c, 0.0);
+    }
+}
+
 #[test]
 fn every_op_records_gpu_work() {
     let gpu = &gpus()[1];
     let g = model();
     let _ = elementwise(gpu, &g, 2);
-    let _ = attention_out(gpu, &g, GQA, None, None, &five(299), None);
+    let _ = attention_out(gpu, &g, GQA, None, None, &five(299), None, None);
     let (ops, dispatches) = gpu.counts().get();
     assert!(ops > 20 && dispatches >= ops, "{ops} ops, {dispatches} dispatches");
 }

@@ -2,7 +2,8 @@
 //! (llama-server's, recorded by scripts/gen-synth-fixtures), and every way kiln manages a
 //! sequence carries the state: prompts split into micro-batches, a session saved and
 //! restored, a prefix-cache hit, truncation to a common prefix, sequences batched together
-//! in one decode. Each gives the same greedy tokens as the uninterrupted run.
+//! in one decode. Each gives the same greedy tokens as the uninterrupted run, and the GPU
+//! (lavapipe in CI) gives the CPU's.
 
 mod support;
 
@@ -119,12 +120,33 @@ fn save_restore_prefix_cache_and_truncation_keep_the_state() {
 
 #[test]
 fn sequences_batched_together_match_alone() {
+    batched_match_alone(&engine(EngineOptions::default().with_n_seq(3)));
+}
+
+/// On the GPU: greedy ids (the device's greedy look-ahead, which records a step ahead and
+/// may drop it, over the state's alternate slots) equal the CPU's, in micro-batches of 5
+/// too; sequences batched together match each alone.
+#[cfg(feature = "gpu")]
+#[test]
+fn the_gpu_gives_the_cpus_greedy_ids() {
+    use kiln::engine::Device;
     let (prompt, _) = fixture();
-    let e = engine(EngineOptions::default().with_n_seq(3));
+    let cpu = generate(&engine(EngineOptions::default()), &prompt);
+    let gpu = EngineOptions::default().with_device(Device::Gpu).with_batch_invariant(true);
+    let e = engine(gpu.clone().with_n_seq(3));
+    assert!(e.backend_name().starts_with("gpu"), "{}", e.backend_name());
+    assert_eq!(generate(&e, &prompt), cpu, "GPU vs CPU");
+    assert_eq!(generate(&engine(gpu.with_batch(5)), &prompt), cpu, "GPU -b 5 vs CPU");
+    batched_match_alone(&e);
+}
+
+/// Three sequences' prompts and greedy steps in one decode each give what each gives alone.
+fn batched_match_alone(e: &Engine) {
+    let (prompt, _) = fixture();
     let r = e.runner();
     let prompts = [prompt.clone(), prompt[3..].to_vec(), prompt[..20].to_vec()];
     // Each alone: greedy steps of one sequence.
-    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| generate(&e, p)).collect();
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| generate(e, p)).collect();
     // All three at once: prompts then every step in one decode call.
     let seqs: Vec<_> = prompts.iter().map(|_| r.new_seq()).collect();
     let mut entries = Vec::new();

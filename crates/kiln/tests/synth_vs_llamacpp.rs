@@ -253,6 +253,13 @@ fn dense_features_matter() {
     moved("smollm3-tiny", "RoPE on every layer", llama, &|_| {});
 }
 
+/// LFM2's short convolutions on the GPU (lavapipe in CI): the same bars against llama.cpp.
+#[cfg(feature = "gpu")]
+#[test]
+fn lfm2_on_the_gpu() {
+    check_on("lfm2-tiny", Device::Gpu);
+}
+
 /// The dense presets on the GPU (lavapipe in CI): the same logits and greedy ids as on the
 /// CPU, against llama.cpp's.
 #[cfg(feature = "gpu")]

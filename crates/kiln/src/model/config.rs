@@ -166,18 +166,6 @@ impl ModelConfig {
         self.layers.get(il).and_then(|l| l.mixer.attention()?.window)
     }
 
-    /// Why the GPU backend cannot run this model yet (it has no kernels for encoders'
-    /// LayerNorm, GELU and bidirectional attention, nor for short convolutions), or `None`.
-    pub fn cpu_only(&self) -> Option<&'static str> {
-        if !self.causal || self.norm != NormKind::Rms {
-            Some("encoders (bert, nomic-bert, jina-bert-v2)")
-        } else if self.is_recurrent() {
-            Some("short convolutions (lfm2)")
-        } else {
-            None
-        }
-    }
-
     /// Whether some layer keeps a recurrent state per sequence (LFM2's short convolutions).
     pub fn is_recurrent(&self) -> bool {
         self.layers.iter().any(|l| matches!(l.mixer, super::block::Mixer::ShortConv(_)))

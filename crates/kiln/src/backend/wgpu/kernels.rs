@@ -24,6 +24,7 @@ const ATTN_QUANTIZE: &str = include_str!("shaders/attn_quantize.wgsl");
 const ROPE_EPILOGUE: &str = include_str!("shaders/rope_epilogue.wgsl");
 const FF_SUM: &str = include_str!("shaders/ff_sum.wgsl");
 const MATMUL_PROLOGUE: &str = include_str!("shaders/matmul_prologue.wgsl");
+const ALIBI: &str = include_str!("shaders/alibi.wgsl");
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
@@ -347,6 +348,15 @@ pub enum Kernel {
     RmsNorm(bool),
     /// Residual add fused with the next RMSNorm (and, `true`, the quantize after it).
     AddRmsNorm(bool),
+    /// LayerNorm with its weight and optional bias (encoders), a workgroup per row.
+    LayerNorm,
+    /// GELU-tanh in place (BERT's feed-forward).
+    Gelu,
+    /// LFM2's short convolution: each token's output, and the new states' rows to a
+    /// scratch buffer (short_conv.wgsl `conv`)...
+    ShortConv,
+    /// ... then those rows stored to their state slots (`state`).
+    ConvState,
     Rope,
     /// RoPE on q and k with the KV store, fused.
     RopeStore,
@@ -397,6 +407,10 @@ impl Kernel {
             Embed(..) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
             RmsNorm(_) | AddRmsNorm(_) => (include_str!("shaders/rms_norm.wgsl"), "main"),
+            LayerNorm => (include_str!("shaders/layer_norm.wgsl"), "main"),
+            Gelu => (include_str!("shaders/gelu.wgsl"), "main"),
+            ShortConv => (include_str!("shaders/short_conv.wgsl"), "conv"),
+            ConvState => (include_str!("shaders/short_conv.wgsl"), "state"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
             RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
@@ -735,7 +749,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             "fn token_id(t: u32) -> u32 {\n    return prm[6u + t];\n}\n"
         });
     }
-    if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) = k {
+    if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) | Kernel::LayerNorm = k {
         s.push_str(FF_SUM);
         s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
         if subgroups {
@@ -836,7 +850,10 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     if src.contains("glu_value(") {
         // The GELU table is bound after the kernel's other buffers.
-        s.push_str(&GLU.replace("GT", "4"));
+        s.push_str(&GLU.replace("GT", if k == Kernel::Gelu { "2" } else { "4" }));
+    }
+    if src.contains("alibi_bias(") {
+        s.push_str(ALIBI);
     }
     if src.contains("rope_pair(") {
         s.push_str(ROPE_CORE);

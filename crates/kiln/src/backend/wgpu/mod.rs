@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use ::wgpu;
 
-use super::{Activation, AttnPlan, Backend, IdsTicket, RopeParams, Routing};
+use super::{Activation, AttnPlan, Backend, ConvPlan, ConvSource, IdsTicket, RopeParams, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
@@ -966,7 +966,8 @@ impl Backend for GpuBackend {
         } else {
             matrix_data(t.ty, cols, raw)?
         };
-        if !cols.is_multiple_of(32) && rows > 1 {
+        // (F32 rows narrower than a block are convolution filters, read as plain floats.)
+        if !cols.is_multiple_of(32) && rows > 1 && !(ty == GgmlType::F32 && cols < 32) {
             return Err(err(format!("row length {cols} is not a multiple of 32")));
         }
         let row_size = ty.row_size(cols)?;
@@ -1332,7 +1333,7 @@ impl Backend for GpuBackend {
             plan.head_dim
         );
         let n_tok = plan.pos.len();
-        let tok_off = 11u32;
+        let tok_off = 12u32;
         let tab_off = tok_off + 4 * n_tok as u32;
         let mut table_off = Vec::with_capacity(plan.tables.len());
         let mut tables = Vec::new();
@@ -1341,7 +1342,7 @@ impl Backend for GpuBackend {
             tables.extend_from_slice(t);
         }
         // The vec path splits keys into chunks of 256 (attention_split.wgsl).
-        let keys = (0..n_tok).map(|i| plan.pos[i] - plan.first_pos(i) + 1).max().unwrap_or(1);
+        let keys = (0..n_tok).map(|i| plan.last_pos(i) - plan.first_pos(i) + 1).max().unwrap_or(1);
         let chunks = keys.div_ceil(SPLIT_KEYS);
         let partials = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2) * 4;
         let split = self.matmul == MatmulPath::Vec
@@ -1360,12 +1361,19 @@ impl Backend for GpuBackend {
             0,
             chunks,
             f(plan.softcap),
+            0,
         ];
         for i in 0..n_tok {
             let seq = table_off[plan.seq[i] as usize];
-            prm.extend_from_slice(&[plan.pos[i], plan.first_pos(i), seq, f(plan.q_scale(i))]);
+            prm.extend_from_slice(&[plan.last_pos(i), plan.first_pos(i), seq, f(plan.q_scale(i))]);
         }
         prm.extend_from_slice(&tables);
+        if let Some(max_bias) = plan.alibi {
+            // The heads' slopes, then the queries' positions (alibi.wgsl).
+            prm[11] = prm.len() as u32;
+            prm.extend((0..plan.n_head).map(|h| f(super::alibi_slope(max_bias, plan.n_head, h))));
+            prm.extend_from_slice(plan.pos);
+        }
         let groups = grid(n_tok * plan.n_head, 1);
         let (len, head_dim) = (n_tok * plan.n_head * plan.head_dim, plan.head_dim);
         let bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
@@ -1386,31 +1394,61 @@ impl Backend for GpuBackend {
 
     fn layer_norm(
         &self,
-        _x: &GpuBuf,
-        _w: &GpuWeight,
-        _b: Option<&GpuWeight>,
-        _eps: f32,
-        _rows: usize,
-        _dim: usize,
-        _out: &mut GpuBuf,
+        x: &GpuBuf,
+        w: &GpuWeight,
+        b: Option<&GpuWeight>,
+        eps: f32,
+        rows: usize,
+        dim: usize,
+        out: &mut GpuBuf,
     ) {
-        unimplemented!("layer_norm on the GPU (Engine runs encoders on the CPU: ModelConfig::cpu_only)")
+        self.op();
+        let w = &w.parts[0].buf;
+        // Without a bias the weight is bound in its place, unread.
+        let bias = b.map_or(w, |b| &b.parts[0].buf);
+        let prm = [rows as u32, dim as u32, f(eps), b.is_some() as u32];
+        self.run(Kernel::LayerNorm, &prm, &[w, bias, &x.buf, &out.buf], grid(rows, 1));
     }
 
-    fn gelu(&self, _x: &mut GpuBuf, _len: usize) {
-        unimplemented!("gelu on the GPU (Engine runs encoders on the CPU: ModelConfig::cpu_only)")
+    fn gelu(&self, x: &mut GpuBuf, len: usize) {
+        self.op();
+        self.run(Kernel::Gelu, &[len as u32], &[&x.buf, &self.gelu], grid(len, 64));
     }
 
     fn short_conv(
         &self,
-        _bcx: &GpuBuf,
-        _w: &GpuWeight,
-        _state: &mut GpuBuf,
-        _plan: &super::ConvPlan,
-        _dim: usize,
-        _out: &mut GpuBuf,
+        bcx: &GpuBuf,
+        w: &GpuWeight,
+        state: &mut GpuBuf,
+        plan: &ConvPlan,
+        dim: usize,
+        out: &mut GpuBuf,
     ) {
-        unimplemented!("short_conv on the GPU (Engine runs lfm2 on the CPU: ModelConfig::cpu_only)")
+        self.op();
+        let (n, l) = (plan.prev.len(), plan.l_cache);
+        let mut prm = vec![n as u32, dim as u32, l as u32, 0];
+        for i in 0..n {
+            prm.extend((0..l).map(|j| match plan.source(i, j) {
+                ConvSource::Token(t) => t as u32,
+                ConvSource::State { slot, row } => (1 << 31) | (slot * (l as u32 - 1) + row as u32),
+                ConvSource::Zero => u32::MAX,
+            }));
+        }
+        let writers: Vec<u32> = plan.state_out.iter().copied().filter(|&s| s != ConvPlan::NONE).collect();
+        let mut k = 0;
+        for &s in plan.state_out {
+            prm.push(if s == ConvPlan::NONE { u32::MAX } else { k });
+            k += u32::from(s != ConvPlan::NONE);
+        }
+        prm[3] = writers.len() as u32;
+        prm.extend_from_slice(&writers);
+        let rows = writers.len() * (l - 1) * dim;
+        let tmp = self.scratch(&self.part, rows.max(1), "kiln partials");
+        let bufs = [&tmp, &state.buf, &bcx.buf, &w.parts[0].buf, &out.buf];
+        self.run(Kernel::ShortConv, &prm, &bufs, grid(n * dim, 64));
+        if rows > 0 {
+            self.run(Kernel::ConvState, &prm, &[&tmp, &state.buf], grid(rows, 64));
+        }
     }
 
     fn glu(&self, gate: &mut GpuBuf, up: &GpuBuf, act: Activation, len: usize) {

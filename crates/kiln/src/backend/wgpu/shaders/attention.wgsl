@@ -1,11 +1,13 @@
-// Causal attention over the f16 KV cache (GQA, sliding window, block tables): one
+// Attention over the f16 KV cache (GQA, sliding window, block tables): one
 // workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
 // Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256. Tiles are aligned
 // to absolute positions, and keys go in chunks of CH positions, folded in f32 as the CPU's
 // (attention/mod.rs `fold`, KV_CHUNK).
 // prm: n_tok, n_head, n_head_kv, head_dim, score scale (AttnPlan::score_scale), block_size,
-// tok_off, tab_off, quantize mode, (split kernels) chunks, soft-cap (0: none); per token at
-// tok_off: pos, first_pos, table offset (into tab_off) of its sequence, q multiplier.
+// tok_off, tab_off, quantize mode, (split kernels) chunks, soft-cap (0: none), ALiBi
+// (alibi.wgsl); per token at tok_off: the last and first positions it sees (its own and
+// the window's start; an encoder's last is its sequence's), table offset (into tab_off) of
+// its sequence, q multiplier.
 // `attn_tail` (kernels.rs) is empty, or quantizes the head's output for the next matmul.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<f32>;
@@ -75,7 +77,7 @@ fn acc2(a: vec2<f32>, v: vec2<f32>, pm: f32, pv: f32, raised: bool) -> vec2<f32>
 
 // q·k summed in the CPU's order (ggml's AVX-512 ggml_vec_dot_f16): per lane l of 16,
 // four accumulators over blocks of 64 combined as (a0 + a2) + (a1 + a3), then a halving
-// tree. Products of f16 values are exact, so this reproduces the CPU's score.
+// tree, then the dims past the last block of 64. Products of f16 values are exact, so this reproduces the CPU's score.
 fn dot_ggml(base: u32, hd: u32) -> f32 {
     let np = hd / 64u * 64u;
     // acc[4 l + j]: lane l's accumulator j. Each 64-value chunk's 32 words are loaded
@@ -109,11 +111,14 @@ fn dot_ggml(base: u32, hd: u32) -> f32 {
     for (var l = 0u; l < 4u; l = l + 1u) {
         x[l] = x[l + 4u] + x[l];
     }
-    var s = (x[0] + x[2]) + (x[1] + x[3]);
+    // The tail's products (exact) summed in f64 on the CPU: here as a float-float sum,
+    // rounded to f32 at the end.
+    var s = vec2<f32>((x[0] + x[2]) + (x[1] + x[3]), 0.0);
     for (var e = np; e < hd; e = e + 1u) {
-        s = s + q16[e] * kv_at(false, base + e);
+        let t = two_sum(s.x, nc(q16[e] * kv_at(false, base + e)));
+        s = vec2<f32>(t.x, s.y + t.y);
     }
-    return s;
+    return s.x + s.y;
 }
 
 @compute @workgroup_size(64)
@@ -172,7 +177,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if live {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
-            pj[lid] = softcap_score(dot_ggml(base, hd) * scale, pf(10u));
+            pj[lid] = softcap_score(dot_ggml(base, hd) * scale, pf(10u)) + alibi_bias(t, h, p);
             bj[lid] = base >> 1u;
         }
         let nv = min(WG, pos - p0 + 1u);

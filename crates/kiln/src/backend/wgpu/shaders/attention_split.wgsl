@@ -93,7 +93,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Key lid's score (keys past the chunk's end: -inf, weight 0).
     let p = k0 + min(lid, nk - 1u);
     let kb = (prm[tab + p / bs] * bs + p % bs) * kv_dim + kvh * hd;
-    let s = select(neg_inf, softcap_score(score(kb, hd) * scale, pf(10u)), lid < nk);
+    let biased = softcap_score(score(kb, hd) * scale, pf(10u)) + alibi_bias(th / n_head, th % n_head, p);
+    let s = select(neg_inf, biased, lid < nk);
     bw[lid] = kb >> 1u;
     let m = tree(s, lid, true);
     let e = exp(s - m);
