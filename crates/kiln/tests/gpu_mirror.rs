@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use kiln::backend::cpu::{k_rows, set_k_rows, AttnArith, CpuBackend, CpuExperts, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuExperts, GpuKv, GpuWeight};
-use kiln::backend::{Activation, AttnPlan, Backend, RopeParams, Routing};
+use kiln::backend::{Activation, Affine, AttnPlan, Backend, ExpertInput, RopeParams, Routing};
 use kiln::gguf::{GgufFile, TensorInfo};
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
 use kiln::Result;
@@ -289,16 +289,8 @@ impl Backend for Mirror {
         self.check("moe_route ids", ids, rows * r.k);
         self.check("moe_route weights", w, rows * r.k);
     }
-    fn matmul_id(
-        &self,
-        ws: &[&Self::Experts],
-        x: &Self::Buf,
-        per_slot: bool,
-        ids: &Self::Buf,
-        rows: usize,
-        k: usize,
-        outs: &mut [&mut Self::Buf],
-    ) {
+    fn matmul_id(&self, ws: &[&Self::Experts], input: ExpertInput<Self::Buf>, outs: &mut [&mut Self::Buf]) {
+        let ExpertInput { x, per_slot, ids, rows, k } = input;
         self.sync(x);
         self.sync(ids);
         let (cw, gw): (Vec<_>, Vec<_>) = ws.iter().map(|w| (&w.0, &w.1)).unzip();
@@ -309,8 +301,8 @@ impl Backend for Mirror {
             co.push(c);
             go.push(g);
         }
-        self.cpu.matmul_id(&cw, &x.0, per_slot, &ids.0, rows, k, &mut co);
-        self.gpu.matmul_id(&gw, &x.1, per_slot, &ids.1, rows, k, &mut go);
+        self.cpu.matmul_id(&cw, ExpertInput { x: &x.0, per_slot, ids: &ids.0, rows, k }, &mut co);
+        self.gpu.matmul_id(&gw, ExpertInput { x: &x.1, per_slot, ids: &ids.1, rows, k }, &mut go);
         for (w, o) in ws.iter().zip(outs.iter()) {
             self.check("matmul_id", o, rows * k * w.0.rows);
         }
@@ -333,16 +325,17 @@ impl Backend for Mirror {
     fn layer_norm(
         &self,
         x: &Self::Buf,
-        w: &Self::Weight,
-        b: Option<&Self::Weight>,
+        norm: Affine<Self::Weight>,
         eps: f32,
         rows: usize,
         dim: usize,
         out: &mut Self::Buf,
     ) {
         self.sync(x);
-        self.cpu.layer_norm(&x.0, &w.0, b.map(|b| &b.0), eps, rows, dim, &mut out.0);
-        self.gpu.layer_norm(&x.1, &w.1, b.map(|b| &b.1), eps, rows, dim, &mut out.1);
+        let cpu = Affine { w: &norm.w.0, b: norm.b.map(|b| &b.0) };
+        self.cpu.layer_norm(&x.0, cpu, eps, rows, dim, &mut out.0);
+        let gpu = Affine { w: &norm.w.1, b: norm.b.map(|b| &b.1) };
+        self.gpu.layer_norm(&x.1, gpu, eps, rows, dim, &mut out.1);
         self.check("layer_norm", out, rows * dim);
     }
     fn gelu(&self, x: &mut Self::Buf, len: usize) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kiln::backend::cpu::{k_rows, AttnArith, CpuBackend, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuWeight, MatmulPath};
-use kiln::backend::{Activation, AttnPlan, Backend, RopeParams};
+use kiln::backend::{Activation, Affine, AttnPlan, Backend, RopeParams};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
 
@@ -988,7 +988,7 @@ fn encoder_ops<B: Backend>(b: &B, g: &Arc<GgufFile>) -> Vec<Vec<f32>> {
     let (w, bias) = (weight(b, g, "norm"), weight(b, g, "bias"));
     for (rows, dim) in [(5, K), (64, 40)] {
         for bias in [Some(&bias), None] {
-            b.layer_norm(&x, &w, bias, 1e-12, rows, dim, &mut h);
+            b.layer_norm(&x, Affine { w: &w, b: bias }, 1e-12, rows, dim, &mut h);
             outs.push(read(b, &h, rows * dim));
         }
     }

@@ -222,6 +222,40 @@ pub enum ConvSource {
     Zero,
 }
 
+/// A norm's element-wise affine transform: times `w`, plus `b` where there is one.
+#[derive(Debug)]
+pub struct Affine<'a, W> {
+    pub w: &'a W,
+    pub b: Option<&'a W>,
+}
+
+// (By hand: a derive would ask `W: Copy`.)
+impl<W> Clone for Affine<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<W> Copy for Affine<'_, W> {}
+
+/// The input of an expert matmul (`Backend::matmul_id`): `x`, a row per token (or, where
+/// `per_slot`, per slot), and the `k` experts each of `rows` tokens goes to (`moe_route`'s
+/// ids, stored as f32).
+#[derive(Debug)]
+pub struct ExpertInput<'a, B> {
+    pub x: &'a B,
+    pub per_slot: bool,
+    pub ids: &'a B,
+    pub rows: usize,
+    pub k: usize,
+}
+
+impl<B> Clone for ExpertInput<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for ExpertInput<'_, B> {}
+
 /// Greedy ids on their way from the device: `Ready` where they were computed at once,
 /// `InFlight` (a backend's read slot) where `argmax_finish` still has to wait for them.
 #[derive(Debug)]
@@ -304,13 +338,11 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     );
     /// LayerNorm of each of `rows` rows of `dim` values: `(x - mean) / sqrt(var + eps)`,
-    /// times `w`, plus `b`.
-    #[allow(clippy::too_many_arguments)]
+    /// then `norm`'s affine transform.
     fn layer_norm(
         &self,
         x: &Self::Buf,
-        w: &Self::Weight,
-        b: Option<&Self::Weight>,
+        norm: Affine<Self::Weight>,
         eps: f32,
         rows: usize,
         dim: usize,
@@ -409,20 +441,10 @@ pub trait Backend: Send + Sync + 'static {
         ids: &mut Self::Buf,
         weights: &mut Self::Buf,
     );
-    /// `outs[i][t * k + j] = x[t] · ws[i][ids[t * k + j]]ᵀ` for each of `rows` tokens `t` and
-    /// slots `j < k` (`x` row `t * k + j` where `per_slot`): experts of one input (gate and
-    /// up, or down), each token's row through the same dot as a dense matmul's.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_id(
-        &self,
-        ws: &[&Self::Experts],
-        x: &Self::Buf,
-        per_slot: bool,
-        ids: &Self::Buf,
-        rows: usize,
-        k: usize,
-        outs: &mut [&mut Self::Buf],
-    );
+    /// `outs[i][t * k + j] = x[t] · ws[i][ids[t * k + j]]ᵀ` for each of the input's `rows`
+    /// tokens `t` and slots `j < k` (`x` row `t * k + j` where `per_slot`): experts of one
+    /// input (gate and up, or down), each token's row through the same dot as a dense matmul's.
+    fn matmul_id(&self, ws: &[&Self::Experts], input: ExpertInput<Self::Buf>, outs: &mut [&mut Self::Buf]);
     /// `out[t] = Σ_j weights[t * k + j] · y[t * k + j]` over rows of `dim`, each product
     /// rounded, then added in slot order (ggml's `mul` then `add`s).
     fn moe_sum(

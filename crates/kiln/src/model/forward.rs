@@ -10,7 +10,7 @@ use super::block::ffn::{self, FfnScratch};
 use super::block::{Mixer, MixerWeights, Norm};
 use super::config::{ModelConfig, NormKind};
 use super::weights::Weights;
-use crate::backend::{Backend, IdsTicket, RopeParams};
+use crate::backend::{Affine, Backend, IdsTicket, RopeParams};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kv::{KvPool, BLOCK_SIZE};
@@ -333,7 +333,10 @@ impl<B: Backend> Model<B> {
         let (cfg, b) = (&self.cfg, &self.backend);
         match cfg.norm {
             NormKind::Rms => b.rms_norm(x, &norm.w, cfg.norm_eps, rows, cfg.n_embd, out),
-            NormKind::Layer => b.layer_norm(x, &norm.w, norm.b.as_ref(), cfg.norm_eps, rows, cfg.n_embd, out),
+            NormKind::Layer => {
+                let affine = Affine { w: &norm.w, b: norm.b.as_ref() };
+                b.layer_norm(x, affine, cfg.norm_eps, rows, cfg.n_embd, out)
+            }
         }
     }
 

@@ -22,7 +22,7 @@ pub use weight::CpuWeight;
 
 use std::sync::Arc;
 
-use super::{Activation, AttnPlan, Backend, ConvPlan, RopeParams, Routing};
+use super::{Activation, Affine, AttnPlan, Backend, ConvPlan, ExpertInput, RopeParams, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
@@ -202,14 +202,13 @@ impl Backend for CpuBackend {
     fn layer_norm(
         &self,
         x: &Vec<f32>,
-        w: &CpuWeight,
-        b: Option<&CpuWeight>,
+        norm: Affine<CpuWeight>,
         eps: f32,
         rows: usize,
         dim: usize,
         out: &mut Vec<f32>,
     ) {
-        let (w, b) = (self.vector(w), b.map(|b| self.vector(b)));
+        let (w, b) = (self.vector(norm.w), norm.b.map(|b| self.vector(b)));
         let run = rows.div_ceil(4 * self.pool.n_threads()).max(16);
         let op = ops::SyncPtr(out.as_mut_ptr());
         self.pool.run(rows.div_ceil(run), &|task| {
@@ -264,18 +263,9 @@ impl Backend for CpuBackend {
         moe::route(logits, rows, r, ids, weights);
     }
 
-    fn matmul_id(
-        &self,
-        ws: &[&CpuExperts],
-        x: &Vec<f32>,
-        per_slot: bool,
-        ids: &Vec<f32>,
-        rows: usize,
-        k: usize,
-        outs: &mut [&mut Vec<f32>],
-    ) {
+    fn matmul_id(&self, ws: &[&CpuExperts], input: ExpertInput<Vec<f32>>, outs: &mut [&mut Vec<f32>]) {
         let mut act = self.act_buf.lock().unwrap_or_else(|e| e.into_inner());
-        moe::matmul_id(&self.pool, ws, x, per_slot, ids, rows, k, outs, &mut act);
+        moe::matmul_id(&self.pool, ws, input, outs, &mut act);
     }
 
     fn moe_sum(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::ops::{self, SyncPtr};
 use super::pool::ThreadPool;
 use super::{vexp, CpuWeight};
-use crate::backend::{Gating, Routing};
+use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 
@@ -128,18 +128,14 @@ pub(super) fn route(logits: &[f32], rows: usize, r: &Routing, ids: &mut [f32], w
 /// `Backend::matmul_id`: for each expert some slot chose, its slots' input rows gathered,
 /// multiplied by the dense matmul (the same dot per row, whatever the batch), and
 /// scattered back to the slots' output rows.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn matmul_id(
     pool: &ThreadPool,
     ws: &[&CpuExperts],
-    x: &[f32],
-    per_slot: bool,
-    ids: &[f32],
-    rows: usize,
-    k: usize,
+    input: ExpertInput<Vec<f32>>,
     outs: &mut [&mut Vec<f32>],
     act_buf: &mut Vec<u8>,
 ) {
+    let ExpertInput { x, per_slot, ids, rows, k } = input;
     let Some(first) = ws.first() else { return };
     let n_expert = first.experts.len();
     let cols = first.cols;

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use ::wgpu;
 
-use super::{Activation, AttnPlan, Backend, ConvPlan, ConvSource, IdsTicket, RopeParams, Routing};
+use super::{
+    Activation, Affine, AttnPlan, Backend, ConvPlan, ConvSource, ExpertInput, IdsTicket, RopeParams, Routing,
+};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
@@ -990,17 +992,8 @@ impl Backend for GpuBackend {
         self.moe_route_impl(logits, rows, r, ids, weights);
     }
 
-    fn matmul_id(
-        &self,
-        ws: &[&GpuExperts],
-        x: &GpuBuf,
-        per_slot: bool,
-        ids: &GpuBuf,
-        rows: usize,
-        k: usize,
-        outs: &mut [&mut GpuBuf],
-    ) {
-        self.matmul_id_impl(ws, x, per_slot, ids, rows, k, outs);
+    fn matmul_id(&self, ws: &[&GpuExperts], input: ExpertInput<GpuBuf>, outs: &mut [&mut GpuBuf]) {
+        self.matmul_id_impl(ws, input, outs);
     }
 
     fn moe_sum(&self, y: &GpuBuf, weights: &GpuBuf, rows: usize, k: usize, dim: usize, out: &mut GpuBuf) {
@@ -1395,18 +1388,17 @@ impl Backend for GpuBackend {
     fn layer_norm(
         &self,
         x: &GpuBuf,
-        w: &GpuWeight,
-        b: Option<&GpuWeight>,
+        norm: Affine<GpuWeight>,
         eps: f32,
         rows: usize,
         dim: usize,
         out: &mut GpuBuf,
     ) {
         self.op();
-        let w = &w.parts[0].buf;
+        let w = &norm.w.parts[0].buf;
         // Without a bias the weight is bound in its place, unread.
-        let bias = b.map_or(w, |b| &b.parts[0].buf);
-        let prm = [rows as u32, dim as u32, f(eps), b.is_some() as u32];
+        let bias = norm.b.map_or(w, |b| &b.parts[0].buf);
+        let prm = [rows as u32, dim as u32, f(eps), norm.b.is_some() as u32];
         self.run(Kernel::LayerNorm, &prm, &[w, bias, &x.buf, &out.buf], grid(rows, 1));
     }
 

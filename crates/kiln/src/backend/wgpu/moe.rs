@@ -10,7 +10,7 @@ use ::wgpu;
 
 use super::kernels::Kernel;
 use super::{grid, matrix_data, GpuBackend, GpuBuf, MatmulPath};
-use crate::backend::{Gating, Routing};
+use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::GgmlType;
@@ -111,17 +111,13 @@ impl GpuBackend {
         (act, xd, xs)
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_id_impl(
         &self,
         ws: &[&GpuExperts],
-        x: &GpuBuf,
-        per_slot: bool,
-        ids: &GpuBuf,
-        rows: usize,
-        k: usize,
+        input: ExpertInput<GpuBuf>,
         outs: &mut [&mut GpuBuf],
     ) {
+        let ExpertInput { x, per_slot, ids, rows, k } = input;
         // (Also forgets the activations a dense matmul quantized: the scratch is reused.)
         self.op();
         let n_slots = rows * k;

@@ -7,7 +7,7 @@
 
 use super::blk;
 use super::ffn::{self, Glu, GluScratch};
-use crate::backend::{Activation, Backend, Routing};
+use crate::backend::{Activation, Backend, ExpertInput, Routing};
 use crate::error::{KilnError, Result};
 use crate::model::config::ModelConfig;
 use crate::model::weights::Loader;
@@ -133,9 +133,10 @@ pub fn forward<B: Backend>(
     let d = b.weight_shape(&w.router).1;
     b.matmul(&w.router, x, n, &mut s.logits);
     b.moe_route(&s.logits, n, r, &mut s.ids, &mut s.weights);
-    b.matmul_id(&[&w.gate, &w.up], x, false, &s.ids, n, r.k, &mut [&mut s.gate, &mut s.up]);
+    let input = ExpertInput { x, per_slot: false, ids: &s.ids, rows: n, k: r.k };
+    b.matmul_id(&[&w.gate, &w.up], input, &mut [&mut s.gate, &mut s.up]);
     b.glu(&mut s.gate, &s.up, m.act, n * r.k * m.n_ff);
-    b.matmul_id(&[&w.down], &s.gate, true, &s.ids, n, r.k, &mut [&mut s.y]);
+    b.matmul_id(&[&w.down], ExpertInput { x: &s.gate, per_slot: true, ..input }, &mut [&mut s.y]);
     b.moe_sum(&s.y, &s.weights, n, r.k, d, out);
     if let (Some(sw), Some(se)) = (&w.shared, m.shared) {
         ffn::glu(b, sw, m.act, se.n_ff, x, n, glu, &mut s.shared);
