@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use kiln::backend::cpu::{k_rows, set_k_rows, AttnArith, CpuBackend, CpuExperts, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuBuf, GpuExperts, GpuKv, GpuWeight};
-use kiln::backend::{Activation, Affine, AttnPlan, Backend, ExpertInput, RopeParams, Routing};
+use kiln::backend::{Activation, AttnPlan, Backend, ExpertInput, LayerNorm, RopeParams, Routing};
 use kiln::gguf::{GgufFile, TensorInfo};
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
 use kiln::Result;
@@ -322,20 +322,13 @@ impl Backend for Mirror {
         self.gpu.add_sigmoid_gated(&mut x.1, &y.1, &g.1, rows, dim);
         self.check("add_sigmoid_gated", x, rows * dim);
     }
-    fn layer_norm(
-        &self,
-        x: &Self::Buf,
-        norm: Affine<Self::Weight>,
-        eps: f32,
-        rows: usize,
-        dim: usize,
-        out: &mut Self::Buf,
-    ) {
+    fn layer_norm(&self, x: &Self::Buf, norm: LayerNorm<Self::Weight>, rows: usize, out: &mut Self::Buf) {
         self.sync(x);
-        let cpu = Affine { w: &norm.w.0, b: norm.b.map(|b| &b.0) };
-        self.cpu.layer_norm(&x.0, cpu, eps, rows, dim, &mut out.0);
-        let gpu = Affine { w: &norm.w.1, b: norm.b.map(|b| &b.1) };
-        self.gpu.layer_norm(&x.1, gpu, eps, rows, dim, &mut out.1);
+        let cpu = LayerNorm { eps: norm.eps, w: &norm.w.0, b: norm.b.map(|b| &b.0) };
+        self.cpu.layer_norm(&x.0, cpu, rows, &mut out.0);
+        let gpu = LayerNorm { eps: norm.eps, w: &norm.w.1, b: norm.b.map(|b| &b.1) };
+        self.gpu.layer_norm(&x.1, gpu, rows, &mut out.1);
+        let dim = norm.w.1.rows * norm.w.1.cols;
         self.check("layer_norm", out, rows * dim);
     }
     fn gelu(&self, x: &mut Self::Buf, len: usize) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kiln::backend::cpu::{k_rows, AttnArith, CpuBackend, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuWeight, MatmulPath};
-use kiln::backend::{Activation, Affine, AttnPlan, Backend, RopeParams};
+use kiln::backend::{Activation, AttnPlan, Backend, LayerNorm, RopeParams};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
 
@@ -97,6 +97,8 @@ fn model() -> Arc<GgufFile> {
     w.add_f32("norm4k", &[4096], &rng.vec(4096)).unwrap();
     w.add_f32("headnorm", &[64], &rng.vec(64)).unwrap();
     w.add_f32("bias", &[K as u64], &rng.vec(K)).unwrap();
+    w.add_f32("norm40", &[40], &rng.vec(40)).unwrap();
+    w.add_f32("bias40", &[40], &rng.vec(40)).unwrap();
     // LFM2's convolution filters: 3 taps for each of 128 channels.
     w.add_f32("conv", &[3, 128], &rng.vec(3 * 128)).unwrap();
     // Biases of the grouped weights (q/k/v's).
@@ -985,10 +987,10 @@ fn encoder_ops<B: Backend>(b: &B, g: &Arc<GgufFile>) -> Vec<Vec<f32>> {
     let x = input(b, g, "x", 5, len);
     let mut h = b.alloc(len).unwrap();
     let mut outs = Vec::new();
-    let (w, bias) = (weight(b, g, "norm"), weight(b, g, "bias"));
-    for (rows, dim) in [(5, K), (64, 40)] {
+    for (rows, dim, w, bias) in [(5, K, "norm", "bias"), (64, 40, "norm40", "bias40")] {
+        let (w, bias) = (weight(b, g, w), weight(b, g, bias));
         for bias in [Some(&bias), None] {
-            b.layer_norm(&x, Affine { w: &w, b: bias }, 1e-12, rows, dim, &mut h);
+            b.layer_norm(&x, LayerNorm { eps: 1e-12, w: &w, b: bias }, rows, &mut h);
             outs.push(read(b, &h, rows * dim));
         }
     }

@@ -222,20 +222,22 @@ pub enum ConvSource {
     Zero,
 }
 
-/// A norm's element-wise affine transform: times `w`, plus `b` where there is one.
+/// A LayerNorm's parameters: its epsilon, and its element-wise affine transform (times
+/// `w`, plus `b` where there is one).
 #[derive(Debug)]
-pub struct Affine<'a, W> {
+pub struct LayerNorm<'a, W> {
+    pub eps: f32,
     pub w: &'a W,
     pub b: Option<&'a W>,
 }
 
 // (By hand: a derive would ask `W: Copy`.)
-impl<W> Clone for Affine<'_, W> {
+impl<W> Clone for LayerNorm<'_, W> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<W> Copy for Affine<'_, W> {}
+impl<W> Copy for LayerNorm<'_, W> {}
 
 /// The input of an expert matmul (`Backend::matmul_id`): `x`, a row per token (or, where
 /// `per_slot`, per slot), and the `k` experts each of `rows` tokens goes to (`moe_route`'s
@@ -337,17 +339,9 @@ pub trait Backend: Send + Sync + 'static {
         dim: usize,
         out: &mut Self::Buf,
     );
-    /// LayerNorm of each of `rows` rows of `dim` values: `(x - mean) / sqrt(var + eps)`,
-    /// then `norm`'s affine transform.
-    fn layer_norm(
-        &self,
-        x: &Self::Buf,
-        norm: Affine<Self::Weight>,
-        eps: f32,
-        rows: usize,
-        dim: usize,
-        out: &mut Self::Buf,
-    );
+    /// LayerNorm of each of `rows` rows of `x`, as wide as `norm.w`: `(x - mean) /
+    /// sqrt(var + eps)`, then the affine transform.
+    fn layer_norm(&self, x: &Self::Buf, norm: LayerNorm<Self::Weight>, rows: usize, out: &mut Self::Buf);
     /// The residual add then the next norm: `x += y * scale` over `rows * dim` values, then
     /// `out = rms_norm(x)`. One kernel where a backend fuses them (the GPU).
     #[allow(clippy::too_many_arguments)]

@@ -10,7 +10,7 @@ use super::block::ffn::{self, FfnScratch};
 use super::block::{Mixer, MixerWeights, Norm};
 use super::config::{ModelConfig, NormKind};
 use super::weights::Weights;
-use crate::backend::{Affine, Backend, IdsTicket, RopeParams};
+use crate::backend::{Backend, IdsTicket, LayerNorm, RopeParams};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kv::{KvPool, BLOCK_SIZE};
@@ -334,8 +334,8 @@ impl<B: Backend> Model<B> {
         match cfg.norm {
             NormKind::Rms => b.rms_norm(x, &norm.w, cfg.norm_eps, rows, cfg.n_embd, out),
             NormKind::Layer => {
-                let affine = Affine { w: &norm.w, b: norm.b.as_ref() };
-                b.layer_norm(x, affine, cfg.norm_eps, rows, cfg.n_embd, out)
+                let ln = LayerNorm { eps: cfg.norm_eps, w: &norm.w, b: norm.b.as_ref() };
+                b.layer_norm(x, ln, rows, out)
             }
         }
     }

@@ -22,7 +22,7 @@ pub use weight::CpuWeight;
 
 use std::sync::Arc;
 
-use super::{Activation, Affine, AttnPlan, Backend, ConvPlan, ExpertInput, RopeParams, Routing};
+use super::{Activation, AttnPlan, Backend, ConvPlan, ExpertInput, LayerNorm, RopeParams, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant;
@@ -199,16 +199,10 @@ impl Backend for CpuBackend {
         });
     }
 
-    fn layer_norm(
-        &self,
-        x: &Vec<f32>,
-        norm: Affine<CpuWeight>,
-        eps: f32,
-        rows: usize,
-        dim: usize,
-        out: &mut Vec<f32>,
-    ) {
+    fn layer_norm(&self, x: &Vec<f32>, norm: LayerNorm<CpuWeight>, rows: usize, out: &mut Vec<f32>) {
+        let eps = norm.eps;
         let (w, b) = (self.vector(norm.w), norm.b.map(|b| self.vector(b)));
+        let dim = w.len();
         let run = rows.div_ceil(4 * self.pool.n_threads()).max(16);
         let op = ops::SyncPtr(out.as_mut_ptr());
         self.pool.run(rows.div_ceil(run), &|task| {

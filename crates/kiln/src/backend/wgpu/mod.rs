@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use ::wgpu;
 
 use super::{
-    Activation, Affine, AttnPlan, Backend, ConvPlan, ConvSource, ExpertInput, IdsTicket, RopeParams, Routing,
+    Activation, AttnPlan, Backend, ConvPlan, ConvSource, ExpertInput, IdsTicket, LayerNorm, RopeParams,
+    Routing,
 };
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -1385,20 +1386,13 @@ impl Backend for GpuBackend {
         self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim });
     }
 
-    fn layer_norm(
-        &self,
-        x: &GpuBuf,
-        norm: Affine<GpuWeight>,
-        eps: f32,
-        rows: usize,
-        dim: usize,
-        out: &mut GpuBuf,
-    ) {
+    fn layer_norm(&self, x: &GpuBuf, norm: LayerNorm<GpuWeight>, rows: usize, out: &mut GpuBuf) {
         self.op();
+        let dim = norm.w.rows * norm.w.cols;
         let w = &norm.w.parts[0].buf;
         // Without a bias the weight is bound in its place, unread.
         let bias = norm.b.map_or(w, |b| &b.parts[0].buf);
-        let prm = [rows as u32, dim as u32, f(eps), norm.b.is_some() as u32];
+        let prm = [rows as u32, dim as u32, f(norm.eps), norm.b.is_some() as u32];
         self.run(Kernel::LayerNorm, &prm, &[w, bias, &x.buf, &out.buf], grid(rows, 1));
     }
 
