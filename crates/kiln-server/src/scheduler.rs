@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln::embed::{embed_batch, normalize, Pooling};
+use kiln::embed::{embed_batch, group_end, normalize, Pooling};
 use kiln::engine::Engine;
 use kiln::grammar::{CompiledGrammar, Constraint};
 use kiln::model::{Entry, OutputKind, SeqId};
@@ -549,18 +549,13 @@ impl Scheduler {
     }
 
     /// Embeds the next inputs of the oldest embedding request: as many whole inputs as one
-    /// micro-batch holds (at least one), so long batches do not stall the streams.
+    /// forward takes (`embed::group_end`), so long batches do not stall the streams.
     fn embed_step(&mut self) {
         let Some(work) = self.embeds.front_mut() else { return };
-        let n_ubatch = self.engine.runner().n_ubatch();
         let start = work.done.len();
-        let mut end = start + 1;
-        let mut n = work.job.inputs[start].len();
-        while end < work.job.inputs.len() && n + work.job.inputs[end].len() <= n_ubatch {
-            n += work.job.inputs[end].len();
-            end += 1;
-        }
+        let end = group_end(self.engine.runner(), &work.job.inputs, start);
         let inputs: Vec<&[u32]> = work.job.inputs[start..end].iter().map(Vec::as_slice).collect();
+        let n: usize = inputs.iter().map(|i| i.len()).sum();
         // The library's pooling, so the vectors equal `kiln embed` / `kiln rerank`'s.
         let res = embed_batch(&self.engine, &inputs, work.job.pooling);
         self.shared.metrics.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);

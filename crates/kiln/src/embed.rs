@@ -12,6 +12,7 @@
 use crate::engine::Engine;
 use crate::error::{KilnError, Result};
 use crate::gguf::GgufFile;
+use crate::kv::BLOCK_SIZE;
 use crate::model::{Entry, OutputKind, Runner};
 use crate::quant;
 
@@ -86,17 +87,10 @@ pub fn embed_batch(engine: &Engine, inputs: &[&[u32]], pooling: Pooling) -> Resu
         _ => None,
     };
     let runner = engine.runner();
-    let n_ubatch = runner.n_ubatch();
     let mut out = Vec::with_capacity(inputs.len());
     let mut i = 0;
     while i < inputs.len() {
-        // Whole inputs up to a micro-batch (at least one).
-        let mut end = i + 1;
-        let mut n = inputs[i].len();
-        while end < inputs.len() && n + inputs[end].len() <= n_ubatch {
-            n += inputs[end].len();
-            end += 1;
-        }
+        let end = group_end(runner, inputs, i);
         let rows = hidden_rows(runner, &inputs[i..end], pooling)?;
         for (ids, rows) in inputs[i..end].iter().zip(rows) {
             let d = engine.config().n_embd;
@@ -110,6 +104,24 @@ pub fn embed_batch(engine: &Engine, inputs: &[&[u32]], pooling: Pooling) -> Resu
         i = end;
     }
     Ok(out)
+}
+
+/// The end of the group of inputs from `start` that one forward embeds: as many whole
+/// inputs as its micro-batch holds, each in a sequence of its own whose KV blocks the pool
+/// can hold beside the others' (at least one input: one within the context always fits).
+pub fn group_end(runner: &dyn Runner, inputs: &[impl AsRef<[u32]>], start: usize) -> usize {
+    let blocks = |ids: &[u32]| ids.len().div_ceil(BLOCK_SIZE);
+    let (n_ubatch, n_blocks) = (runner.n_ubatch(), runner.n_slots() / BLOCK_SIZE);
+    let (mut n, mut b) = (inputs[start].as_ref().len(), blocks(inputs[start].as_ref()));
+    let mut end = start + 1;
+    while let Some(ids) = inputs.get(end).map(AsRef::as_ref) {
+        if n + ids.len() > n_ubatch || b + blocks(ids) > n_blocks {
+            break;
+        }
+        (n, b) = (n + ids.len(), b + blocks(ids));
+        end += 1;
+    }
+    end
 }
 
 /// An input the model can embed: some tokens, within the context.

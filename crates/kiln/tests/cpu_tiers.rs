@@ -8,8 +8,8 @@
 use std::process::Command;
 
 use kiln::quant::{
-    cpu_tier, detected_cpu_tier, quantize_activation, quantize_row, tile_kernels_for, vec_dot, CpuTier,
-    GgmlType, TILE,
+    cpu_tier, detected_cpu_tier, quantize_activation, quantize_row, round_f16_rows, tile_kernels_for, vec_dot,
+    vec_dot_fn_for, CpuTier, GgmlType, TILE,
 };
 
 const ALL: [CpuTier; 5] =
@@ -137,6 +137,56 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
 
 /// Q4_K×8 (eight rows interleaved at load) gives the row-major Q4_K tiles' bits on every
 /// tier and token count, and unpacks back to the original rows.
+/// F16 weights' tiles read f32 rows of the F16-rounded activations: every shape gives the
+/// bits of the single-pair SIMD dot on the F16 row (whose order is ggml's
+/// `ggml_vec_dot_f16`), and the scalar reference's value up to summation order.
+#[test]
+fn f16_tiles_equal_the_single_pair_dot() {
+    let mut rng = Rng(11);
+    // 3072: more blocks than one chunk of the kernel's passes, and not a whole number of them.
+    for n in [32, 768, 3072 + 96] {
+        let mut w = vec![0u8; 2 * n * TILE];
+        let mut a16 = vec![0u8; 2 * n * TILE];
+        let mut a32 = vec![0u8; 4 * n * TILE];
+        for r in 0..TILE {
+            let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            quantize_row(GgmlType::F16, &x, &mut w[r * 2 * n..(r + 1) * 2 * n]).unwrap();
+            let y: Vec<f32> = (0..n).map(|_| rng.f() * 100.0).collect();
+            quantize_activation(GgmlType::F16, &y, &mut a16[r * 2 * n..(r + 1) * 2 * n]).unwrap();
+            round_f16_rows(&y, &mut a32[r * 4 * n..(r + 1) * 4 * n]);
+        }
+        let (wr, ar) = (|r: usize| &w[r * 2 * n..][..2 * n], |t: usize| &a16[t * 2 * n..][..2 * n]);
+        for tier in ALL.into_iter().filter(|&t| t >= CpuTier::Avx2 && t <= detected_cpu_tier()) {
+            let tk = tile_kernels_for(GgmlType::F16, tier).unwrap();
+            assert_eq!(tk.act_type(), GgmlType::F32);
+            assert!(tk.fits(n) && !tk.fits(n + 8));
+            let dot = vec_dot_fn_for(GgmlType::F16, tier);
+            let want: Vec<f32> = (0..TILE * TILE).map(|i| dot(wr(i / TILE), ar(i % TILE), n)).collect();
+            for i in 0..TILE * TILE {
+                let scalar = vec_dot(GgmlType::F16, wr(i / TILE), ar(i % TILE), n);
+                assert!((want[i] - scalar).abs() <= 1e-4 * scalar.abs().max(1.0), "{n}: {} vs {scalar}", want[i]);
+                let got = tk.one(wr(i / TILE), &a32[(i % TILE) * 4 * n..][..4 * n], n);
+                assert_eq!(got.to_bits(), want[i].to_bits(), "n {n} {tier:?} one");
+            }
+            let mut v = [0f32; TILE];
+            let mut v2 = [0f32; 2 * TILE];
+            for r in 0..TILE {
+                tk.toks4(wr(r), &a32, n, &mut v);
+                for t in 0..TILE {
+                    assert_eq!(v[t].to_bits(), want[r * TILE + t].to_bits(), "n {n} {tier:?} toks4");
+                }
+            }
+            for r in [0, 2] {
+                tk.rows2_toks4(&w[r * 2 * n..][..4 * n], &a32, n, &mut v2);
+                for i in 0..2 * TILE {
+                    let want = want[(r + i / TILE) * TILE + i % TILE];
+                    assert_eq!(v2[i].to_bits(), want.to_bits(), "n {n} {tier:?} rows2_toks4");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn interleaved_q4_k_matches_the_row_major_tiles() {
     use kiln::quant::{q4_k_x8_kernels_for, Interleave, Q4K_X8_ROWS};

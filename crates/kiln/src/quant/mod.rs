@@ -122,6 +122,21 @@ pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<
     Ok(())
 }
 
+/// An activation row rounded to F16 as [`quantize_activation`] does for F16 weights, then
+/// widened back: `dst` holds `src.len()` native-endian f32 (the row F16 weights' tile
+/// kernels read, so each matmul converts its activations once, not once per weight row).
+pub fn round_f16_rows(src: &[f32], dst: &mut [u8]) {
+    const C: usize = 64;
+    let mut half = [0u8; 2 * C];
+    let mut wide = [0f32; C];
+    for (s, d) in src.chunks(C).zip(dst.chunks_mut(4 * C)) {
+        let n = s.len();
+        quantize_activation(GgmlType::F16, s, &mut half[..2 * n]).expect("sizes match");
+        dequantize_row(GgmlType::F16, &half[..2 * n], &mut wide[..n]).expect("sizes match");
+        d.copy_from_slice(bytemuck::cast_slice(&wide[..n]));
+    }
+}
+
 /// Dot product of `n` elements: a weight row `w` of type `ty` with an activation row `a`
 /// already quantized to `ty.vec_dot_type()`. Scalar reference mirroring ggml's generic
 /// (scalar) vec_dot formulas for each pair (bit-exact with ggml's `*_generic` functions).

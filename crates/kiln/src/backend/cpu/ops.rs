@@ -189,9 +189,17 @@ pub fn matmul(
         return super::interleaved::matmul(pool, w, layout, packed, x, n_tok, out, act_buf);
     }
     let k = w.cols;
+    #[cfg(target_arch = "x86_64")]
+    let tiles = quant::tile_kernels(w.ty).filter(|tk| tk.fits(k));
+    #[cfg(target_arch = "x86_64")]
+    let vdt = tiles.map_or(w.ty.vec_dot_type(), |tk| tk.act_type());
+    #[cfg(not(target_arch = "x86_64"))]
     let vdt = w.ty.vec_dot_type();
     let act_row = vdt.row_size(k).expect("weight rows are whole blocks");
-    let act: &[u8] = if vdt == GgmlType::F32 {
+    let act: &[u8] = if vdt == GgmlType::F32 && w.ty == GgmlType::F16 {
+        // F16 weights' tiles: the F16-rounded activations, widened once here.
+        quantize_rows(pool, x, n_tok, k, act_row, act_buf, &quant::round_f16_rows)
+    } else if vdt == GgmlType::F32 {
         bytemuck::cast_slice(x)
     } else {
         quantize_rows(pool, x, n_tok, k, act_row, act_buf, &|src, dst| {
@@ -207,7 +215,7 @@ pub fn matmul(
     let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
     let wb = w.bytes().expect("only interleaved weights lack plain bytes");
     #[cfg(target_arch = "x86_64")]
-    if let Some(tk) = quant::tile_kernels(w.ty) {
+    if let Some(tk) = tiles {
         use quant::TILE;
         pool.run(n.div_ceil(chunk), &|task| {
             let rows = task * chunk..((task + 1) * chunk).min(n);
