@@ -38,10 +38,13 @@ fn embeddings(addr: SocketAddr, texts: &[&str]) -> Vec<Vec<f32>> {
     assert_eq!(v["object"], "list");
     let data = v["data"].as_array().unwrap();
     assert_eq!(data.len(), texts.len());
-    data.iter().enumerate().map(|(i, d)| {
-        assert_eq!(d["index"], i);
-        floats(&d["embedding"])
-    }).collect()
+    data.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["index"], i);
+            floats(&d["embedding"])
+        })
+        .collect()
 }
 
 /// The library's vectors of `texts`, normalized as the server's (and `kiln embed
@@ -75,12 +78,7 @@ fn assert_400(addr: SocketAddr, path: &str, body: &str, param: Option<&str>, why
 #[test]
 fn embeddings_equal_the_library_alone_and_batched() {
     let fx = fixture();
-    let texts = [
-        fx["text"].as_str().unwrap(),
-        "the lazy dog",
-        "again and again, the quick brown fox",
-        "fox",
-    ];
+    let texts = [fx["text"].as_str().unwrap(), "the lazy dog", "again and again, the quick brown fox", "fox"];
     for preset in ["bert-tiny", "nomic-bert-tiny"] {
         let want = library_embeddings(&engine(preset), &texts);
         let addr = serve_engine(engine(preset), 2, N_CTX);
@@ -160,10 +158,26 @@ fn rerank_scores_equal_llama_cpp_and_bad_requests_are_400s() {
         (r#"{"model": "m", "query": 5, "documents": ["a"]}"#, Some("query"), "must be a string"),
         (r#"{"model": "m", "query": "q"}"#, Some("documents"), "non-empty array of strings"),
         (r#"{"model": "m", "query": "q", "documents": []}"#, Some("documents"), "non-empty array of strings"),
-        (r#"{"model": "m", "query": "q", "documents": "a"}"#, Some("documents"), "non-empty array of strings"),
-        (r#"{"model": "m", "query": "q", "documents": ["a", 3]}"#, Some("documents"), "non-empty array of strings"),
-        (r#"{"model": "m", "query": "q", "documents": ["a"], "top_n": -1}"#, Some("top_n"), "non-negative integer"),
-        (r#"{"model": "m", "query": "q", "documents": ["a"], "return_text": true}"#, Some("return_text"), "not supported"),
+        (
+            r#"{"model": "m", "query": "q", "documents": "a"}"#,
+            Some("documents"),
+            "non-empty array of strings",
+        ),
+        (
+            r#"{"model": "m", "query": "q", "documents": ["a", 3]}"#,
+            Some("documents"),
+            "non-empty array of strings",
+        ),
+        (
+            r#"{"model": "m", "query": "q", "documents": ["a"], "top_n": -1}"#,
+            Some("top_n"),
+            "non-negative integer",
+        ),
+        (
+            r#"{"model": "m", "query": "q", "documents": ["a"], "return_text": true}"#,
+            Some("return_text"),
+            "not supported",
+        ),
     ];
     for (body, param, why) in bad {
         assert_400(addr, "/v1/rerank", body, param, why);
@@ -176,7 +190,8 @@ fn rerank_scores_equal_llama_cpp_and_bad_requests_are_400s() {
     // A reranker has no embeddings.
     assert_400(addr, "/v1/embeddings", r#"{"model": "m", "input": "fox"}"#, None, "reranker");
     // Still serving, with the same scores.
-    let (s, v) = post(addr, "/v1/rerank", &json!({"model": "m", "query": query, "documents": [docs[1]]}).to_string());
+    let (s, v) =
+        post(addr, "/v1/rerank", &json!({"model": "m", "query": query, "documents": [docs[1]]}).to_string());
     assert_eq!(s, 200);
     assert_eq!(v["results"][0]["relevance_score"].as_f64().unwrap() as f32, library[1]);
 }

@@ -50,7 +50,8 @@ fn library_run(e: &Engine, prompt: &[u32]) -> (Vec<u32>, String) {
 
 /// The server's greedy completion of `prompt` (token ids).
 fn complete(addr: SocketAddr, prompt: &[u32]) -> String {
-    let body = json!({"model": "m", "prompt": prompt, "max_tokens": N_GEN, "temperature": 0, "ignore_eos": true});
+    let body =
+        json!({"model": "m", "prompt": prompt, "max_tokens": N_GEN, "temperature": 0, "ignore_eos": true});
     let (s, v) = post(addr, "/v1/completions", &body.to_string());
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], N_GEN, "{v}");

@@ -8,8 +8,8 @@
 use std::process::Command;
 
 use kiln::quant::{
-    cpu_tier, detected_cpu_tier, quantize_activation, quantize_row, round_f16_rows, tile_kernels_for, vec_dot,
-    vec_dot_fn_for, CpuTier, GgmlType, TILE,
+    cpu_tier, detected_cpu_tier, quantize_activation, quantize_row, round_f16_rows, tile_kernels_for,
+    vec_dot, vec_dot_fn_for, CpuTier, GgmlType, TILE,
 };
 
 const ALL: [CpuTier; 5] =
@@ -164,7 +164,11 @@ fn f16_tiles_equal_the_single_pair_dot() {
             let want: Vec<f32> = (0..TILE * TILE).map(|i| dot(wr(i / TILE), ar(i % TILE), n)).collect();
             for i in 0..TILE * TILE {
                 let scalar = vec_dot(GgmlType::F16, wr(i / TILE), ar(i % TILE), n);
-                assert!((want[i] - scalar).abs() <= 1e-4 * scalar.abs().max(1.0), "{n}: {} vs {scalar}", want[i]);
+                assert!(
+                    (want[i] - scalar).abs() <= 1e-4 * scalar.abs().max(1.0),
+                    "{n}: {} vs {scalar}",
+                    want[i]
+                );
                 let got = tk.one(wr(i / TILE), &a32[(i % TILE) * 4 * n..][..4 * n], n);
                 assert_eq!(got.to_bits(), want[i].to_bits(), "n {n} {tier:?} one");
             }

@@ -15,8 +15,11 @@ use serde_json::Value;
 /// The synthetic `preset` (kiln's `model::synth`) written to a temporary file and loaded
 /// with `opts`; the file is gone once the engine holds its mapping.
 pub fn synth_engine(preset: &str, opts: EngineOptions) -> Engine {
-    let dir = std::env::temp_dir()
-        .join(format!("kiln-server-{preset}-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let dir = std::env::temp_dir().join(format!(
+        "kiln-server-{preset}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{preset}.gguf"));
     kiln::model::synth::preset(preset).unwrap().build().unwrap().write_file(&path).unwrap();
