@@ -35,13 +35,7 @@ fn perplexity(m: &RealModel) {
         let e = engine(m.name, EngineOptions::default().with_n_ctx(ctx).with_batch(ctx), ty, ty);
         let r = kiln::eval::perplexity(&e, &tokens, ctx, None).unwrap();
         let want = want.as_f64().unwrap();
-        let rel = (r.ppl - want).abs() / want;
-        eprintln!(
-            "{} {name}: kiln {:.4}, llama.cpp {want:.4} ({:+.2}%)",
-            m.name,
-            r.ppl,
-            100.0 * (r.ppl - want) / want
-        );
+        let rel = ppl_vs_llama_cpp(&format!("{} {name}", m.name), r.ppl, want);
         // Past the first 256 keys kiln's attention turns to f32 blocks (llama.cpp keeps
         // ggml's per-key arithmetic): with both caches 4-bit the perplexity moves by up to
         // about 2% with the arithmetic (kiln's own f32 and ggml modes differ as much),

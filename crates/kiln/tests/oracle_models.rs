@@ -159,13 +159,7 @@ fn perplexity_cases(m: &RealModel, oracle: &serde_json::Value, tokens: &[u32], c
         let e = engine(m, ctx);
         let r = kiln::eval::perplexity(&e, tokens, ctx, None).unwrap();
         let want = case["ppl"].as_f64().unwrap();
-        let rel = (r.ppl - want).abs() / want;
-        eprintln!(
-            "{} ctx {ctx}: kiln {:.4}, llama.cpp {want:.4} ({:+.2}%)",
-            m.name,
-            r.ppl,
-            100.0 * (r.ppl - want) / want
-        );
+        let rel = ppl_vs_llama_cpp(&format!("{} ctx {ctx}", m.name), r.ppl, want);
         assert_eq!(r.n_chunks as u64, case["n_chunks"].as_u64().unwrap());
         assert!(rel <= tol, "{} ctx {ctx}: ppl {} vs {want}", m.name, r.ppl);
     }
@@ -239,10 +233,5 @@ fn gemma3_perplexity_sliding_window() {
     let e = engine(&GEMMA3, 1024);
     let r = kiln::eval::perplexity(&e, &tokens, 1024, None).unwrap();
     let want = fx["ppl"].as_f64().unwrap();
-    eprintln!(
-        "gemma3 ctx 1024: kiln {:.4}, llama.cpp {want:.4} ({:+.2}%)",
-        r.ppl,
-        100.0 * (r.ppl - want) / want
-    );
-    assert!((r.ppl - want).abs() / want <= 0.02);
+    assert!(ppl_vs_llama_cpp("gemma3 ctx 1024", r.ppl, want) <= 0.02);
 }

@@ -415,7 +415,8 @@ fn contraction(p: &Piece, pos: usize, fold_case: bool) -> Option<usize> {
     None
 }
 
-/// Length of the whitespace run at `pos`, and the end of its last `\r`/`\n` (0 if none).
+/// Where the whitespace at `pos` ends as a piece of `\s+(?!\S)|\s+`, and the end of the
+/// run's last `\r`/`\n` (0 if none).
 fn space_run(p: &Piece, pos: usize) -> (usize, usize) {
     let mut n = 0;
     let mut last_nl = 0;
@@ -425,7 +426,10 @@ fn space_run(p: &Piece, pos: usize) -> (usize, usize) {
         }
         n += 1;
     }
-    (n, last_nl)
+    // \s+(?!\S) leaves the last space to the word after it; \s+ takes a run that ends the
+    // piece; with no run, one character.
+    let stop = if n > 1 && pos + n < p.end { pos + n - 1 } else { pos + n.max(1) };
+    (stop, last_nl)
 }
 
 fn split_gpt2(cps: &[char], ini: usize, end: usize, out: &mut Vec<usize>) {
@@ -455,14 +459,7 @@ fn split_gpt2(cps: &[char], ini: usize, end: usize, out: &mut Vec<usize>) {
                     pos += 1;
                 }
             } else {
-                let (n, _) = space_run(&p, pos);
-                if n > 1 && pos + n < end {
-                    pos += n - 1; // \s+(?!\S)
-                } else if n > 0 {
-                    pos += n;
-                } else {
-                    pos += 1;
-                }
+                pos = space_run(&p, pos).0;
             }
         }
         out.push(pos - start);
@@ -522,16 +519,8 @@ fn split_llama3(cps: &[char], ini: usize, end: usize, max_digits: usize, marks: 
             out.push(pos - start);
             continue;
         }
-        let (n, last_nl) = space_run(&p, pos);
-        if last_nl > 0 {
-            pos = last_nl; // \s*[\r\n]+
-        } else if n > 1 && pos + n < end {
-            pos += n - 1; // \s+(?!\S)
-        } else if n > 0 {
-            pos += n;
-        } else {
-            pos += 1;
-        }
+        let (stop, last_nl) = space_run(&p, pos);
+        pos = if last_nl > 0 { last_nl } else { stop }; // \s*[\r\n]+ first
         out.push(pos - start);
     }
 }

@@ -108,6 +108,13 @@ pub fn session_greedy_matches_oracle(e: &kiln::engine::Engine, m: &RealModel, ca
     }
 }
 
+/// The relative distance of kiln's perplexity `got` from llama.cpp's `want`, printed with
+/// both under `label`.
+pub fn ppl_vs_llama_cpp(label: &str, got: f64, want: f64) -> f64 {
+    eprintln!("{label}: kiln {got:.4}, llama.cpp {want:.4} ({:+.2}%)", 100.0 * (got - want) / want);
+    (got - want).abs() / want
+}
+
 /// `n` token ids spread over the vocabulary (below 20100, and below `n_vocab`).
 pub fn spread_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (100 + (i * 7919) % 20000) % n_vocab as u32).collect()
