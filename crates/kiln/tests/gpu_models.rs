@@ -266,3 +266,22 @@ fn greedy_steps_recorded_ahead_change_nothing() {
     // Each dropped step ran: more dispatches (no op counts the path taken otherwise).
     assert!(ahead.3 > one_by_one.3, "{} dispatches ahead, {} one by one", ahead.3, one_by_one.3);
 }
+
+/// A model whose heads are wider than the GPU's attention kernels take is refused at load
+/// with the size named, and runs on the CPU.
+#[test]
+fn gpu_refuses_heads_wider_than_its_attention_takes() {
+    let spec =
+        kiln::model::synth::SynthSpec { n_head: 2, n_head_kv: 1, head_dim: Some(320), ..Default::default() };
+    let path = std::env::temp_dir().join(format!("kiln-wide-heads-{}.gguf", std::process::id()));
+    spec.build().unwrap().write_file(&path).unwrap();
+    let load = |device| {
+        Engine::load(path.to_string_lossy(), EngineOptions::default().with_threads(1).with_device(device))
+    };
+    let gpu = load(Device::Gpu);
+    let cpu = load(Device::Cpu);
+    let _ = std::fs::remove_file(&path);
+    let err = gpu.err().expect("a 320-wide head loaded on the GPU").to_string();
+    assert!(err.contains("head size on the GPU: 320"), "{err}");
+    cpu.expect("the CPU runs any head size");
+}

@@ -279,6 +279,13 @@ pub trait Backend: Send + Sync + 'static {
     /// A short description of the device.
     fn name(&self) -> String;
 
+    /// Refuses, before any weight is read, a model whose attention heads of `head_dim`
+    /// values this backend's kernels cannot run.
+    fn check_head_dim(&self, head_dim: usize) -> Result<()> {
+        let _ = head_dim;
+        Ok(())
+    }
+
     /// Makes a weight usable by the kernels (zero-copy on CPU, an upload on GPU).
     fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Self::Weight>;
     /// Loads weights a forward multiplies by one input (q/k/v; gate/up). A backend may place

@@ -111,6 +111,7 @@ impl<B: Backend> Model<B> {
         progress: Option<(&crate::progress::ProgressFn, crate::progress::Stage, &str)>,
     ) -> Result<Self> {
         let cfg = ModelConfig::from_gguf(gguf)?;
+        backend.check_head_dim(cfg.head_dim)?;
         let weights = Weights::load(gguf, &cfg, &backend, progress)?;
         let mut m = Model { cfg, weights, backend, rope: Vec::new() };
         m.set_rope(0);

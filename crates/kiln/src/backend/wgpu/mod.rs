@@ -216,6 +216,9 @@ const PREFILL_ROWS: usize = 32;
 
 /// Keys per chunk of the split attention (attention_split.wgsl's CH).
 const SPLIT_KEYS: u32 = 256;
+/// The largest attention head the attention kernels take (attention.wgsl keeps a query
+/// head in a workgroup array of 256).
+const MAX_HEAD_DIM: usize = 256;
 /// The vec path's attention is split for every batch (a token's attention is then the same
 /// alone or in any batch) unless its partial sums would pass this many bytes (a long
 /// prompt deep into a long context: 512 tokens of 32 heads at 7.5k keys), which take the
@@ -954,6 +957,16 @@ impl Backend for GpuBackend {
         format!("gpu ({}, {:?}, {path}, {fma})", i.name, i.backend)
     }
 
+    fn check_head_dim(&self, head_dim: usize) -> Result<()> {
+        if head_dim > MAX_HEAD_DIM {
+            return Err(KilnError::unsupported(
+                "head size on the GPU",
+                format!("{head_dim} (its attention kernels take up to {MAX_HEAD_DIM}; run the model with --device cpu)"),
+            ));
+        }
+        Ok(())
+    }
+
     fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<GpuWeight> {
         let err = |msg: String| KilnError::Tensor { name: t.name.clone(), msg };
         if !t.ty.is_supported() {
@@ -1321,11 +1334,8 @@ impl Backend for GpuBackend {
 
     fn attention(&self, q: &GpuBuf, kc: &GpuKv, vc: &GpuKv, plan: &AttnPlan, out: &mut GpuBuf) {
         self.op();
-        assert!(
-            plan.head_dim <= 256 && plan.head_dim.is_multiple_of(2),
-            "GPU attention supports even head_dim up to 256, not {}",
-            plan.head_dim
-        );
+        // Models are refused at load otherwise (check_head_dim; odd sizes by the config).
+        assert!(plan.head_dim <= MAX_HEAD_DIM && plan.head_dim.is_multiple_of(2));
         let n_tok = plan.pos.len();
         let tok_off = 12u32;
         let tab_off = tok_off + 4 * n_tok as u32;
