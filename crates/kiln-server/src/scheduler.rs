@@ -17,7 +17,7 @@ use kiln::embed::{embed_batch, group_end, normalize, Pooling};
 use kiln::engine::Engine;
 use kiln::grammar::{CompiledGrammar, Constraint};
 use kiln::model::{Entry, OutputKind, SeqId};
-use kiln::sample::{argmax, Sampler, SamplerParams, StopMatcher};
+use kiln::sample::{Sampler, SamplerParams, StopMatcher};
 use kiln::tokenizer::Detokenizer;
 use kiln::vision::prompt::run_end;
 use kiln::vision::ImageRows;
@@ -118,9 +118,8 @@ struct Slot {
     /// The grammar's state, when the output is constrained (the same function picks the
     /// token as in `Session::generate`).
     constraint: Option<Constraint>,
-    /// The sampler would only take the argmax (`SamplerParams::is_plain_greedy`): the server
-    /// takes it itself, without the sampler copying the whole vocabulary into candidates for
-    /// each token (6% of a 32-request step, and a vocabulary-sized buffer per request).
+    /// The sampler would only take the argmax (`SamplerParams::is_plain_greedy`) and no
+    /// grammar checks it: the device's argmax is the token, only the id leaves it.
     argmax: bool,
     detok: Detokenizer,
     stop: StopMatcher,
@@ -497,8 +496,9 @@ impl Scheduler {
         let lp = s.job.logprobs.map(|n| logprob(logits, n));
         let picked = match (id, &mut s.constraint) {
             (Some(id), _) => Ok(id),
+            // Plain greedy samplers take the argmax of the logits (`kiln::sample::argmax`), a
+            // grammar then checks that one token.
             (None, Some(c)) => c.sample(&mut s.sampler, logits),
-            (None, None) if s.argmax => Ok(argmax(logits)),
             (None, None) => Ok(s.sampler.sample(logits)),
         };
         let picked = picked.and_then(|id| s.constraint.as_mut().map_or(Ok(()), |c| c.accept(id)).map(|_| id));
@@ -603,40 +603,4 @@ fn logprob(logits: &[f32], n: usize) -> (f32, Vec<(u32, f32)>) {
     idx.sort_by(by_logit);
     let top = idx.into_iter().map(|i| (i, (logits[i as usize] as f64 - lse) as f32)).collect();
     (lse as f32, top)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The shortcut picks what the sampler picks, ties and extremes included.
-    #[test]
-    fn argmax_equals_the_greedy_sampler() {
-        let params = SamplerParams::greedy();
-        assert!(params.is_plain_greedy());
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        for round in 0..200 {
-            let n = 1 + (next() % 300) as usize;
-            // Few distinct values, so ties are common; some rounds hold infinities.
-            let mut logits: Vec<f32> = (0..n).map(|_| (next() % 7) as f32 - 3.0).collect();
-            if round % 5 == 0 {
-                let i = (next() % n as u64) as usize;
-                logits[i] = if round % 10 == 0 { f32::INFINITY } else { f32::NEG_INFINITY };
-            }
-            let mut sampler = Sampler::new(params.clone(), n).unwrap();
-            assert_eq!(argmax(&logits), sampler.sample(&logits), "{logits:?}");
-        }
-        let mut biased = SamplerParams::greedy();
-        biased.logit_bias = vec![(1, 5.0)];
-        assert!(!biased.is_plain_greedy());
-        let mut penalized = SamplerParams::greedy();
-        penalized.repeat_penalty = 1.1;
-        assert!(!penalized.is_plain_greedy());
-    }
 }

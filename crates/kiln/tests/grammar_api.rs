@@ -181,6 +181,61 @@ fn sampled_outputs_match() {
     }
 }
 
+/// Greedy under a grammar checks the raw logits' argmax alone and computes the mask only
+/// when it is refused; step by step it picks what masking first and running the whole
+/// chain over the masked logits picks (a bias of zero keeps that sampler off the argmax
+/// shortcut), over logits with frequent ties, infinities and NaNs.
+#[test]
+fn greedy_check_first_equals_the_masked_chain() {
+    let env = env();
+    let n = env.n_vocab();
+    let grammars = [
+        Grammar::JsonSchema(serde_json::json!({"type":"object","properties":{
+            "a":{"type":"boolean"},"b":{"type":"array","items":{"type":"string"}}},"required":["a","b"]})),
+        Grammar::JsonObject,
+        Grammar::Gbnf("root ::= \"<\" [a-c]* (\"!\" | \"?\")+ \">\"".into()),
+        Grammar::Regex("(yes|no)[0-9]{1,3}".into()),
+    ];
+    let special = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN];
+    let mut seed = 11;
+    let (mut n_masked, mut n_sampled) = (0, 0);
+    for g in grammars {
+        let check_first = env.compile(&g.clone().into()).unwrap();
+        let mask_first = env.compile(&GrammarSpec::from(g.clone()).with_mask_first(true)).unwrap();
+        for round in 0..30 {
+            let mut fast = check_first.constraint();
+            let mut full = mask_first.constraint();
+            let mut plain = Sampler::new(SamplerParams::greedy(), n).unwrap();
+            let mut chain = Sampler::new(SamplerParams::greedy().with_bias(0, 0.0), n).unwrap();
+            for step in 0..100 {
+                // Nine distinct values, so ties are common; now and then an extreme value,
+                // and every seventh round's first step all equal.
+                let mut l: Vec<f32> = logits(&mut seed, n).iter().map(|v| v.round()).collect();
+                if round % 7 == 0 && step == 0 {
+                    l.fill(0.0);
+                }
+                if step % 5 == 0 {
+                    let i = (seed >> 33) as usize % n;
+                    l[i] = special[(seed >> 50) as usize % special.len()];
+                }
+                let a = fast.sample(&mut plain, &l).unwrap();
+                let b = full.sample(&mut chain, &l).unwrap();
+                assert_eq!(a, b, "{g:?} round {round} step {step}");
+                fast.accept(a).unwrap();
+                full.accept(b).unwrap();
+                if a == EOS || fast.is_complete() {
+                    break;
+                }
+            }
+            assert_eq!(full.stats().n_masked, full.stats().n_sampled);
+            n_masked += fast.stats().n_masked;
+            n_sampled += fast.stats().n_sampled;
+        }
+    }
+    // Both ways of the check-first path ran, many times: argmax allowed, argmax refused.
+    assert!(100 < n_masked && n_masked + 100 < n_sampled, "{n_masked} masks of {n_sampled}");
+}
+
 #[test]
 fn eos_exactly_where_complete() {
     let env = env();

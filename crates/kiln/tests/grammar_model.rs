@@ -7,7 +7,7 @@ mod support;
 
 use std::ops::ControlFlow;
 
-use kiln::grammar::Grammar;
+use kiln::grammar::{Grammar, GrammarSpec};
 use kiln::sample::SamplerParams;
 use kiln::{Engine, EngineOptions, FinishReason, GenerateOptions, Message, SessionOptions, Trigger};
 use support::*;
@@ -84,6 +84,43 @@ fn greedy_json_ends_with_the_object() {
     assert!(["red", "green", "blue"].contains(&v["color"].as_str().unwrap()), "{}", sum.text);
     // The same run twice gives the same text (the grammar adds no randomness).
     assert_eq!(generate(&e, "What color is grass? Answer in JSON.", &opts).text, sum.text);
+}
+
+/// Greedy constrained decoding checks the argmax alone and masks only when it is refused;
+/// on a real model it gives the tokens that masking before every step and running the
+/// whole chain over the masked logits gives (a bias of zero keeps that sampler off the
+/// argmax shortcut).
+#[test]
+fn greedy_check_first_equals_the_masked_chain() {
+    let e = engine();
+    let cases = [
+        ("Describe a cat in JSON.", Grammar::JsonObject),
+        (
+            "Describe a person.",
+            Grammar::json_schema_str(
+                r#"{"type":"object","properties":{"name":{"type":"string"},
+                    "age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}}},
+                    "required":["name","age","tags"]}"#,
+            )
+            .unwrap(),
+        ),
+        (
+            "Give me a list of three fruits.",
+            Grammar::Gbnf("root ::= (\"- \" [a-zA-Z ]{1,24} \"\\n\"){1,3}".into()),
+        ),
+    ];
+    for (prompt, g) in cases {
+        let base = GenerateOptions::default().with_max_tokens(48);
+        let fast = base.clone().with_sampler(SamplerParams::greedy()).with_grammar(g.clone());
+        let full = base
+            .with_sampler(SamplerParams::greedy().with_bias(0, 0.0))
+            .with_grammar(GrammarSpec::from(g.clone()).with_mask_first(true));
+        let (a, b) = (generate(&e, prompt, &fast), generate(&e, prompt, &full));
+        assert_eq!(a.ids, b.ids, "{g:?}: {:?} vs {:?}", a.text, b.text);
+        let (sa, sb) = (a.grammar.unwrap(), b.grammar.unwrap());
+        assert_eq!(sb.n_masked, sb.n_sampled);
+        assert!(sa.n_masked < sa.n_sampled, "{g:?}: {} masks of {}", sa.n_masked, sa.n_sampled);
+    }
 }
 
 #[test]

@@ -217,3 +217,68 @@ fn sample_odd_inputs_do_not_panic() {
     let mut g = Sampler::new(SamplerParams::greedy(), 2).unwrap();
     assert_eq!(g.sample(&[0.0, 1.0, 5.0]), 1);
 }
+
+/// The greedy pick by a plain loop: the first of the highest by `total_cmp`.
+fn argmax_by_loop(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate() {
+        if l.total_cmp(&logits[best]).is_gt() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn argmax_ties_to_the_lowest_id_nans_by_total_cmp() {
+    let rows: [&[f32]; 8] = [
+        &[1.0, 3.0, 2.0, 3.0],
+        &[-0.0, 0.0, -1.0, 0.0],
+        &[f32::NEG_INFINITY, -5.0, f32::NEG_INFINITY, -7.0],
+        &[f32::NAN, 1.0, f32::INFINITY, 2.0],
+        &[-f32::NAN, -1.0, -2.0, -1.0],
+        &[0.5, f32::INFINITY, 1.0, f32::INFINITY],
+        &[-3.0, -2.0, -1.0, -1.5],
+        &[f32::NEG_INFINITY; 4],
+    ];
+    let got: Vec<u32> = rows.iter().map(|r| kiln::sample::argmax(r)).collect();
+    assert_eq!(got, [1, 1, 1, 0, 1, 1, 2, 0]);
+    assert_eq!(kiln::sample::argmax(&[]), 0);
+}
+
+/// Plain greedy settings take `argmax` of the raw logits; the same settings with a bias of
+/// zero (no longer plain) run the chain's candidates; both pick the plain loop's token, on
+/// vocabulary-sized rows with frequent ties, infinities and NaNs.
+#[test]
+fn plain_greedy_picks_what_the_chain_picks() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let plain = SamplerParams::greedy();
+    let chain = SamplerParams::greedy().with_bias(0, 0.0);
+    assert!(plain.is_plain_greedy() && !chain.is_plain_greedy());
+    for round in 0..120 {
+        let n = if round % 3 == 0 { 151_936 } else { 1 + (next() % 300) as usize };
+        // Few distinct values, so ties are common.
+        let mut logits: Vec<f32> = (0..n).map(|_| (next() % 7) as f32 - 3.0).collect();
+        let special = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, -0.0, 3.0];
+        for _ in 0..round % 4 {
+            let i = (next() % n as u64) as usize;
+            logits[i] = special[(next() % special.len() as u64) as usize];
+        }
+        let want = argmax_by_loop(&logits);
+        assert_eq!(kiln::sample::argmax(&logits), want);
+        let mut a = Sampler::new(plain.clone(), n).unwrap();
+        let mut b = Sampler::new(chain.clone(), n).unwrap();
+        assert_eq!(a.sample(&logits), want, "round {round}");
+        assert_eq!(b.sample(&logits), want, "round {round}");
+    }
+    let mut penalized = SamplerParams::greedy();
+    penalized.repeat_penalty = 1.1;
+    assert!(!penalized.is_plain_greedy());
+    assert!(!SamplerParams::greedy().with_typical_p(0.9).is_plain_greedy());
+}

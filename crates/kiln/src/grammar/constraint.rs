@@ -148,8 +148,9 @@ impl Constraint {
     }
 
     /// Picks the next token from `logits` with `sampler`'s chain under the grammar: the
-    /// chain's choice when the grammar allows it, else the chain over the logits of the
-    /// allowed tokens only. Unconstrained while a lazy constraint waits for its trigger;
+    /// chain's choice when the grammar allows it (one token checked; under plain greedy
+    /// settings the choice is the raw logits' argmax), else the chain over the logits of
+    /// the allowed tokens only (greedy: the allowed token with the highest logit). Unconstrained while a lazy constraint waits for its trigger;
     /// after the grammar completes, only end-of-generation tokens are allowed.
     pub fn sample(&mut self, sampler: &mut Sampler, logits: &[f32]) -> Result<u32> {
         if !self.is_active() {
@@ -206,6 +207,10 @@ impl Constraint {
         };
         self.stats.n_masked += 1;
         let n = logits.len().min(n_vocab);
+        if sampler.params().is_plain_greedy() {
+            // The chain over the masked logits would be their argmax: the best allowed token.
+            return best_allowed(&mask, logits, n);
+        }
         self.masked.clear();
         self.masked.resize(n, f32::NEG_INFINITY);
         mask.iter_set_entries(|i| {
@@ -223,13 +228,7 @@ impl Constraint {
         }
         // The chain can land on a banned token when every allowed logit is -inf (a bias
         // banned them all): take the best allowed one by its raw logit.
-        let mut best: Option<u32> = None;
-        mask.iter_set_entries(|i| {
-            if i < n && best.is_none_or(|b| logits[i].total_cmp(&logits[b as usize]).is_gt()) {
-                best = Some(i as u32);
-            }
-        });
-        best.ok_or_else(|| KilnError::Grammar("no token of the vocabulary continues the grammar".into()))
+        best_allowed(&mask, logits, n)
     }
 
     /// Advances past the sampled (or forced) token `id`. Errors, leaving the constraint
@@ -294,6 +293,18 @@ impl Constraint {
         self.state = State::Active(Box::new(m));
         fed
     }
+}
+
+/// The allowed token (of the first `n`) with the highest raw logit by `total_cmp`, the
+/// lowest id on ties: what greedy picks from logits with every other token at -inf.
+fn best_allowed(mask: &SimpleVob, logits: &[f32], n: usize) -> Result<u32> {
+    let mut best: Option<u32> = None;
+    mask.iter_set_entries(|i| {
+        if i < n && best.is_none_or(|b| logits[i].total_cmp(&logits[b as usize]).is_gt()) {
+            best = Some(i as u32);
+        }
+    });
+    best.ok_or_else(|| KilnError::Grammar("no token of the vocabulary continues the grammar".into()))
 }
 
 /// A token's bytes in the trie, without the special-token marker.
