@@ -3,9 +3,12 @@
 //!
 //! `cargo run --release --example grammar_bench -- [MODEL] [THREADS] [N_TOKENS] [ROUNDS]`
 //! (defaults qwen2.5-coder-0.5b, 2, 128, 3). Each round runs every configuration once,
-//! interleaved; tok/s are medians over the rounds, the inter-token time the median over
-//! every token of every round (steadier on a busy machine: a stall moves it little), each
-//! with its ratio to the unconstrained run of the same sampling. Unconstrained runs ignore
+//! interleaved, starting one configuration later each round (so a load that drifts over a
+//! round favours none); tok/s are medians over the rounds, with their ratio to the
+//! unconstrained run of the same sampling. The inter-token time is the median over every
+//! token of every round (steadier on a busy machine: a stall moves it little); its ratio is
+//! the median over rounds of each round's ratio (unconstrained over constrained median
+//! inter-token time of that round, so load that changes between rounds cancels). Unconstrained runs ignore
 //! EOS so they generate the same number of tokens; constrained runs stop where the grammar
 //! completes. Prints one JSON line per configuration, then a table.
 
@@ -76,11 +79,19 @@ fn main() -> kiln::Result<()> {
     }
     let mut rates = vec![Vec::new(); configs.len()];
     let mut gaps_ms = vec![Vec::new(); configs.len()];
+    let mut round_itl = vec![Vec::new(); configs.len()];
+    // Each configuration's unconstrained counterpart (same sampling).
+    let base_of: Vec<usize> = configs
+        .iter()
+        .map(|c| configs.iter().position(|b| b.grammar.is_none() && b.greedy == c.greedy).unwrap())
+        .collect();
     let mut grammar_us = vec![Vec::new(); configs.len()];
     let mut mask_us = vec![Vec::new(); configs.len()];
     let mut counts = vec![(0usize, 0usize, 0usize); configs.len()];
     for round in 0..rounds {
-        for (i, c) in configs.iter().enumerate() {
+        for k in 0..configs.len() {
+            let i = (k + round) % configs.len();
+            let c = &configs[i];
             let mut s = engine.session(SessionOptions::default())?;
             s.append_chat(&[Message::user(PROMPT)])?;
             let sampler = if c.greedy {
@@ -94,13 +105,16 @@ fn main() -> kiln::Result<()> {
                 None => opts.with_ignore_eos(true),
             };
             let mut last: Option<std::time::Instant> = None;
+            let mut gaps = Vec::new();
             let sum = s.generate(&opts, |_| {
                 let now = std::time::Instant::now();
                 if let Some(t) = last.replace(now) {
-                    gaps_ms[i].push((now - t).as_secs_f32() * 1e3);
+                    gaps.push((now - t).as_secs_f32() * 1e3);
                 }
                 ControlFlow::Continue(())
             })?;
+            round_itl[i].push(quantile(&gaps, 0.5));
+            gaps_ms[i].extend(gaps);
             let t = &sum.timings;
             rates[i].push(t.gen_n as f64 * 1e3 / t.gen_ms);
             if let Some(g) = &sum.grammar {
@@ -116,20 +130,19 @@ fn main() -> kiln::Result<()> {
         }
     }
     println!("model {model}, {threads} threads, up to {n_tokens} tokens, {rounds} interleaved rounds");
-    let mut base = [0.0f64; 2];
-    let mut base_itl = [0.0f64; 2];
     let itl = |i: usize| quantile(&gaps_ms[i], 0.5);
+    let ratio = |i: usize| median(&rates[i]) / median(&rates[base_of[i]]);
+    let itl_ratio = |i: usize| {
+        let b = &round_itl[base_of[i]];
+        median(&round_itl[i].iter().zip(b).map(|(x, b)| b / x).collect::<Vec<_>>())
+    };
     for (i, c) in configs.iter().enumerate() {
         let tok_s = median(&rates[i]);
-        if c.grammar.is_none() {
-            base[c.greedy as usize] = tok_s;
-            base_itl[c.greedy as usize] = itl(i);
-        }
         let (n_sampled, n_masked, n_gen) = counts[i];
         let line = json!({
             "config": c.name, "sampling": if c.greedy { "greedy" } else { "default chain" },
-            "tok_s": tok_s, "ratio": tok_s / base[c.greedy as usize], "tokens": n_gen,
-            "itl_ms_median": itl(i), "itl_ratio": base_itl[c.greedy as usize] / itl(i),
+            "tok_s": tok_s, "ratio": ratio(i), "tokens": n_gen,
+            "itl_ms_median": itl(i), "itl_ratio": itl_ratio(i),
             "grammar_us_median": quantile(&grammar_us[i], 0.5), "grammar_us_p99": quantile(&grammar_us[i], 0.99),
             "full_masks": n_masked, "constrained_tokens": n_sampled,
             "mask_us_median": quantile(&mask_us[i], 0.5), "mask_us_p99": quantile(&mask_us[i], 0.99),
@@ -157,9 +170,9 @@ fn main() -> kiln::Result<()> {
             c.name,
             if c.greedy { "greedy" } else { "chain" },
             tok_s,
-            tok_s / base[c.greedy as usize],
+            ratio(i),
             itl(i),
-            base_itl[c.greedy as usize] / itl(i),
+            itl_ratio(i),
             quantile(&grammar_us[i], 0.5),
             quantile(&grammar_us[i], 0.99),
             quantile(&mask_us[i], 0.5),
