@@ -18,13 +18,23 @@ fn load(w: GgufWriter, tag: &str) -> kiln::Result<Engine> {
 /// tokens through tensor-core tiles, whose results depend on the batch (the documented
 /// trade); software adapters' exact kernels are the same either way.
 fn load_on(w: GgufWriter, tag: &str, device: Device) -> kiln::Result<Engine> {
+    load_with(w, tag, device, |path, opts| Engine::load(path, opts))
+}
+
+/// Writes `w` and loads it with `load` (the file's path and the options for `device`).
+fn load_with(
+    w: GgufWriter,
+    tag: &str,
+    device: Device,
+    load: impl FnOnce(&str, EngineOptions) -> kiln::Result<Engine>,
+) -> kiln::Result<Engine> {
     let dir = std::env::temp_dir().join(format!("kiln-moe-{}-{tag}-{device:?}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("m.gguf");
     w.write_file(&path).unwrap();
     let opts = EngineOptions::default().with_n_ctx(128).with_batch(64).with_n_seq(3).with_threads(2);
     let opts = opts.with_device(device).with_batch_invariant(device == Device::Gpu);
-    let e = Engine::load(path.to_str().unwrap(), opts);
+    let e = load(path.to_str().unwrap(), opts);
     std::fs::remove_dir_all(&dir).ok();
     e
 }
@@ -63,11 +73,14 @@ fn logits(e: &Engine, chunk: usize) -> Vec<Vec<f32>> {
 /// entries. Every batch of more than n_expert / k tokens has tokens sharing an expert (by
 /// pigeonhole: 4 slots each over 16 experts), so the experts' row groups mix sequences.
 fn check_batch_invariance(spec: SynthSpec, what: &str, device: Device) {
-    let e = load_on(spec.build().unwrap(), what, device).unwrap();
+    check_engine_batch_invariance(&load_on(spec.build().unwrap(), what, device).unwrap(), what);
+}
+
+fn check_engine_batch_invariance(e: &Engine, what: &str) {
     eprintln!("{what}: {}", e.backend_name());
-    let alone = logits(&e, 1);
+    let alone = logits(e, 1);
     for chunk in [7, 16, 48] {
-        let got = logits(&e, chunk);
+        let got = logits(e, chunk);
         for (s, (a, g)) in alone.iter().zip(&got).enumerate() {
             let diff = a.iter().zip(g).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
             assert_eq!(diff, 0, "{what}, batches of {chunk}: sequence {s}: {diff} logits differ from alone");
@@ -112,32 +125,65 @@ mod gpu {
         check_batch_invariance(q4_k_spec(), "qwen2moe q4_k", Device::Gpu);
     }
 
+    /// On the vec path (hardware GPUs' default: matmul_id_vec.wgsl), with and without
+    /// subgroups: a slot's sums are the same whichever slots share its expert and however
+    /// many tokens the step has. Q4_K experts take the wide units, F16 ones the plain units.
+    #[test]
+    fn experts_on_the_vec_path_do_not_depend_on_the_batch() {
+        use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
+        let specs = [(q4_k_spec(), "qwen2moe q4_k"), (synth::preset("olmoe-tiny").unwrap(), "olmoe-tiny")];
+        for fallback in [false, true] {
+            for (spec, what) in specs.clone() {
+                let what = format!("{what} vec{}", if fallback { " fallback" } else { "" });
+                let e = load_with(spec.build().unwrap(), &what, Device::Gpu, |path, opts| {
+                    let mut gpu = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, fallback)?;
+                    gpu.set_matmul_path(MatmulPath::Vec);
+                    gpu.set_batch_invariant(true);
+                    Engine::load_with_gpu(path, opts, gpu)
+                })
+                .unwrap();
+                check_engine_batch_invariance(&e, &what);
+            }
+        }
+    }
+
     /// The whole forward on the GPU against the CPU's: within gpu_models.rs's bars (the dense
     /// synthetic presets' logits differ in the last bits too, through ops other than the
     /// experts'; tests/gpu_mirror.rs checks the experts' ops bit for bit), the looser one on
-    /// hardware adapters, whose vec path regroups f32 sums.
+    /// the vec path (hardware adapters' default, run here too), which regroups f32 sums.
     #[test]
     fn logits_match_the_cpu() {
-        let software = kiln::backend::wgpu::GpuBackend::new(kiln::backend::wgpu::AdapterPolicy::AnyGpu)
-            .unwrap()
-            .is_software();
-        let bar = if software { 1e-4 } else { 2e-2 };
+        use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
+        let software = GpuBackend::new(AdapterPolicy::AnyGpu).unwrap().is_software();
         let presets = ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny"];
         let specs = presets.iter().map(|p| (p.to_string(), synth::preset(p).unwrap()));
         for (what, spec) in specs.chain([("qwen2moe q4_k".to_string(), q4_k_spec())]) {
             let cpu = load_on(spec.build().unwrap(), &what, Device::Cpu).unwrap();
-            let gpu = load_on(spec.build().unwrap(), &what, Device::Gpu).unwrap();
-            let (c, g) = (logits(&cpu, 16), logits(&gpu, 16));
-            for (s, (c, g)) in c.iter().zip(&g).enumerate() {
-                let num: f64 = c.iter().zip(g).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
-                let den: f64 = c.iter().map(|&x| (x as f64).powi(2)).sum();
-                let differ = c.iter().zip(g).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-                eprintln!(
-                    "{what}: sequence {s}: NMSE {:.3e}, {differ} of {} logits differ",
-                    num / den,
-                    c.len()
-                );
-                assert!(num / den < bar, "{what}: sequence {s}: NMSE {}", num / den);
+            let c = logits(&cpu, 16);
+            for vec in [false, true] {
+                let gpu = load_with(spec.build().unwrap(), &what, Device::Gpu, |path, opts| {
+                    let mut gpu = GpuBackend::new(AdapterPolicy::AnyGpu)?;
+                    if vec {
+                        gpu.set_matmul_path(MatmulPath::Vec);
+                    }
+                    gpu.set_batch_invariant(true);
+                    Engine::load_with_gpu(path, opts, gpu)
+                })
+                .unwrap();
+                let bar = if vec || !software { 2e-2 } else { 1e-4 };
+                let g = logits(&gpu, 16);
+                for (s, (c, g)) in c.iter().zip(&g).enumerate() {
+                    let num: f64 = c.iter().zip(g).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
+                    let den: f64 = c.iter().map(|&x| (x as f64).powi(2)).sum();
+                    let differ = c.iter().zip(g).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                    eprintln!(
+                        "{what}{}: sequence {s}: NMSE {:.3e}, {differ} of {} logits differ",
+                        if vec { " (vec)" } else { "" },
+                        num / den,
+                        c.len()
+                    );
+                    assert!(num / den < bar, "{what}: sequence {s}: NMSE {}", num / den);
+                }
             }
         }
     }

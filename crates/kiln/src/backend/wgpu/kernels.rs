@@ -25,6 +25,22 @@ const ROPE_EPILOGUE: &str = include_str!("shaders/rope_epilogue.wgsl");
 const FF_SUM: &str = include_str!("shaders/ff_sum.wgsl");
 const MATMUL_PROLOGUE: &str = include_str!("shaders/matmul_prologue.wgsl");
 const ALIBI: &str = include_str!("shaders/alibi.wgsl");
+const EXPERT_SLOTS: &str = include_str!("shaders/expert_slots.wgsl");
+const MATMUL_ID_VEC: &str = include_str!("shaders/matmul_id_vec.wgsl");
+/// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of
+/// the grid's z, the weight's rows from prm[8].
+const VEC_DENSE: &str = "fn first_token(z: u32) -> u32 {
+    return z * TT;
+}
+
+fn first_row(t: u32) -> u32 {
+    return prm[8];
+}
+
+fn x_row(t: u32) -> u32 {
+    return t;
+}
+";
 /// quantize.wgsl's input: four values at `o` (stored back where the kernel computes them).
 const QUANTIZE_IN: &str = "@group(0) @binding(1) var<storage, read> xs: array<f32>;
 
@@ -290,6 +306,9 @@ pub struct Outs {
     pub tail: u8,
 }
 
+/// One output, no bias, RoPE or tail (the expert matmuls').
+const ONE_OUT: Outs = Outs { n: 1, bias: false, rope: false, tail: 0 };
+
 /// Where the vec matmul's activations come from: quantized rows bound at 2 (`Quantized`),
 /// or, in a decode step, made by every workgroup in its prologue from the op before
 /// (matmul_prologue.wgsl): the attention's f32 output quantized, the RMSNorm (with the
@@ -386,6 +405,9 @@ pub enum Kernel {
     /// arithmetic), `false` an invocation per row (software adapters). Both bit-identical
     /// to the CPU's dense matmul of the same rows.
     MatmulId(GgmlType, bool),
+    /// The same on the vec path (matmul_id_vec.wgsl): each slot's rows through the vec
+    /// matmul, its arithmetic and bandwidth (hardware GPUs).
+    MatmulIdVec(GgmlType, VecShape),
     /// The router's top-k per token (moe.wgsl).
     MoeRoute,
     /// The routing-weighted sum of each token's expert outputs.
@@ -401,7 +423,7 @@ impl Kernel {
         match self {
             Matmul(..) => (include_str!("shaders/matmul.wgsl"), "main"),
             MatmulRows(..) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
-            MatmulVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
+            MatmulVec(..) | MatmulIdVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
             MatmulCoop(..) => (include_str!("shaders/matmul_coop.wgsl"), "main"),
             CoopReduce(_) => (include_str!("shaders/coop_reduce.wgsl"), "main"),
             Embed(..) => (include_str!("shaders/embed.wgsl"), "main"),
@@ -705,6 +727,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     | Kernel::MatmulVec(ty, ..)
     | Kernel::MatmulCoop(ty, ..)
     | Kernel::MatmulId(ty, _)
+    | Kernel::MatmulIdVec(ty, _)
     | Kernel::Embed(ty, _) = k
     {
         // Fetch slots: one, or the tile matmul's rows per invocation.
@@ -723,13 +746,17 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             Some((ty, outs))
         }
         // (Its store is for matmul.wgsl's own entry point, unused.)
-        Kernel::MatmulId(ty, _) => Some((ty, Outs { n: 1, bias: false, rope: false, tail: 0 })),
+        Kernel::MatmulId(ty, _) => Some((ty, ONE_OUT)),
+        Kernel::MatmulIdVec(ty, _) => Some((ty, ONE_OUT)),
         _ => None,
     };
     if let Some((ty, outs)) = dot {
         s.push_str(&DOT.replace("//DOT4", if subgroups { DOT4_PACKED } else { DOT4_PLAIN }));
         s.push_str(&dot_consts(ty));
-        s.push_str(&matmul_store(outs, 3));
+        // (The expert slots' store is matmul_id_vec.wgsl's.)
+        if !matches!(k, Kernel::MatmulIdVec(..)) {
+            s.push_str(&matmul_store(outs, 3));
+        }
     }
     match k {
         // A split's partial sums, [split][token][row], for CoopReduce.
@@ -761,11 +788,19 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     let src = match k {
         Kernel::Matmul(..) | Kernel::MatmulId(..) => {
+            if let Kernel::MatmulId(..) = k {
+                s.push_str(&EXPERT_SLOTS.replace("IDS", "4"));
+            }
             s.push_str(&format!("const RG: u32 = {EXACT_ROWS}u;\n"));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * EXACT_ROWS))
         }
         Kernel::MatmulCoop(_, _, shape) => super::coop::source(shape, src),
-        Kernel::MatmulVec(ty, outs, input, VecShape { rg, npr, rr, tt }) => {
+        Kernel::MatmulVec(..) | Kernel::MatmulIdVec(..) => {
+            let (ty, outs, input, VecShape { rg, npr, rr, tt }) = match k {
+                Kernel::MatmulVec(ty, outs, input, shape) => (ty, outs, input, shape),
+                Kernel::MatmulIdVec(ty, shape) => (ty, ONE_OUT, Input::Quantized, shape),
+                _ => unreachable!("matched above"),
+            };
             s.push_str(&format!(
                 "const RG: u32 = {rg}u;\nconst NPR: u32 = {npr}u;\nconst RR: u32 = {rr}u;\nconst TT: u32 = {tt}u;\n"
             ));
@@ -785,6 +820,13 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             let wv = xv + usize::from(bound);
             let extras = if fast == 0 { xv } else { wv + 1 };
             let kc = extras + input.extra_bindings();
+            // An expert matmul's ids are bound where a prologue's inputs would be.
+            if let Kernel::MatmulIdVec(..) = k {
+                s.push_str(&EXPERT_SLOTS.replace("IDS", &extras.to_string()));
+                s.push_str(MATMUL_ID_VEC);
+            } else {
+                s.push_str(VEC_DENSE);
+            }
             if outs.rope {
                 s.push_str(
                     &ROPE_EPILOGUE.replace("KC", &kc.to_string()).replace("VC", &(kc + 1).to_string()),

@@ -1,14 +1,15 @@
-//! Mixture-of-experts ops on the GPU (moe.wgsl, matmul_id.wgsl), each with the CPU
-//! backend's arithmetic: the router's top-k, the experts' matmuls (each slot's expert read
-//! from the ids on the device: no host round trip; a slot's dot is the dense matmul's, so
-//! it does not depend on the slots sharing its expert), their weighted sum and a shared
-//! expert's sigmoid gate.
+//! Mixture-of-experts ops on the GPU (moe.wgsl, matmul_id.wgsl, matmul_id_vec.wgsl), each
+//! with the CPU backend's arithmetic (the experts' matmuls on the vec path: the dense vec
+//! matmul's): the router's top-k, the experts' matmuls (each slot's expert read from the
+//! ids on the device: no host round trip; a slot's dot is the dense matmul's, so it does
+//! not depend on the slots sharing its expert), their weighted sum and a shared expert's
+//! sigmoid gate.
 
 use std::sync::Arc;
 
 use ::wgpu;
 
-use super::kernels::Kernel;
+use super::kernels::{self, Kernel};
 use super::{grid, matrix_data, GpuBackend, GpuBuf, MatmulPath};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
@@ -122,7 +123,7 @@ impl GpuBackend {
         self.op();
         let n_slots = rows * k;
         let x_rows = if per_slot { n_slots } else { rows };
-        let exact = self.matmul != MatmulPath::Rows;
+        let path = self.matmul;
         // The input as the last weight read it, and its dot type.
         let mut input = None;
         let mut input_mode = None;
@@ -153,10 +154,31 @@ impl GpuBackend {
                         (b.e0 + b.n) as u32,
                         s0 as u32,
                     ];
-                    let mut g =
-                        if exact { grid(w.rows, super::kernels::EXACT_ROWS) } else { grid(w.rows, 64) };
+                    let (kernel, mut g) = match path {
+                        MatmulPath::Rows => (Kernel::MatmulId(w.ty, false), grid(w.rows, 64)),
+                        MatmulPath::Exact => {
+                            (Kernel::MatmulId(w.ty, true), grid(w.rows, super::kernels::EXACT_ROWS))
+                        }
+                        MatmulPath::Vec => {
+                            // By the weight alone (a slot's sums are the same in any batch).
+                            let shape = kernels::vec_shape_for(w.ty, w.rows, w.cols, self.npr_min);
+                            (Kernel::MatmulIdVec(w.ty, shape), grid(w.rows, shape.rg))
+                        }
+                    };
                     g[2] = MAX_SLOTS.min(n_slots - s0) as u32;
-                    self.run(Kernel::MatmulId(w.ty, exact), &prm, &[&b.buf, xq, &out.buf, &ids.buf], g);
+                    if let Kernel::MatmulIdVec(..) = kernel {
+                        // Bindings (kernels.rs): as the dense vec matmul's with quantized
+                        // activations (wide units: those and the weights again as 16-byte
+                        // words), then the ids.
+                        let mut bufs = vec![&b.buf, xq, &out.buf];
+                        if kernels::vec_fast(w.ty) != 0 {
+                            bufs.extend([xq, &b.buf]);
+                        }
+                        bufs.push(&ids.buf);
+                        self.run(kernel, &prm, &bufs, g);
+                    } else {
+                        self.run(kernel, &prm, &[&b.buf, xq, &out.buf, &ids.buf], g);
+                    }
                 }
             }
         }

@@ -5,6 +5,9 @@
 // NPR partials in a fixed order. The integer parts are dot.wgsl's exact sums; the float sums are regrouped,
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
 // pair's arithmetic never depends on the other rows or tokens: batch invariant.
+// Which rows and tokens a workgroup takes (kernels.rs VEC_DENSE): `first_token` of the
+// grid's z, `first_row` (the weight row its rows count from) and `x_row` (a token's
+// activation row); matmul_id_vec.wgsl's make a token an expert slot.
 // prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word, first row
 // in the weight buffer, output row boundaries (kernels.rs matmul_store); with ROPE, those of
 // rope_epilogue.wgsl after them.
@@ -72,6 +75,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let slot = li / NPR;
     let lid = li % NPR;
     let so = slot * NPR;
+    // The workgroup's TT tokens (1 for a decode step).
+    let t0 = first_token(wid.z);
+    let tt = min(TT, n_tok - t0);
+    let row0 = first_row(t0);
     // Every invocation reaches every barrier: rows past the end compute the last row again.
     // Slot s takes the workgroup's rows s, s + RG, ... (RR of them: kernels.rs VecShape).
     let l0 = (wid.y * nwg.x + wid.x) * RG * RR + slot;
@@ -82,14 +89,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let r = rope_row(l0 + q * RG);
         let rr = min(r, n_rows - 1u);
         rs[q] = r;
-        bases[q] = (prm[8] + rr) * row_size;
+        bases[q] = (row0 + rr) * row_size;
         fs[q] = FAST;
         // The last output's rows in a format of their own (kernels.rs Outs::tail) start at
         // the first row of theirs at or past the others' end in the buffer (mod.rs
         // upload_together). (No tail where RR > 1: its rows' units read other activations.)
         if TAIL != 0u && rr >= prm[TAIL_AT] {
             let rsz = row_bytes(TAIL, k);
-            bases[q] = (((prm[8] + prm[TAIL_AT]) * row_size + rsz - 1u) / rsz + rr - prm[TAIL_AT]) * rsz;
+            bases[q] = (((row0 + prm[TAIL_AT]) * row_size + rsz - 1u) / rsz + rr - prm[TAIL_AT]) * rsz;
             fs[q] = TAIL;
         }
     }
@@ -100,12 +107,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if FAST >= 2u {
         nu = k / 64u;
     }
-    // The workgroup's TT tokens (1 for a decode step), each unit's weights loaded once for
-    // all, each token's activations once for the slot's RR rows; past the last token the
-    // last is computed again (no branch in the loop), its sums not stored. Each (row, token)
-    // sum takes its units in the same order whatever TT and RR are.
-    let t0 = wid.z * TT;
-    let tt = min(TT, n_tok - t0);
+    // Each unit's weights loaded once for all the workgroup's tokens, each token's
+    // activations once for the slot's RR rows; past the last token the last is computed
+    // again (no branch in the loop), its sums not stored. Each (row, token) sum takes its
+    // units in the same order whatever TT and RR are.
     var acc: array<f32, RR * TT>;
     // A unit per step for prompts (half the live weight registers: Q4_K pp512 +24% on the
     // H200), two for a decode step (twice the loads in flight), in the same order. Each
@@ -120,7 +125,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
             for (var j = 0u; j < TT; j = j + 1u) {
                 let t = t0 + min(j, tt - 1u);
-                let x = fast_xl(fs[0], u, t, k);
+                let x = fast_xl(fs[0], u, x_row(t), k);
                 for (var q = 0u; q < RR; q = q + 1u) {
                     let i = q * TT + j;
                     acc[i] = acc[i] + nc(fast_dot(fs[q], w[q], x));
@@ -143,8 +148,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 }
                 for (var j = 0u; j < TT; j = j + 1u) {
                     let t = t0 + min(j, tt - 1u);
-                    let x0 = fast_xl(fs[0], u0, t, k);
-                    let x1 = fast_xl(fs[0], u1, t, k);
+                    let x0 = fast_xl(fs[0], u0, x_row(t), k);
+                    let x1 = fast_xl(fs[0], u1, x_row(t), k);
                     for (var q = 0u; q < RR; q = q + 1u) {
                         let i = q * TT + j;
                         acc[i] = acc[i] + nc(fast_dot(fs[q], w0[q], x0)) + m1 * nc(fast_dot(fs[q], w1[q], x1));
@@ -153,7 +158,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             } else {
                 for (var j = 0u; j < TT; j = j + 1u) {
                     let t = t0 + min(j, tt - 1u);
-                    acc[j] = acc[j] + unit_dot(bases[0], u0, t, k) + m1 * unit_dot(bases[0], u1, t, k);
+                    let x = x_row(t);
+                    acc[j] = acc[j] + unit_dot(bases[0], u0, x, k) + m1 * unit_dot(bases[0], u1, x, k);
                 }
             }
         }
