@@ -8,9 +8,6 @@ use super::pool::ThreadPool;
 use super::CpuWeight;
 use crate::quant::{self, GgmlType, Interleave, Q4kX8Amx, Q4kX8Kernels, X16Kernels};
 
-/// A group kernel with its activations' form bound: (weights, activations, tokens, out).
-type DotsFn<'k> = dyn Fn(&[u8], &[u8], usize, &mut [f32]) + Sync + 'k;
-
 /// Fewest tokens that take the AMX kernel (16-token tiles; below this the VNNI kernels
 /// waste less on padding).
 const AMX_MIN_TOKENS: usize = 16;
@@ -20,6 +17,86 @@ const TOKENS: usize = 8;
 const _: () = assert!(Q4kX8Kernels::TOKENS == TOKENS && X16Kernels::TOKENS == TOKENS);
 /// Most rows a kernel call gives.
 const ROWS: usize = X16Kernels::ROWS;
+
+/// An interleaved layout's group kernels for rows of `k` columns, and the form of the
+/// activation rows they read.
+#[derive(Clone, Copy)]
+pub(super) struct GroupDots {
+    kernels: Kernels,
+    k: usize,
+    /// Rows a group.
+    pub group: usize,
+    /// Bytes of an activation row.
+    pub act_row: usize,
+}
+
+#[derive(Clone, Copy)]
+enum Kernels {
+    Q4kX8(Q4kX8Kernels),
+    X16(X16Kernels),
+}
+
+impl GroupDots {
+    pub fn of(layout: Interleave, k: usize) -> Self {
+        let expect = "weights are repacked only where the kernels exist";
+        let (kernels, act_row) = match layout {
+            Interleave::Q4kX8 => (
+                Kernels::Q4kX8(quant::q4_k_x8_kernels().expect(expect)),
+                GgmlType::Q8_K.row_size(k).expect("weight rows are whole blocks"),
+            ),
+            Interleave::Q5_0X16 | Interleave::Q4_1X16 => {
+                (Kernels::X16(quant::x16_kernels(layout.ty()).expect(expect)), X16Kernels::act_row_size(k))
+            }
+        };
+        GroupDots { kernels, k, group: layout.rows(), act_row }
+    }
+
+    /// One activation row in the form the kernels read.
+    pub fn prepare(&self, src: &[f32], dst: &mut [u8]) {
+        match self.kernels {
+            Kernels::Q4kX8(_) => quant::quantize_activation(GgmlType::Q8_K, src, dst),
+            Kernels::X16(k16) => k16.prepare(src, dst),
+        }
+        .expect("sizes match")
+    }
+
+    /// `v[t * group + i] = dot(row i of the group w, token t)` for `nt` (1..=8) tokens.
+    fn dots(&self, w: &[u8], a: &[u8], nt: usize, v: &mut [f32]) {
+        match self.kernels {
+            Kernels::Q4kX8(k8) => k8.dots(w, a, self.k, nt, v, self.group),
+            Kernels::X16(k16) => k16.dots(w, a, self.k, nt, v, self.group),
+        }
+    }
+
+    /// `put(t, r, dot(w[r], act[t]))` for tokens `0..n_tok` and `rows` (whole groups) of
+    /// the packed weight (`rs` bytes a row), eight tokens a kernel call.
+    pub fn rows(
+        &self,
+        packed: &[u8],
+        rs: usize,
+        rows: std::ops::Range<usize>,
+        act: &[u8],
+        n_tok: usize,
+        put: &impl Fn(usize, usize, f32),
+    ) {
+        let (group, act_row) = (self.group, self.act_row);
+        let mut v = [0f32; TOKENS * ROWS];
+        for t0 in (0..n_tok).step_by(TOKENS) {
+            let nt = (n_tok - t0).min(TOKENS);
+            for r in rows.clone().step_by(group) {
+                self.dots(
+                    &packed[r * rs..(r + group) * rs],
+                    &act[t0 * act_row..(t0 + nt) * act_row],
+                    nt,
+                    &mut v,
+                );
+                for (t, vt) in v.chunks_exact(group).take(nt).enumerate() {
+                    vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));
+                }
+            }
+        }
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmul(
@@ -33,48 +110,19 @@ pub(super) fn matmul(
     act_buf: &mut Vec<u8>,
 ) {
     let (k, n, rs) = (w.cols, w.rows, w.row_size);
-    let group = layout.rows();
-    // The kernels and the activations in the form they read.
-    type Dots<'k> = Box<DotsFn<'k>>;
-    type Prepare<'k> = Box<dyn Fn(&[f32], &mut [u8]) + Sync + 'k>;
-    let (act_row, prepare, dots): (usize, Prepare, Dots) = match layout {
-        Interleave::Q4kX8 => {
-            let k8 = quant::q4_k_x8_kernels().expect("weights are repacked only where the kernels exist");
-            let act_row = GgmlType::Q8_K.row_size(k).expect("weight rows are whole blocks");
-            let prepare = |src: &[f32], dst: &mut [u8]| {
-                quant::quantize_activation(GgmlType::Q8_K, src, dst).expect("sizes match")
-            };
-            (act_row, Box::new(prepare), Box::new(move |w, a, nt, v| k8.dots(w, a, k, nt, v, group)))
-        }
-        Interleave::Q5_0X16 | Interleave::Q4_1X16 => {
-            let k16 =
-                quant::x16_kernels(layout.ty()).expect("weights are repacked only where the kernels exist");
-            let prepare = move |src: &[f32], dst: &mut [u8]| k16.prepare(src, dst).expect("sizes match");
-            let dots = move |w: &[u8], a: &[u8], nt, v: &mut [f32]| k16.dots(w, a, k, nt, v, group);
-            (X16Kernels::act_row_size(k), Box::new(prepare), Box::new(dots))
-        }
-    };
-    let act = quantize_rows(pool, x, n_tok, k, act_row, act_buf, &prepare);
+    let gd = GroupDots::of(layout, k);
+    let act = quantize_rows(pool, x, n_tok, k, gd.act_row, act_buf, &|src, dst| gd.prepare(src, dst));
     let op = SyncPtr(out.as_mut_ptr());
     // SAFETY: element (t, r) is written by the task owning row r only.
     let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r) = v };
     let amx = quant::q4_k_x8_amx().filter(|_| layout == Interleave::Q4kX8 && n_tok >= AMX_MIN_TOKENS);
     if let Some(amx) = amx {
-        return amx_matmul(pool, amx, packed, rs, act, k, n, n_tok, &op, &dots);
+        return amx_matmul(pool, amx, packed, rs, act, k, n, n_tok, &op, &gd);
     }
-    let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(group);
+    let chunk = rows_per_task(n, pool.n_threads()).next_multiple_of(gd.group);
     pool.run(n.div_ceil(chunk), &|task| {
         let rows = task * chunk..((task + 1) * chunk).min(n);
-        let mut v = [0f32; TOKENS * ROWS];
-        for t0 in (0..n_tok).step_by(TOKENS) {
-            let nt = (n_tok - t0).min(TOKENS);
-            for r in rows.clone().step_by(group) {
-                dots(&packed[r * rs..(r + group) * rs], &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
-                for (t, vt) in v.chunks_exact(group).take(nt).enumerate() {
-                    vt.iter().enumerate().for_each(|(i, &x)| put(t0 + t, r + i, x));
-                }
-            }
-        }
+        gd.rows(packed, rs, rows, act, n_tok, &put);
     });
 }
 
@@ -91,7 +139,7 @@ fn amx_matmul(
     n: usize,
     n_tok: usize,
     out: &SyncPtr<f32>,
-    dots: &DotsFn,
+    gd: &GroupDots,
 ) {
     // SAFETY: outputs (t, r..r + len) are written by the task owning rows r.. only.
     let put = |t: usize, r: usize, v: &[f32]| unsafe {
@@ -130,7 +178,7 @@ fn amx_matmul(
                 for t0 in (0..n_tok).step_by(TOKENS) {
                     let nt = (n_tok - t0).min(TOKENS);
                     let w8 = &packed[r * rs..(r + 8) * rs];
-                    dots(w8, &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
+                    gd.dots(w8, &act[t0 * act_row..(t0 + nt) * act_row], nt, &mut v);
                     v.chunks_exact(8).take(nt).enumerate().for_each(|(t, vt)| put(t0 + t, r, vt));
                 }
             }

@@ -3,6 +3,7 @@
 
 mod arena;
 mod attention;
+mod expert_gemv;
 mod expf;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::ops::{self, SyncPtr};
 use super::pool::ThreadPool;
-use super::{vexp, CpuWeight};
+use super::{expert_gemv, vexp, CpuWeight};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -125,9 +125,15 @@ pub(super) fn route(logits: &[f32], rows: usize, r: &Routing, ids: &mut [f32], w
     }
 }
 
-/// `Backend::matmul_id`: for each expert some slot chose, its slots' input rows gathered,
-/// multiplied by the dense matmul (the same dot per row, whatever the batch), and
-/// scattered back to the slots' output rows.
+/// An expert with fewer slots than this takes its matmuls in [`expert_gemv`]'s one
+/// dispatch (the dense matmul's GEMV range); from here on, in its own (the GEMM tiles).
+const FEW: usize = crate::quant::TILE;
+
+/// `Backend::matmul_id`: the experts some slot chose, each meeting its slots' input rows.
+/// Experts with few slots (every expert in a decode step) go through one dispatch for all
+/// of them ([`expert_gemv`]); each of the others has its slots' rows gathered, multiplied
+/// by the dense matmul and scattered back to the slots' output rows. Either way a row's
+/// value is that of the same dot kernel, whatever the batch.
 pub(super) fn matmul_id(
     pool: &ThreadPool,
     ws: &[&CpuExperts],
@@ -143,9 +149,14 @@ pub(super) fn matmul_id(
     for (slot, &id) in ids[..rows * k].iter().enumerate() {
         slots[id as usize].push(slot);
     }
+    let chosen = slots.iter().enumerate().filter(|(_, s)| !s.is_empty());
+    let (few, many): (Vec<_>, Vec<_>) = chosen.map(|(e, s)| (e, &s[..])).partition(|(_, s)| s.len() < FEW);
+    if !few.is_empty() {
+        expert_gemv::matmul(pool, ws, x, per_slot, k, &few, outs, act_buf);
+    }
     let mut xin = Vec::new();
     let mut y = Vec::new();
-    for (e, sl) in slots.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+    for (e, sl) in many {
         xin.clear();
         for &slot in sl {
             let src = if per_slot { slot } else { slot / k };

@@ -173,6 +173,79 @@ pub(super) fn quantize_rows<'a>(
     &buf[..row_bytes * n_tok]
 }
 
+/// How activations meet a plain (not interleaved) weight's rows: the tile kernels where
+/// its type has them for rows of its width (x86), else the type's `vec_dot`; and the form
+/// of the activation rows those read.
+#[derive(Clone, Copy)]
+pub(super) struct PlainDot {
+    #[cfg(target_arch = "x86_64")]
+    pub tiles: Option<quant::TileKernels>,
+    dot: quant::VecDotFn,
+    pub w_ty: GgmlType,
+    /// The activation rows' type and bytes.
+    pub act_type: GgmlType,
+    pub act_row: usize,
+}
+
+impl PlainDot {
+    pub fn of(w: &CpuWeight) -> Self {
+        let k = w.cols;
+        #[cfg(target_arch = "x86_64")]
+        let tiles = quant::tile_kernels(w.ty).filter(|tk| tk.fits(k));
+        #[cfg(target_arch = "x86_64")]
+        let act_type = tiles.map_or(w.ty.vec_dot_type(), |tk| tk.act_type());
+        #[cfg(not(target_arch = "x86_64"))]
+        let act_type = w.ty.vec_dot_type();
+        let act_row = act_type.row_size(k).expect("weight rows are whole blocks");
+        #[cfg(target_arch = "x86_64")]
+        return PlainDot { tiles, dot: quant::vec_dot_fn(w.ty), w_ty: w.ty, act_type, act_row };
+        #[cfg(not(target_arch = "x86_64"))]
+        PlainDot { dot: quant::vec_dot_fn(w.ty), w_ty: w.ty, act_type, act_row }
+    }
+
+    /// One activation row in the form the kernels read.
+    pub fn prepare(&self, src: &[f32], dst: &mut [u8]) {
+        if self.act_type == GgmlType::F32 && self.w_ty == GgmlType::F16 {
+            // F16 weights' tiles: the F16-rounded activations, widened once here.
+            quant::round_f16_rows(src, dst)
+        } else {
+            quant::quantize_activation(self.act_type, src, dst).expect("sizes match")
+        }
+    }
+
+    /// `put(t, r, dot(w[r], act[t]))` for tokens `0..n_tok` and `rows` of the weight's
+    /// bytes `wb` (`rs` a row, `k` columns), a row per call (the GEMV form: the weights
+    /// stream from DRAM in one sequence, where rows side by side would be several streams
+    /// a core, each its own DRAM pages, which is markedly slower).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv(
+        &self,
+        wb: &[u8],
+        rs: usize,
+        k: usize,
+        rows: std::ops::Range<usize>,
+        act: &[u8],
+        n_tok: usize,
+        put: &impl Fn(usize, usize, f32),
+    ) {
+        let a = |t: usize| &act[t * self.act_row..(t + 1) * self.act_row];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tk) = self.tiles {
+            for t in 0..n_tok {
+                for r in rows.clone() {
+                    put(t, r, tk.one(&wb[r * rs..(r + 1) * rs], a(t), k));
+                }
+            }
+            return;
+        }
+        for t in 0..n_tok {
+            for r in rows.clone() {
+                put(t, r, (self.dot)(&wb[r * rs..(r + 1) * rs], a(t), k));
+            }
+        }
+    }
+}
+
 /// `out[t, r] = dot(w[r], x[t])` with `x` quantized to the weight's dot type first (into
 /// `act_buf`, grown once and reused). Each `(t, r)` is one call of the same dot kernel, so
 /// a row's result does not depend on the batch it is in.
@@ -189,22 +262,14 @@ pub fn matmul(
         return super::interleaved::matmul(pool, w, layout, packed, x, n_tok, out, act_buf);
     }
     let k = w.cols;
+    let form = PlainDot::of(w);
     #[cfg(target_arch = "x86_64")]
-    let tiles = quant::tile_kernels(w.ty).filter(|tk| tk.fits(k));
-    #[cfg(target_arch = "x86_64")]
-    let vdt = tiles.map_or(w.ty.vec_dot_type(), |tk| tk.act_type());
-    #[cfg(not(target_arch = "x86_64"))]
-    let vdt = w.ty.vec_dot_type();
-    let act_row = vdt.row_size(k).expect("weight rows are whole blocks");
-    let act: &[u8] = if vdt == GgmlType::F32 && w.ty == GgmlType::F16 {
-        // F16 weights' tiles: the F16-rounded activations, widened once here.
-        quantize_rows(pool, x, n_tok, k, act_row, act_buf, &quant::round_f16_rows)
-    } else if vdt == GgmlType::F32 {
+    let tiles = form.tiles;
+    let act_row = form.act_row;
+    let act: &[u8] = if form.act_type == GgmlType::F32 && w.ty != GgmlType::F16 {
         bytemuck::cast_slice(x)
     } else {
-        quantize_rows(pool, x, n_tok, k, act_row, act_buf, &|src, dst| {
-            quant::quantize_activation(vdt, src, dst).expect("sizes match")
-        })
+        quantize_rows(pool, x, n_tok, k, act_row, act_buf, &|src, dst| form.prepare(src, dst))
     };
     let n = w.rows;
     let op = SyncPtr(out.as_mut_ptr());
@@ -221,15 +286,7 @@ pub fn matmul(
             let rows = task * chunk..((task + 1) * chunk).min(n);
             let mut v = [0f32; TILE];
             if n_tok < TILE {
-                // GEMV: a row per call, so the weights stream from DRAM in one sequence
-                // (rows side by side would be several streams a core, each its own DRAM
-                // pages, which is markedly slower).
-                for t in 0..n_tok {
-                    for r in rows.clone() {
-                        put(t, r, tk.one(&wb[r * rs..(r + 1) * rs], act_at(t, 1), k));
-                    }
-                }
-                return;
+                return form.gemv(wb, rs, k, rows, act, n_tok, &put);
             }
             // GEMM: each weight row meets TILE tokens per unpacking, two rows at a time so
             // the pair shares each activation block's loads.
