@@ -96,7 +96,8 @@ impl GpuBackend {
             Gating::Sigmoid => 1,
         };
         let prm = [rows as u32, r.n_expert as u32, r.k as u32, gating, r.norm as u32, r.scale.to_bits()];
-        self.run(Kernel::MoeRoute, &prm, &[&logits.buf, &ids.buf, &weights.buf], grid(rows, 64));
+        // A workgroup per token.
+        self.run(Kernel::MoeRoute, &prm, &[&logits.buf, &ids.buf, &weights.buf], grid(rows, 1));
     }
 
     /// `x` (`rows` rows of `k`) as the matmul of a weight of type `ty` reads it: quantized to

@@ -6,15 +6,19 @@
 @group(0) @binding(2) var<storage, read_write> b2: array<f32>;
 @group(0) @binding(3) var<storage, read_write> b3: array<f32>;
 
-// The most experts a router scores (a token's scores are kept per invocation).
+// The most experts a router scores (a workgroup's invocations, one expert each).
 const MAX_EXPERTS: u32 = 256u;
-var<private> p: array<f32, MAX_EXPERTS>;
+// A token's scores, the reductions' values and indices, the softmax's group sums.
+var<workgroup> sp: array<f32, MAX_EXPERTS>;
+var<workgroup> rv: array<f32, MAX_EXPERTS>;
+var<workgroup> ri: array<u32, MAX_EXPERTS>;
+var<workgroup> gs: array<f32, 16>;
 
-// ggml's _mm512_reduce_add_ps of p[o..o + 16] (GCC's order): halves, quarters, then pairs.
+// ggml's _mm512_reduce_add_ps of sp[o..o + 16] (GCC's order): halves, quarters, then pairs.
 fn reduce16(o: u32) -> f32 {
     var a: array<f32, 8>;
     for (var i = 0u; i < 8u; i = i + 1u) {
-        a[i] = p[o + i + 8u] + p[o + i];
+        a[i] = sp[o + i + 8u] + sp[o + i];
     }
     return (a[0] + a[4] + (a[2] + a[6])) + (a[1] + a[5] + (a[3] + a[7]));
 }
@@ -25,79 +29,112 @@ fn ff_add1(s: vec2<f32>, v: f32) -> vec2<f32> {
     return vec2<f32>(t.x, s.y + t.y);
 }
 
-// route: a token per invocation. Scores of the row's n experts (softmax: ggml's vector
-// expf sixteen at a time, each group's sum reduced in f32, the groups and the libm tail
-// summed in f64, every value times 1 / sum; or each its sigmoid), then the top k, highest
-// first (the lowest index on ties), their weights divided by their f64 sum (at least the
-// least normal f16) where `norm`, then times `scale`.
+// route: a token per workgroup, an expert per invocation. Scores of the row's n experts
+// (softmax: ggml's vector expf sixteen at a time, each group's sum reduced in f32, the
+// groups and the libm tail summed in f64 in order, every value times 1 / sum; or each its
+// sigmoid), then the top k, highest first (the lowest index on ties: a tree of exact
+// comparisons), their weights divided by their f64 sum (at least the least normal f16)
+// where `norm`, then times `scale`. Every invocation reaches every barrier.
 // prm: rows, n_expert, k, gating (0 softmax, 1 sigmoid), norm, scale. b1 the router's
 // logits, b2 the chosen ids (as f32), b3 their weights.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-         @builtin(local_invocation_index) lid: u32) {
-    let t = gidx(wid, nwg, lid);
+         @builtin(local_invocation_index) i: u32) {
+    let t = wid.y * nwg.x + wid.x;
     if t >= prm[0] {
         return;
     }
     let n = prm[1];
     let k = prm[2];
-    let base = t * n;
+    let live = i < n;
+    let x = b1[t * n + min(i, n - 1u)];
     if prm[3] == 0u {
-        var mx = bitcast<f32>(0xff800000u);
-        for (var i = 0u; i < n; i = i + 1u) {
-            mx = max(mx, b1[base + i]);
+        rv[i] = select(bitcast<f32>(0xff800000u), x, live);
+        workgroupBarrier();
+        for (var s = MAX_EXPERTS / 2u; s > 0u; s = s >> 1u) {
+            if i < s {
+                rv[i] = max(rv[i], rv[i + s]);
+            }
+            workgroupBarrier();
         }
-        var sum = vec2<f32>(0.0, 0.0);
+        let mx = rv[0];
         let body = n / 16u * 16u;
-        for (var g = 0u; g < body; g = g + 16u) {
-            for (var i = g; i < g + 16u; i = i + 1u) {
-                p[i] = expf_ggml(b1[base + i] - mx);
+        var e = 0.0;
+        if i < body {
+            e = expf_ggml(x - mx);
+        } else if live {
+            e = exp_acc(x - mx);
+        }
+        sp[i] = e;
+        workgroupBarrier();
+        if i < body / 16u {
+            gs[i] = reduce16(16u * i);
+        }
+        workgroupBarrier();
+        if i == 0u {
+            var sum = vec2<f32>(0.0, 0.0);
+            for (var g = 0u; g < body / 16u; g = g + 1u) {
+                sum = ff_add1(sum, gs[g]);
             }
-            sum = ff_add1(sum, reduce16(g));
+            for (var j = body; j < n; j = j + 1u) {
+                sum = ff_add1(sum, sp[j]);
+            }
+            // 1 / (hi + lo) rounded once: 1 / hi, then one Newton step on the exact residual.
+            let q = 1.0 / sum.x;
+            let r = fma_x(-q, sum.x, 1.0) - nc(q * sum.y);
+            rv[0] = fma_x(q, r, q);
         }
-        for (var i = body; i < n; i = i + 1u) {
-            p[i] = exp_acc(b1[base + i] - mx);
-            sum = ff_add1(sum, p[i]);
-        }
-        // 1 / (hi + lo) rounded once: 1 / hi, then one Newton step on the exact residual.
-        let q = 1.0 / sum.x;
-        let r = fma_x(-q, sum.x, 1.0) - nc(q * sum.y);
-        let inv = fma_x(q, r, q);
-        for (var i = 0u; i < n; i = i + 1u) {
-            p[i] = p[i] * inv;
-        }
+        workgroupBarrier();
+        sp[i] = e * rv[0];
     } else {
-        for (var i = 0u; i < n; i = i + 1u) {
-            p[i] = 1.0 / (1.0 + exp_acc(-b1[base + i]));
-        }
+        sp[i] = 1.0 / (1.0 + exp_acc(-x));
     }
+    workgroupBarrier();
     let o = t * k;
-    var wsum = vec2<f32>(0.0, 0.0);
     for (var j = 0u; j < k; j = j + 1u) {
-        // Scores are >= 0: a taken one is set to -1.
-        var best = 0u;
-        var bv = -1.0;
-        for (var i = 0u; i < n; i = i + 1u) {
-            if p[i] > bv {
-                best = i;
-                bv = p[i];
+        // Scores are >= 0: a taken one is set to -1. Experts that cannot be taken (taken,
+        // or past n) stand as (-1, 0): what the serial scan gives where none is left.
+        let ok = live && sp[i] > -1.0;
+        rv[i] = select(-1.0, sp[i], ok);
+        ri[i] = select(0u, i, ok);
+        workgroupBarrier();
+        for (var s = MAX_EXPERTS / 2u; s > 0u; s = s >> 1u) {
+            if i < s {
+                let b = rv[i + s];
+                let ib = ri[i + s];
+                if b > rv[i] || (b == rv[i] && ib < ri[i]) {
+                    rv[i] = b;
+                    ri[i] = ib;
+                }
+            }
+            workgroupBarrier();
+        }
+        let best = ri[0];
+        if i == 0u {
+            b2[o + j] = f32(best);
+            b3[o + j] = rv[0];
+        }
+        if i == best {
+            sp[i] = -1.0;
+        }
+        workgroupBarrier();
+    }
+    if i == 0u {
+        var wsum = vec2<f32>(0.0, 0.0);
+        for (var j = 0u; j < k; j = j + 1u) {
+            wsum = ff_add1(wsum, b3[o + j]);
+        }
+        if prm[4] == 1u {
+            let s = max(wsum.x + wsum.y, 6.1035156e-5);
+            for (var j = 0u; j < k; j = j + 1u) {
+                b3[o + j] = b3[o + j] / s;
             }
         }
-        p[best] = -1.0;
-        b2[o + j] = f32(best);
-        b3[o + j] = bv;
-        wsum = ff_add1(wsum, bv);
-    }
-    if prm[4] == 1u {
-        let s = max(wsum.x + wsum.y, 6.1035156e-5);
-        for (var j = 0u; j < k; j = j + 1u) {
-            b3[o + j] = b3[o + j] / s;
-        }
-    }
-    let scale = pf(5u);
-    if scale != 0.0 && scale != 1.0 {
-        for (var j = 0u; j < k; j = j + 1u) {
-            b3[o + j] = b3[o + j] * scale;
+        let scale = pf(5u);
+        if scale != 0.0 && scale != 1.0 {
+            for (var j = 0u; j < k; j = j + 1u) {
+                b3[o + j] = b3[o + j] * scale;
+            }
         }
     }
 }
