@@ -29,6 +29,7 @@ pub fn layer_norm(x: &[f32], out: &mut [f32], dim: usize, w: &[f32], b: Option<&
     }
 }
 
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -46,7 +47,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// keys, softmax of `scale · q·k`, the weighted sum of values. `q`, `k`, `v` and `out` are
 /// `[n, n_head * head_dim]`. Queries, keys and values are rounded to f16 first, as llama.cpp's
 /// flash attention casts them; sums are f32. Heads are spread over `n_threads` threads; each
-/// row's arithmetic is the same whatever the split.
+/// row's arithmetic is the same whatever the split, and on every CPU tier: the AVX2 build
+/// of [`head`] vectorizes its lanes without reordering a sum, and the softmax's `expf` is
+/// libm's bits sixteen at a time (`backend::cpu::expf`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -58,6 +61,40 @@ pub fn attention(
     head_dim: usize,
     scale: f32,
     n_threads: usize,
+) {
+    attention_with(q, k, v, out, (n, n_head, head_dim), scale, n_threads, simd_head())
+}
+
+/// One head's attention (`head`'s arguments, its `expf` chosen).
+type HeadFn = fn(&[f32], &[f32], &[f32], usize, usize, f32, &mut [f32]);
+
+/// `x[i] = expf(x[i])`: libm's bits, sixteen at a time where the CPU has AVX-512.
+fn expf_simd(x: &mut [f32]) {
+    crate::backend::cpu::expf::expf_slice(x)
+}
+
+/// [`head`] built for this CPU's vector units where kiln has a build for them.
+fn simd_head() -> HeadFn {
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::cpu_tier() >= crate::quant::CpuTier::Avx2 {
+        return |q, k, v, n, hd, scale, o| {
+            // SAFETY: the CPU has AVX2.
+            unsafe { head_avx2(q, k, v, n, hd, scale, o) }
+        };
+    }
+    |q, k, v, n, hd, scale, o| head(q, k, v, n, hd, scale, o, expf_simd)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_with(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    (n, n_head, head_dim): (usize, usize, usize),
+    scale: f32,
+    n_threads: usize,
+    head_fn: HeadFn,
 ) {
     let d = n_head * head_dim;
     let r16 = |x: f32| f16::from_f32(x).to_f32();
@@ -81,30 +118,10 @@ pub fn attention(
             let (qh, kh, vh) = (&qh, &kh, &vh);
             s.spawn(move || {
                 let first = t * n_head.div_ceil(threads);
-                let mut scores = vec![0f32; n];
                 for (hi, o) in chunk.iter_mut().enumerate() {
                     let h = first + hi;
                     *o = vec![0f32; n * head_dim];
-                    for i in 0..n {
-                        let qi = &qh[h][i * head_dim..(i + 1) * head_dim];
-                        let mut max = f32::NEG_INFINITY;
-                        for (j, sc) in scores.iter_mut().enumerate() {
-                            *sc = scale * dot(qi, &kh[h][j * head_dim..(j + 1) * head_dim]);
-                            max = max.max(*sc);
-                        }
-                        let mut sum = 0f32;
-                        for sc in scores.iter_mut() {
-                            *sc = (*sc - max).exp();
-                            sum += *sc;
-                        }
-                        let oi = &mut o[i * head_dim..(i + 1) * head_dim];
-                        for (j, &p) in scores.iter().enumerate() {
-                            let vj = &vh[h][j * head_dim..(j + 1) * head_dim];
-                            oi.iter_mut().zip(vj).for_each(|(o, v)| *o += p * v);
-                        }
-                        let inv = 1.0 / sum;
-                        oi.iter_mut().for_each(|o| *o *= inv);
-                    }
+                    head_fn(&qh[h], &kh[h], &vh[h], n, head_dim, scale, o);
                 }
             });
         }
@@ -114,6 +131,52 @@ pub fn attention(
             out[i * d + h * head_dim..i * d + (h + 1) * head_dim]
                 .copy_from_slice(&o[i * head_dim..(i + 1) * head_dim]);
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f32, o: &mut [f32]) {
+    head(q, k, v, n, hd, scale, o, expf_simd)
+}
+
+/// One head: `q`, `k`, `v` and `o` are `[n, hd]`, `o` zeroed; `exp` takes `expf` of a
+/// slice. Each value's arithmetic is written out in order (Rust neither fuses nor reorders
+/// float operations), so any build of it gives the same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    hd: usize,
+    scale: f32,
+    o: &mut [f32],
+    exp: fn(&mut [f32]),
+) {
+    let mut scores = vec![0f32; n];
+    for i in 0..n {
+        let qi = &q[i * hd..(i + 1) * hd];
+        let mut max = f32::NEG_INFINITY;
+        for (j, sc) in scores.iter_mut().enumerate() {
+            *sc = scale * dot(qi, &k[j * hd..(j + 1) * hd]);
+            max = max.max(*sc);
+        }
+        scores.iter_mut().for_each(|sc| *sc -= max);
+        exp(&mut scores);
+        let mut sum = 0f32;
+        for &sc in scores.iter() {
+            sum += sc;
+        }
+        let oi = &mut o[i * hd..(i + 1) * hd];
+        for (j, &p) in scores.iter().enumerate() {
+            let vj = &v[j * hd..(j + 1) * hd];
+            oi.iter_mut().zip(vj).for_each(|(o, v)| *o += p * v);
+        }
+        let inv = 1.0 / sum;
+        oi.iter_mut().for_each(|o| *o *= inv);
     }
 }
 
@@ -156,4 +219,40 @@ pub fn avg_pool(x: &[f32], side: usize, dim: usize, s: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    /// The attention of this CPU's tier gives the bits of the portable build with libm's
+    /// scalar `expf` (scores spread widely, so the softmax's `expf` meets large negative
+    /// arguments and underflow), on a head size with a tail past the 8-lane chunks and one
+    /// without, on one thread and two.
+    #[test]
+    fn simd_attention_equals_the_portable_build() {
+        let mut seed = 5u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        for (n, n_head, hd) in [(37, 3, 64), (20, 2, 36)] {
+            let len = n * n_head * hd;
+            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+            );
+            let mut want = vec![0f32; len];
+            let scalar: super::HeadFn = |q, k, v, n, hd, scale, o| {
+                super::head(q, k, v, n, hd, scale, o, |x| x.iter_mut().for_each(|v| *v = v.exp()))
+            };
+            super::attention_with(&q, &k, &v, &mut want, (n, n_head, hd), 0.9, 1, scalar);
+            for threads in [1, 2] {
+                let mut got = vec![0f32; len];
+                super::attention(&q, &k, &v, &mut got, n, n_head, hd, 0.9, threads);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "n {n} heads {n_head} hd {hd} threads {threads}");
+            }
+            assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0));
+        }
+    }
 }

@@ -4,7 +4,7 @@
 mod arena;
 mod attention;
 mod expert_gemv;
-mod expf;
+pub(crate) mod expf;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;
 mod kv_buf;
