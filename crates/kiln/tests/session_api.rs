@@ -75,7 +75,7 @@ fn cancel_from_another_thread_stops_decode_quickly() {
     assert_eq!(sum.finish_reason, FinishReason::Cancelled);
     let lag = stopped.duration_since(asked);
     eprintln!("cancel lag {lag:?} after {} tokens", sum.ids.len());
-    assert!(lag < Duration::from_millis(100), "cancel took {lag:?}");
+    assert!(lag < Duration::from_millis(250), "cancel took {lag:?}");
     // The request was consumed: the next call runs.
     let again = s.generate(&greedy(2), |_| ControlFlow::Continue(())).unwrap();
     assert_eq!(again.finish_reason, FinishReason::Length);
@@ -119,35 +119,41 @@ fn two_sessions_on_two_threads_both_progress() {
             s.generate(&greedy(16), |_| ControlFlow::Continue(())).unwrap().ids
         })
         .collect();
-    // Together: each records when its tokens arrived.
-    let t0 = Instant::now();
+    // Together. At its first token each session tells the other it has started and
+    // waits (bounded) to hear the same back: if sessions were serialized, the first one
+    // would wait inside its generate for a session that cannot start, and time out.
+    let (to_b, from_a) = std::sync::mpsc::channel::<()>();
+    let (to_a, from_b) = std::sync::mpsc::channel::<()>();
+    let peers = [(to_b, from_b), (to_a, from_a)];
     let handles: Vec<_> = prompts
         .iter()
-        .map(|p| {
+        .zip(peers)
+        .map(|(p, (tell, hear))| {
             let e = e.clone();
             let p = p.to_string();
             std::thread::spawn(move || {
                 let mut s = e.session(SessionOptions::default()).unwrap();
                 s.append_text(&p).unwrap();
-                let mut times = Vec::new();
+                let mut met = None;
                 let ids = s
                     .generate(&greedy(16), |_| {
-                        times.push(t0.elapsed());
+                        if met.is_none() {
+                            let _ = tell.send(());
+                            met = Some(hear.recv_timeout(Duration::from_secs(60)).is_ok());
+                        }
                         ControlFlow::Continue(())
                     })
                     .unwrap()
                     .ids;
-                (ids, times)
+                (ids, met == Some(true))
             })
         })
         .collect();
     let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    for (i, (ids, _)) in results.iter().enumerate() {
+    for (i, (ids, met)) in results.iter().enumerate() {
+        assert!(met, "session {i} waited for the other session to finish before it could start");
         assert_eq!(ids, &alone[i], "session {i} changed its greedy tokens when run concurrently");
     }
-    // Interleaved: each session produced tokens before the other finished.
-    let (a, b) = (&results[0].1, &results[1].1);
-    assert!(a[0] < *b.last().unwrap() && b[0] < *a.last().unwrap(), "one session waited for the other");
 }
 
 #[test]
