@@ -143,6 +143,15 @@ async fn run(
         (kv_row * engine.runner().n_slots()) as f64 / (1 << 20) as f64,
         engine.runner().n_slots()
     );
+    let spec = engine.spec();
+    if spec.enabled() {
+        let source = match (&spec.draft_model, spec.lookup_ngram) {
+            (Some(m), _) => format!("draft model {m}"),
+            (None, Some(n)) => format!("prompt lookup of {n}-grams"),
+            (None, None) => String::new(),
+        };
+        eprintln!("kiln: speculative decoding: {source}, drafts of up to {} tokens", spec.draft_max);
+    }
     let worker = start(&app, engine, parallel, opts.queue, n_ctx, opts.engine.n_batch)?;
     eprintln!("kiln: listening on http://{local}");
     on_ready(local);

@@ -52,6 +52,10 @@ pub struct Metrics {
     /// Prompt tokens whose KV came from a cached prefix instead of a forward.
     pub prompt_tokens_cached: AtomicU64,
     pub generation_tokens: AtomicU64,
+    /// Speculative decoding: tokens drafted and verified, and how many of them the model
+    /// accepted.
+    pub draft_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
     /// Per scheduler step: count, entries, and nanoseconds spent building the batch, in
     /// the forward, and sampling and streaming (where the time of a step goes).
     steps: AtomicU64,
@@ -71,6 +75,8 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             prompt_tokens_cached: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
+            draft_tokens: AtomicU64::new(0),
+            accepted_tokens: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             step_entries: AtomicU64::new(0),
             step_ns: Default::default(),
@@ -153,6 +159,18 @@ impl Metrics {
             "kiln_generation_tokens_total",
             "Tokens sampled.",
             self.generation_tokens.load(Ordering::Relaxed),
+        );
+        c(
+            &mut o,
+            "kiln_draft_tokens_total",
+            "Speculative decoding: drafted tokens verified.",
+            self.draft_tokens.load(Ordering::Relaxed),
+        );
+        c(
+            &mut o,
+            "kiln_draft_tokens_accepted_total",
+            "Speculative decoding: drafted tokens the model accepted.",
+            self.accepted_tokens.load(Ordering::Relaxed),
         );
         c(&mut o, "kiln_steps_total", "Batched forward steps.", self.steps.load(Ordering::Relaxed));
         c(

@@ -6,6 +6,12 @@
 //! requests. Every kernel of the forward computes a token's row the same way whatever the
 //! batch (DESIGN.md), so a step may be any size and greedy outputs stay batch invariant.
 //! A finished sequence stays in the KV pool as a cached prefix until its place is needed.
+//!
+//! Where the engine speculates (a draft model or prompt lookup), every decoding request
+//! that may (no grammar, no logprobs, no images) first gets a draft: all of them drafted
+//! together (one batched draft-model forward per drafted position), then each one's last
+//! token and draft join the step's forward beside the others' single tokens, every row
+//! wanted. `kiln::spec` decides what each request accepts and rolls its KV back to it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -18,6 +24,7 @@ use kiln::engine::Engine;
 use kiln::grammar::{CompiledGrammar, Constraint};
 use kiln::model::{Entry, OutputKind, SeqId};
 use kiln::sample::{Sampler, SamplerParams, StopMatcher};
+use kiln::spec::{verify, Drafted, Speculator};
 use kiln::tokenizer::Detokenizer;
 use kiln::vision::prompt::run_end;
 use kiln::vision::ImageRows;
@@ -100,6 +107,9 @@ pub enum Event {
         finish: Finish,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Tokens drafted for this choice, and how many of them the model accepted.
+        draft_tokens: usize,
+        accepted_tokens: usize,
     },
     Error {
         index: usize,
@@ -126,6 +136,14 @@ struct Slot {
     first_token: bool,
     /// Entries this slot contributes to the current step.
     feeding: usize,
+    /// The draft model's sequence following this one's (kept with it while idle).
+    draft_seq: Option<SeqId>,
+    /// How this request drafts; `None`: it decodes one token a step.
+    spec: Option<Speculator>,
+    /// This step's draft, verified after `tokens`' last token.
+    draft: Vec<Drafted>,
+    n_drafted: usize,
+    n_accepted: usize,
 }
 
 struct EmbedWork {
@@ -136,6 +154,7 @@ struct EmbedWork {
 /// A finished sequence whose KV entries are kept for prefix reuse.
 struct Idle {
     seq: SeqId,
+    draft_seq: Option<SeqId>,
     tokens: Vec<u32>,
     last_used: u64,
 }
@@ -234,7 +253,7 @@ impl Scheduler {
     fn shutdown(mut self) {
         self.cancel_all("the server is shutting down");
         for i in std::mem::take(&mut self.idle) {
-            self.engine.runner().free_seq(i.seq);
+            self.release(i.seq, i.draft_seq);
         }
         self.shared.metrics.running.store(0, Ordering::Relaxed);
     }
@@ -258,7 +277,7 @@ impl Scheduler {
     fn cancel_all(&mut self, why: &str) {
         for s in std::mem::take(&mut self.slots) {
             let _ = s.job.events.send(Event::Error { index: s.job.index, message: why.into() });
-            self.engine.runner().free_seq(s.seq);
+            self.release(s.seq, s.draft_seq);
         }
         for e in std::mem::take(&mut self.embeds) {
             let _ = e.job.reply.send(Err(why.into()));
@@ -270,8 +289,16 @@ impl Scheduler {
         if self.slots.len() + self.embeds.len() + self.idle.len() >= self.parallel {
             if let Some(i) = (0..self.idle.len()).min_by_key(|&i| self.idle[i].last_used) {
                 let idle = self.idle.swap_remove(i);
-                self.engine.runner().free_seq(idle.seq);
+                self.release(idle.seq, idle.draft_seq);
             }
+        }
+    }
+
+    /// Frees a sequence and the draft model's sequence following it.
+    fn release(&self, seq: SeqId, draft_seq: Option<SeqId>) {
+        self.engine.runner().free_seq(seq);
+        if let (Some(r), Some(d)) = (self.engine.draft_runner(), draft_seq) {
+            r.free_seq(d);
         }
     }
 
@@ -308,12 +335,32 @@ impl Scheduler {
             .enumerate()
             .map(|(i, idle)| (common_prefix(&idle.tokens, &job.prompt), i))
             .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
-        let seq = match best {
-            Some((n, i)) if n > 0 => self.idle.swap_remove(i).seq,
+        let (seq, mut draft_seq) = match best {
+            Some((n, i)) if n > 0 => {
+                let idle = self.idle.swap_remove(i);
+                (idle.seq, idle.draft_seq)
+            }
             _ => {
                 self.evict_if_full();
-                self.engine.runner().new_seq()
+                (self.engine.runner().new_seq(), None)
             }
+        };
+        // Speculation where its outputs are the plain decode's (grammar and logprobs need
+        // each token's logits before the next is chosen; image rows are no tokens to draft).
+        let speculates = job.grammar.is_none() && job.logprobs.is_none() && job.images.is_none();
+        if speculates && draft_seq.is_none() {
+            draft_seq = self.engine.draft_runner().map(|r| r.new_seq());
+        }
+        let spec = match speculates {
+            true => match Speculator::new(&self.engine, draft_seq, &job.params, n_vocab) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = job.events.send(Event::Error { index: job.index, message: e.to_string() });
+                    self.release(seq, draft_seq);
+                    return;
+                }
+            },
+            false => None,
         };
         let runner = self.engine.runner();
         let kept = runner.reuse_prefix(seq, &job.prompt, job.images.as_deref());
@@ -337,6 +384,11 @@ impl Scheduler {
             stop: StopMatcher::new(job.stop.clone()),
             first_token: true,
             feeding: 0,
+            draft_seq,
+            spec,
+            draft: Vec::new(),
+            n_drafted: 0,
+            n_accepted: 0,
             job,
         });
     }
@@ -346,7 +398,7 @@ impl Scheduler {
         while i < self.slots.len() {
             if self.slots[i].job.events.is_closed() {
                 let s = self.slots.swap_remove(i);
-                self.keep_idle(s.seq, &s.tokens[..s.n_eval]);
+                self.keep_idle(&s);
             } else {
                 i += 1;
             }
@@ -354,9 +406,12 @@ impl Scheduler {
         self.embeds.retain(|e| !e.job.reply.is_closed());
     }
 
-    fn keep_idle(&mut self, seq: SeqId, tokens: &[u32]) {
+    /// Keeps a finished slot's sequences for prefix reuse. Its KV may hold more than its
+    /// tokens (a verified draft past a stop): prefix reuse goes by what the KV holds.
+    fn keep_idle(&mut self, s: &Slot) {
         self.clock += 1;
-        self.idle.push(Idle { seq, tokens: tokens.to_vec(), last_used: self.clock });
+        let tokens = s.tokens[..s.n_eval.min(s.tokens.len())].to_vec();
+        self.idle.push(Idle { seq: s.seq, draft_seq: s.draft_seq, tokens, last_used: self.clock });
     }
 
     /// Evaluates the image rows next in each prompt, one image run per slot (each its own
@@ -391,10 +446,45 @@ impl Scheduler {
                     .job
                     .events
                     .send(Event::Error { index: s.job.index, message: format!("decode failed: {e}") });
-                runner.free_seq(s.seq);
+                self.release(s.seq, s.draft_seq);
             } else {
                 i += 1;
             }
+        }
+    }
+
+    /// Drafts for every slot that decodes this step and speculates, all together; each
+    /// draft fits the slot's context and `max_tokens`, and all of them the step's budget
+    /// beside one token per decoding slot. A failed draft forward drafts nothing (the
+    /// step decodes one token per slot instead: drafts only ever save time).
+    fn draft(&mut self) {
+        let n_ctx = self.n_ctx;
+        let decoding = |s: &Slot| s.tokens.len() - s.n_eval == 1;
+        let mut spare = self.step_tokens.saturating_sub(self.slots.iter().filter(|s| decoding(s)).count());
+        let mut batch = Vec::new();
+        let mut at = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            s.draft.clear();
+            if !decoding(s) {
+                continue;
+            }
+            let Some(sp) = &mut s.spec else { continue };
+            let room = sp.room(s.tokens.len(), n_ctx, false, s.job.max_tokens - s.n_gen).min(spare);
+            spare -= room;
+            batch.push((sp, &s.tokens[..], room));
+            at.push(i);
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let tok = self.engine.tokenizer().clone();
+        match Speculator::draft_all(&mut batch, |t| tok.is_eog(t)) {
+            Ok(drafts) => {
+                for (i, d) in at.into_iter().zip(drafts) {
+                    self.slots[i].draft = d;
+                }
+            }
+            Err(e) => eprintln!("kiln: drafting failed, decoding without drafts this step: {e}"),
         }
     }
 
@@ -402,7 +492,9 @@ impl Scheduler {
     fn step(&mut self) {
         self.feed_images();
         let t0 = Instant::now();
-        // Decode tokens first, then prompt chunks in arrival order with what the budget leaves.
+        self.draft();
+        // Decode tokens (and drafts) first, then prompt chunks in arrival order with what
+        // the budget leaves.
         let budget = self.step_tokens;
         let n = self.slots.len();
         let mut order: Vec<usize> = (0..n).collect();
@@ -412,6 +504,7 @@ impl Scheduler {
             (prompt, prompt.then_some(s.job.enqueued))
         });
         let mut entries = Vec::with_capacity(budget.min(n + 64));
+        // Each slot with outputs this step, and how many rows it gets.
         let mut owners = Vec::with_capacity(n);
         for &i in &order {
             let s = &mut self.slots[i];
@@ -426,8 +519,14 @@ impl Scheduler {
                 let output = pos + 1 == s.tokens.len();
                 entries.push(Entry { seq: s.seq, token: s.tokens[pos], output });
                 if output {
-                    owners.push(i);
+                    owners.push((i, 1 + s.draft.len()));
                 }
+            }
+            if take > 0 && s.n_eval + take == s.tokens.len() {
+                entries.extend(s.draft.iter().map(|d| Entry { seq: s.seq, token: d.id, output: true }));
+                s.feeding += s.draft.len();
+            } else {
+                s.draft.clear();
             }
         }
         if entries.is_empty() {
@@ -437,7 +536,8 @@ impl Scheduler {
         self.shared.metrics.observe_batch(self.slots.iter().filter(|s| s.feeding > 0).count());
         let t_fwd = Instant::now();
         // Plain greedy rows without logprobs need only their ids back from the device.
-        let ids_only = owners.iter().all(|&i| self.slots[i].argmax && self.slots[i].job.logprobs.is_none());
+        let ids_only =
+            owners.iter().all(|&(i, _)| self.slots[i].argmax && self.slots[i].job.logprobs.is_none());
         let kind = if ids_only { OutputKind::Argmax } else { OutputKind::Logits };
         let out = match runner.decode(&entries, kind) {
             Ok(out) => out,
@@ -449,7 +549,7 @@ impl Scheduler {
                     if self.slots[i].feeding > 0 {
                         let s = self.slots.swap_remove(i);
                         let _ = s.job.events.send(Event::Error { index: s.job.index, message: msg.clone() });
-                        self.engine.runner().free_seq(s.seq);
+                        self.release(s.seq, s.draft_seq);
                     } else {
                         i += 1;
                     }
@@ -463,12 +563,18 @@ impl Scheduler {
             s.feeding = 0;
         }
         let n_vocab = self.engine.config().n_vocab;
+        let width = if ids_only { 1 } else { n_vocab };
         let mut finished = Vec::new();
-        for (k, &i) in owners.iter().enumerate() {
-            let done = if ids_only {
-                self.sample_one(i, &[], Some(out[k] as u32))
+        let mut row = 0;
+        for &(i, rows) in &owners {
+            let out = &out[row * width..(row + rows) * width];
+            row += rows;
+            let done = if rows > 1 {
+                self.accept_draft(i, out, ids_only)
+            } else if ids_only {
+                self.sample_one(i, &[], Some(out[0] as u32))
             } else {
-                self.sample_one(i, &out[k * n_vocab..(k + 1) * n_vocab], None)
+                self.sample_one(i, out, None)
             };
             if done {
                 finished.push(i);
@@ -477,22 +583,44 @@ impl Scheduler {
         finished.sort_unstable_by(|a, b| b.cmp(a));
         for i in finished {
             let s = self.slots.swap_remove(i);
-            self.keep_idle(s.seq, &s.tokens[..s.n_eval]);
+            self.keep_idle(&s);
         }
         let end = Instant::now();
         self.shared.metrics.observe_step(entries.len(), t_fwd - t0, t_sample - t_fwd, end - t_sample);
     }
 
+    /// Decides slot `i`'s verified draft from its rows `out` (the last token's and each
+    /// drafted token's: ids or logits), rolls its KV back to the accepted tokens and streams
+    /// them and the token after them; true when it finished.
+    fn accept_draft(&mut self, i: usize, out: &[f32], ids: bool) -> bool {
+        let n_vocab = self.engine.config().n_vocab;
+        let runner = self.engine.runner();
+        let s = &mut self.slots[i];
+        let draft = std::mem::take(&mut s.draft);
+        let v = verify::decide(&mut s.sampler, &draft, out, ids, n_vocab);
+        // The KV held the context before this step, the last token and the whole draft.
+        s.n_eval -= draft.len();
+        if let Err(e) = kiln::spec::roll_back(runner, s.seq, &s.tokens, &draft, v.accepted) {
+            let _ = s
+                .job
+                .events
+                .send(Event::Error { index: s.job.index, message: format!("decode failed: {e}") });
+            return true;
+        }
+        s.n_eval += v.accepted;
+        s.n_drafted += draft.len();
+        s.n_accepted += v.accepted;
+        let m = &self.shared.metrics;
+        m.draft_tokens.fetch_add(draft.len() as u64, Ordering::Relaxed);
+        m.accepted_tokens.fetch_add(v.accepted as u64, Ordering::Relaxed);
+        let decided = draft[..v.accepted].iter().map(|d| d.id).chain(std::iter::once(v.next));
+        decided.into_iter().any(|id| self.emit(i, id, None))
+    }
+
     /// Samples slot `i`'s next token from `logits` (or takes `id`, the device's argmax) and
     /// streams it; true when it finished.
     fn sample_one(&mut self, i: usize, logits: &[f32], id: Option<u32>) -> bool {
-        let n_ctx = self.n_ctx;
-        let tok = self.engine.tokenizer().clone();
         let s = &mut self.slots[i];
-        if s.first_token {
-            s.first_token = false;
-            self.shared.metrics.observe_ttft(s.job.enqueued.elapsed().as_secs_f64());
-        }
         let lp = s.job.logprobs.map(|n| logprob(logits, n));
         let picked = match (id, &mut s.constraint) {
             (Some(id), _) => Ok(id),
@@ -509,9 +637,23 @@ impl Scheduler {
                 return true;
             }
         };
+        s.sampler.accept(id);
+        let lp = lp.map(|(lse, top)| Logprob { token: id, logprob: logits[id as usize] - lse, top });
+        self.emit(i, id, lp)
+    }
+
+    /// Streams slot `i`'s next token `id` (already accepted into its sampler and grammar);
+    /// true when it finished.
+    fn emit(&mut self, i: usize, id: u32, lp: Option<Logprob>) -> bool {
+        let n_ctx = self.n_ctx;
+        let tok = self.engine.tokenizer().clone();
+        let s = &mut self.slots[i];
+        if s.first_token {
+            s.first_token = false;
+            self.shared.metrics.observe_ttft(s.job.enqueued.elapsed().as_secs_f64());
+        }
         // A complete grammar allows nothing more: the reply ends here.
         let complete = s.constraint.as_ref().is_some_and(Constraint::is_complete);
-        s.sampler.accept(id);
         s.n_gen += 1;
         self.shared.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
         let index = s.job.index;
@@ -520,7 +662,6 @@ impl Scheduler {
         } else {
             let piece = s.detok.push(id);
             let (text, matched) = s.stop.push(&piece);
-            let lp = lp.map(|(lse, top)| Logprob { token: id, logprob: logits[id as usize] - lse, top });
             let _ = s.job.events.send(Event::Token { index, text, logprob: lp });
             if matched || complete {
                 Some(Finish::Stop)
@@ -544,6 +685,8 @@ impl Scheduler {
             finish,
             prompt_tokens: s.job.prompt.len(),
             completion_tokens: s.n_gen,
+            draft_tokens: s.n_drafted,
+            accepted_tokens: s.n_accepted,
         });
         true
     }

@@ -33,6 +33,9 @@ pub struct Reply {
     want_logprobs: bool,
     prompt_tokens: usize,
     completion_tokens: usize,
+    /// Speculative decoding's tokens drafted and accepted, over the choices.
+    draft_tokens: usize,
+    accepted_tokens: usize,
     texts: Vec<String>,
     logprobs: Vec<Vec<Logprob>>,
     /// Per choice: its finish reason, once done.
@@ -68,6 +71,8 @@ impl Reply {
             want_logprobs,
             prompt_tokens: prompts.iter().map(Vec::len).sum(),
             completion_tokens: 0,
+            draft_tokens: 0,
+            accepted_tokens: 0,
             texts: vec![String::new(); n_choices],
             logprobs: vec![Vec::new(); n_choices],
             finish: vec![None; n_choices],
@@ -82,9 +87,16 @@ impl Reply {
         self.n_done == self.finish.len()
     }
 
+    /// OpenAI's usage object; where the server speculates, with the tokens drafted and
+    /// accepted besides (`accepted_tokens` of `draft_tokens` were emitted from drafts).
     fn usage(&self) -> Value {
-        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-               "total_tokens": self.prompt_tokens + self.completion_tokens})
+        let mut u = json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+               "total_tokens": self.prompt_tokens + self.completion_tokens});
+        if self.app.ready.get().is_some_and(|r| r.engine.spec().enabled()) {
+            u["draft_tokens"] = self.draft_tokens.into();
+            u["accepted_tokens"] = self.accepted_tokens.into();
+        }
+        u
     }
 
     fn error_for(&self, message: String) -> ApiError {
@@ -179,7 +191,7 @@ impl Reply {
                     self.logprobs[index].push(l);
                 }
             }
-            Event::Done { index, finish, completion_tokens, .. } => {
+            Event::Done { index, finish, completion_tokens, draft_tokens, accepted_tokens, .. } => {
                 let mut reason = finish.as_openai();
                 if let Some(p) = &mut self.parsers[index] {
                     let mut parsed = Parsed::default();
@@ -199,6 +211,8 @@ impl Reply {
                 }
                 self.finish[index] = Some(reason);
                 self.completion_tokens += completion_tokens;
+                self.draft_tokens += draft_tokens;
+                self.accepted_tokens += accepted_tokens;
                 self.n_done += 1;
                 let choice = if self.kind == Kind::Chat {
                     json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason})

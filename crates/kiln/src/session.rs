@@ -767,30 +767,8 @@ impl Session {
         let kind = if ids_only { OutputKind::Argmax } else { OutputKind::Logits };
         let out = runner.decode(&entries, kind)?;
         self.n_evaluated += entries.len();
-        let v = if ids_only {
-            let ids: Vec<u32> = out.iter().map(|&x| x as u32).collect();
-            let draft_ids: Vec<u32> = draft.iter().map(|d| d.id).collect();
-            let v = verify::greedy(&draft_ids, &ids);
-            for &t in &draft_ids[..v.accepted] {
-                sampler.accept(t);
-            }
-            sampler.accept(v.next);
-            v
-        } else {
-            verify::sampled(sampler, draft, &out, self.engine.config().n_vocab)
-        };
-        // The KV keeps the conversation and the accepted tokens; a block shared since the
-        // forward may have been dropped instead (`truncate_seq`): evaluate what it held.
-        let keep = self.tokens.len() + v.accepted;
-        runner.truncate_seq(seq, keep);
-        let have = runner.seq_len(seq);
-        if have < keep {
-            let all: Vec<u32> = self.tokens.iter().copied().chain(draft.iter().map(|d| d.id)).collect();
-            let entries: Vec<Entry> =
-                all[have..keep].iter().map(|&token| Entry { seq, token, output: false }).collect();
-            runner.decode(&entries, OutputKind::Logits)?;
-            self.n_evaluated += entries.len();
-        }
+        let v = verify::decide(sampler, draft, &out, ids_only, self.engine.config().n_vocab);
+        self.n_evaluated += crate::spec::roll_back(runner, seq, &self.tokens, draft, v.accepted)?;
         Ok(v)
     }
 

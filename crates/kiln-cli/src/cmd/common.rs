@@ -40,7 +40,7 @@ pub struct ModelArgs {
     pub cache_type_v: kiln::quant::GgmlType,
 }
 
-/// Speculative decoding flags (`run`, `chat`; docs/cli.md).
+/// Speculative decoding flags (`run`, `chat`, `serve`; docs/cli.md).
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
     /// A draft model of the same vocabulary for speculative decoding (also -md).

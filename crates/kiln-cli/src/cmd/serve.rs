@@ -5,12 +5,15 @@ use std::time::Duration;
 use kiln::KilnError;
 use kiln_server::{default_max_connections, fit_max_connections, serve, ConnLimits, ServerOptions};
 
-use super::common::ModelArgs;
+use super::common::{ModelArgs, SpecArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
+    /// Speculative decoding of every request that may (docs/server.md).
+    #[command(flatten)]
+    spec: SpecArgs,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0: an OS-chosen port (shown in the "listening" line).
@@ -82,7 +85,7 @@ pub fn run(a: Args) -> kiln::Result<()> {
     };
     let api_key = a.api_key.or_else(|| std::env::var("KILN_API_KEY").ok()).filter(|k| !k.is_empty());
     serve(ServerOptions {
-        engine: a.model.engine_options()?,
+        engine: a.model.engine_options()?.with_spec(a.spec.options()),
         model: a.model.name(),
         host: a.host,
         port: a.port,
@@ -94,4 +97,33 @@ pub fn run(a: Args) -> kiln::Result<()> {
         max_request_tokens: a.max_request_tokens,
         allow_image_urls: a.allow_image_urls,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// `kiln serve`'s arguments alone, parsed as `main` parses argv.
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    fn parse(args: &[&str]) -> super::Args {
+        let argv = std::iter::once("serve").chain(args.iter().copied()).map(std::ffi::OsString::from);
+        Serve::try_parse_from(crate::argv::rewrite(argv)).unwrap().args
+    }
+
+    #[test]
+    fn takes_the_speculation_flags() {
+        let a = parse(&["-md", "draft.gguf", "--draft-max", "8", "--draft-min", "2", "--draft-p-min", "0.5"]);
+        let o = a.spec.options();
+        assert_eq!(o.draft_model.as_deref(), Some("draft.gguf"));
+        assert_eq!((o.draft_max, o.draft_min, o.draft_p_min), (8, 2, 0.5));
+        assert_eq!(parse(&["-md=d.gguf"]).spec.options().draft_model.as_deref(), Some("d.gguf"));
+        assert_eq!(parse(&["--model-draft", "d.gguf"]).spec.options().draft_model.as_deref(), Some("d.gguf"));
+        assert_eq!(parse(&["--lookup-ngram", "3"]).spec.options().lookup_ngram, Some(3));
+        assert!(!parse(&[]).spec.options().enabled());
+    }
 }

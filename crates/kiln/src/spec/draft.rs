@@ -7,12 +7,17 @@ use crate::model::{Entry, OutputKind, Runner, SeqId};
 use crate::sample::Sampler;
 use crate::tokenizer::Tokenizer;
 
-/// Up to `max` tokens after `context` from the draft model: its sequence `seq` made to hold
-/// `context` first (keeping the common prefix it holds, as a session does), then one token
-/// at a time drawn from its distribution under `sampler`'s chain. Drafting stops before a
-/// token whose probability under the draft (the softmax of its logits) is below `p_min` or
-/// that the model's vocabulary (`n_vocab`) lacks, and after an end-of-generation token
-/// (`is_eog`). Nothing is drafted when the context holds a token the draft does not know.
+/// One sequence's drafting request to [`draft_batch`]: up to `max` tokens after `context`
+/// from the draft model's sequence `seq`, drawn under `sampler`'s chain.
+pub struct Request<'a> {
+    pub seq: SeqId,
+    pub context: &'a [u32],
+    pub max: usize,
+    pub sampler: &'a mut Sampler,
+}
+
+/// Up to `max` tokens after `context` from the draft model: [`draft_batch`] for one
+/// sequence.
 #[allow(clippy::too_many_arguments)]
 pub fn draft(
     runner: &dyn Runner,
@@ -24,34 +29,69 @@ pub fn draft(
     n_vocab: usize,
     is_eog: impl Fn(u32) -> bool,
 ) -> Result<Vec<Drafted>> {
+    let mut req = [Request { seq, context, max, sampler }];
+    Ok(draft_batch(runner, &mut req, p_min, n_vocab, is_eog)?.pop().unwrap_or_default())
+}
+
+/// Drafts for several sequences at once, each step one batched forward of the draft model
+/// over every sequence still drafting (batch invariance: a sequence drafts the same tokens
+/// alone or beside others). Each request's sequence is made to hold its `context` first
+/// (keeping the common prefix it holds, as a session does; all catching up in one forward),
+/// then tokens are drawn one at a time from its distribution under the request's sampler.
+/// A request's drafting stops before a token whose probability under the draft (the
+/// softmax of its logits) is below `p_min` or that the model's vocabulary (`n_vocab`)
+/// lacks, and after an end-of-generation token (`is_eog`). Nothing is drafted for a context
+/// holding a token the draft does not know. The drafts come back in the requests' order.
+pub fn draft_batch(
+    runner: &dyn Runner,
+    reqs: &mut [Request],
+    p_min: f32,
+    n_vocab: usize,
+    is_eog: impl Fn(u32) -> bool,
+) -> Result<Vec<Vec<Drafted>>> {
     let draft_vocab = runner.config().n_vocab;
-    if max == 0 || context.is_empty() || context.iter().any(|&t| t as usize >= draft_vocab) {
-        return Ok(Vec::new());
+    let mut out = vec![Vec::new(); reqs.len()];
+    // The requests drafting; `logits` holds their rows, in this order.
+    let mut live: Vec<usize> = (0..reqs.len())
+        .filter(|&i| {
+            let r = &reqs[i];
+            r.max > 0 && !r.context.is_empty() && r.context.iter().all(|&t| (t as usize) < draft_vocab)
+        })
+        .collect();
+    let mut entries = Vec::new();
+    for &i in &live {
+        let (seq, context) = (reqs[i].seq, reqs[i].context);
+        let n = context.len();
+        let kept = runner.reuse_prefix(seq, &context[..n - 1], None);
+        entries.extend((kept..n).map(|j| Entry { seq, token: context[j], output: j + 1 == n }));
     }
-    let n = context.len();
-    let kept = runner.reuse_prefix(seq, &context[..n - 1], None);
-    let entries: Vec<Entry> =
-        (kept..n).map(|i| Entry { seq, token: context[i], output: i + 1 == n }).collect();
-    let mut logits = Vec::new();
+    let mut logits = Vec::with_capacity(live.len() * draft_vocab);
     for chunk in entries.chunks(runner.n_ubatch().max(1)) {
-        let out = runner.decode(chunk, OutputKind::Logits)?;
-        if !out.is_empty() {
-            logits = out;
-        }
+        logits.extend(runner.decode(chunk, OutputKind::Logits)?);
     }
-    let mut out = Vec::with_capacity(max);
-    loop {
-        let dist = sampler.distribution(&logits).to_vec();
-        let certain = dist.len() == 1;
-        let id = if certain { dist[0].id } else { sampler.draw_from(&dist) };
-        if probability(&logits, id) < p_min || id as usize >= n_vocab {
+    while !live.is_empty() {
+        let mut next = Vec::with_capacity(live.len());
+        entries.clear();
+        for (k, &i) in live.iter().enumerate() {
+            let row = &logits[k * draft_vocab..(k + 1) * draft_vocab];
+            let r = &mut reqs[i];
+            let dist = r.sampler.distribution(row).to_vec();
+            let certain = dist.len() == 1;
+            let id = if certain { dist[0].id } else { r.sampler.draw_from(&dist) };
+            if probability(row, id) < p_min || id as usize >= n_vocab {
+                continue;
+            }
+            out[i].push(Drafted { id, q: (!certain).then_some(dist) });
+            if out[i].len() < r.max && !is_eog(id) {
+                entries.push(Entry { seq: r.seq, token: id, output: true });
+                next.push(i);
+            }
+        }
+        if entries.is_empty() {
             break;
         }
-        out.push(Drafted { id, q: (!certain).then_some(dist) });
-        if out.len() == max || is_eog(id) {
-            break;
-        }
-        logits = runner.decode(&[Entry { seq, token: id, output: true }], OutputKind::Logits)?;
+        logits = runner.decode(&entries, OutputKind::Logits)?;
+        live = next;
     }
     Ok(out)
 }

@@ -23,7 +23,7 @@ pub mod draft;
 pub mod lookup;
 pub mod verify;
 
-use crate::model::SeqId;
+use crate::model::{Entry, OutputKind, Runner, SeqId};
 use crate::sample::{Sampler, SamplerParams};
 
 /// How a session speculates. `Default`: no speculation until a draft model or lookup is
@@ -96,16 +96,17 @@ pub struct Drafted {
     pub q: Option<Vec<crate::sample::Candidate>>,
 }
 
-/// A session's drafting for one `generate` call: the engine's draft source, and for a
-/// draft model its sequence and sampler (the session's chain without penalties, a seed of
-/// its own).
-pub(crate) struct Speculator {
+/// One sequence's drafting (a session's `generate` call, a server request): the engine's
+/// draft source, and for a draft model its sequence and sampler (the sequence's chain
+/// without penalties, a seed of its own).
+pub struct Speculator {
     engine: crate::Engine,
     source: Source,
     sampler: Sampler,
     n_vocab: usize,
 }
 
+#[derive(Clone, Copy)]
 enum Source {
     Model(SeqId),
     Lookup(usize),
@@ -156,28 +157,73 @@ impl Speculator {
         room: usize,
         is_eog: impl Fn(u32) -> bool,
     ) -> crate::Result<Vec<Drafted>> {
-        let opts = self.engine.spec();
-        if room == 0 || room < opts.draft_min {
-            return Ok(Vec::new());
-        }
-        let out = match self.source {
-            Source::Lookup(n) => {
-                lookup::draft(context, n, room).into_iter().map(|id| Drafted { id, q: None }).collect()
-            }
-            Source::Model(seq) => match self.engine.draft_runner() {
-                Some(r) => draft::draft(
-                    r,
-                    seq,
-                    context,
-                    room,
-                    &mut self.sampler,
-                    opts.draft_p_min,
-                    self.n_vocab,
-                    is_eog,
-                )?,
-                None => Vec::new(),
-            },
-        };
-        Ok(if out.len() < opts.draft_min.max(1) { Vec::new() } else { out })
+        Ok(Speculator::draft_all(&mut [(self, context, room)], is_eog)?.pop().unwrap_or_default())
     }
+
+    /// [`Self::draft`] for several sequences of one engine at once (`(speculator, context,
+    /// room)` each): lookups from their contexts, draft-model drafts through one batched
+    /// forward per drafted position ([`draft::draft_batch`]). The drafts come back in order.
+    pub fn draft_all(
+        batch: &mut [(&mut Speculator, &[u32], usize)],
+        is_eog: impl Fn(u32) -> bool,
+    ) -> crate::Result<Vec<Vec<Drafted>>> {
+        let mut out = vec![Vec::new(); batch.len()];
+        let Some(first) = batch.first() else { return Ok(out) };
+        let (engine, n_vocab) = (first.0.engine.clone(), first.0.n_vocab);
+        let opts = engine.spec();
+        let mut model = Vec::new();
+        let mut model_at = Vec::new();
+        for (i, (sp, context, room)) in batch.iter_mut().enumerate() {
+            if *room == 0 || *room < opts.draft_min {
+                continue;
+            }
+            match sp.source {
+                Source::Lookup(n) => {
+                    out[i] = lookup::draft(context, n, *room)
+                        .into_iter()
+                        .map(|id| Drafted { id, q: None })
+                        .collect()
+                }
+                Source::Model(seq) => {
+                    model.push(draft::Request { seq, context, max: *room, sampler: &mut sp.sampler });
+                    model_at.push(i);
+                }
+            }
+        }
+        if let (false, Some(r)) = (model.is_empty(), engine.draft_runner()) {
+            let drafts = draft::draft_batch(r, &mut model, opts.draft_p_min, n_vocab, is_eog)?;
+            for (i, d) in model_at.into_iter().zip(drafts) {
+                out[i] = d;
+            }
+        }
+        for d in &mut out {
+            if d.len() < opts.draft_min.max(1) {
+                d.clear();
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Rolls sequence `seq` back after a verify forward of `context`'s last token and `draft`:
+/// its KV keeps `context` and the first `accepted` drafted tokens. Truncation may drop a
+/// block shared since the forward (`Runner::truncate_seq`); what it held is evaluated
+/// again. Returns the positions evaluated again.
+pub fn roll_back(
+    runner: &dyn Runner,
+    seq: SeqId,
+    context: &[u32],
+    draft: &[Drafted],
+    accepted: usize,
+) -> crate::Result<usize> {
+    let keep = context.len() + accepted;
+    runner.truncate_seq(seq, keep);
+    let have = runner.seq_len(seq);
+    if have >= keep {
+        return Ok(0);
+    }
+    let token = |i: usize| if i < context.len() { context[i] } else { draft[i - context.len()].id };
+    let entries: Vec<Entry> = (have..keep).map(|i| Entry { seq, token: token(i), output: false }).collect();
+    runner.decode(&entries, OutputKind::Logits)?;
+    Ok(entries.len())
 }

@@ -18,6 +18,24 @@ pub fn greedy(draft: &[u32], ids: &[u32]) -> Verdict {
     Verdict { accepted, next: ids[accepted] }
 }
 
+/// Decides a draft from the model's outputs for the verified token and the draft after it
+/// (`draft.len() + 1` rows): argmax ids (`ids`: a plain greedy sampler without logprobs,
+/// whose rows the device reduced to their argmax), else logits of `n_vocab`. The decided
+/// tokens are accepted into `sampler`.
+pub fn decide(sampler: &mut Sampler, draft: &[Drafted], out: &[f32], ids: bool, n_vocab: usize) -> Verdict {
+    if !ids {
+        return sampled(sampler, draft, out, n_vocab);
+    }
+    let ids: Vec<u32> = out.iter().map(|&x| x as u32).collect();
+    let draft_ids: Vec<u32> = draft.iter().map(|d| d.id).collect();
+    let v = greedy(&draft_ids, &ids);
+    for &t in &draft_ids[..v.accepted] {
+        sampler.accept(t);
+    }
+    sampler.accept(v.next);
+    v
+}
+
 /// Speculative sampling: `rows[j]` are the model's logits after the draft's first `j`
 /// tokens (`draft.len() + 1` rows of `n_vocab`). Drafted token `x` drawn from `q` is
 /// accepted with probability `min(1, p(x) / q(x))`, `p` the model's distribution through
