@@ -45,9 +45,28 @@ fn synth_engine_on(preset: &str, device: Device) -> Engine {
 
 #[test]
 fn nomic_embed_matches_llama_embedding() {
+    nomic_embed_on(Device::Cpu);
+}
+
+/// The real model on the GPU (lavapipe here: slow, so in the slow tier).
+#[cfg(feature = "gpu")]
+#[test]
+fn nomic_embed_on_the_gpu_matches_llama_embedding() {
+    if !full() {
+        eprintln!("skipping: slow tier, set KILN_FULL=1");
+        return;
+    }
+    nomic_embed_on(Device::Gpu);
+}
+
+fn nomic_embed_on(device: Device) {
     let e = Engine::load(
         model("nomic-embed-text-v1.5").to_str().unwrap(),
-        EngineOptions::default().with_threads(2),
+        // (Batch-invariant: the invariance checked below holds on tensor cores too.)
+        EngineOptions::default()
+            .with_threads(2)
+            .with_device(device)
+            .with_batch_invariant(device == Device::Gpu),
     )
     .unwrap();
     assert_eq!(Pooling::of(&e), Pooling::Mean);
@@ -149,4 +168,28 @@ fn encoder_errors_name_why() {
     let long = vec![ids[1]; e.n_ctx() + 1];
     let err = embed_batch(&e, &[&ids, &long], Pooling::Cls).unwrap_err().to_string();
     assert!(err.contains("input 1"), "{err}");
+}
+
+/// The warm-up a hardware GPU runs at load (every step shape built before the first
+/// request) takes an encoder's steps, which give hidden states and have no decode steps,
+/// and leaves the pool as it was: the embeddings after it are those of a fresh runner.
+#[test]
+fn warm_up_runs_encoder_steps() {
+    use kiln::backend::cpu::CpuBackend;
+    use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
+    let path = std::env::temp_dir().join(format!("kiln-warm-up-{}.gguf", std::process::id()));
+    synth::preset("nomic-bert-tiny").unwrap().build().unwrap().write_file(&path).unwrap();
+    let gguf = std::sync::Arc::new(kiln::gguf::GgufFile::open(&path).unwrap());
+    std::fs::remove_file(&path).ok();
+    let hidden = |runner: &ModelRunner<CpuBackend>| {
+        let seq = runner.new_seq();
+        let entries: Vec<Entry> = (0..9).map(|i| Entry { seq, token: 100 + i, output: true }).collect();
+        let out = runner.decode(&entries, OutputKind::Hidden).unwrap();
+        runner.free_seq(seq);
+        out
+    };
+    let runner = || ModelRunner::new(Model::load(&gguf, CpuBackend::new(2)).unwrap(), 64, 32).unwrap();
+    let warmed = runner();
+    warmed.warm_up().unwrap();
+    assert_eq!(hidden(&warmed), hidden(&runner()));
 }

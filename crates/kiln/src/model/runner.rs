@@ -282,15 +282,24 @@ impl<B: Backend> ModelRunner<B> {
     /// matmul's shapes). Leaves the pool as it was: the sequences are freed and no block
     /// stays in the prefix cache.
     pub fn warm_up(&self) -> Result<()> {
-        let room = self.n_slots.min(self.lock().scratch.n_ubatch() * 4);
+        let (n_ubatch, causal) = {
+            let st = self.lock();
+            (st.scratch.n_ubatch(), st.causal)
+        };
+        // An encoder takes each input whole, in one micro-batch; its steps give hidden
+        // states (every row) and it has no decode steps.
+        let room = self.n_slots.min(if causal { n_ubatch * 4 } else { n_ubatch });
         let entries = |seq, n: usize, all: bool| -> Vec<Entry> {
             (0..n).map(|i| Entry { seq, token: 0, output: all || i + 1 == n }).collect()
         };
+        let batch_kind = if causal { OutputKind::Argmax } else { OutputKind::Hidden };
         let run = || -> Result<()> {
             let seq = self.new_seq();
             let prompt = room.saturating_sub(4).min(300);
             let steps = (|| {
-                if prompt > 0 {
+                if prompt > 0 && !causal {
+                    self.decode(&entries(seq, prompt, true), OutputKind::Hidden)?;
+                } else if prompt > 0 {
                     self.decode(&entries(seq, prompt, false), OutputKind::Logits)?;
                     for kind in [OutputKind::Argmax, OutputKind::Argmax, OutputKind::Logits] {
                         self.decode(&entries(seq, 1, true), kind)?;
@@ -305,7 +314,7 @@ impl<B: Backend> ModelRunner<B> {
                     break;
                 }
                 let seq = self.new_seq();
-                let step = self.decode(&entries(seq, n, true), OutputKind::Argmax);
+                let step = self.decode(&entries(seq, n, true), batch_kind);
                 self.free_seq(seq);
                 step?;
             }

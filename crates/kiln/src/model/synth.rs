@@ -677,6 +677,18 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
                 },
             )
         },
+        // nomic-embed-text-v1.5's shape in F16 (speed work; its tokens here are mostly
+        // single letters, so a text is longer than with the real vocabulary).
+        "nomic-embed-text-v1.5-f16" => SynthSpec {
+            n_vocab: 30522,
+            n_embd: 768,
+            n_layer: 12,
+            n_head: 12,
+            n_head_kv: 12,
+            n_ff: 3072,
+            n_ctx_train: 2048,
+            ..preset("nomic-bert-tiny")?
+        },
         "jina-bert-v2-tiny" => encoder(
             "jina-bert-v2",
             EncoderSpec { positions: false, ffn: EncoderFfn::Geglu, pooling: 1, ..bert.clone() },
@@ -867,6 +879,7 @@ pub const PRESETS: &[&str] = &[
     "olmoe-1b-7b-q4_k_m",
     "qwen3-30b-a3b-q4_k_m",
     "lfm2-350m",
+    "nomic-embed-text-v1.5-f16",
 ];
 
 /// The peaked presets (`printable_output`), in [`PRESETS`]' order: the tiny models of the
