@@ -34,11 +34,11 @@ TOPICS = ["the sea", "a red fox", "winter", "a robot", "the moon", "coffee", "a 
           "the river", "a kite", "candles", "a ship", "the sun", "a bakery", "stars"]
 
 
-def stream_one(url, model, prompt, n_tokens, out):
-    """One streaming completion; records text, token count and timings."""
+def stream_one(url, model, prompt, n_tokens, out, ignore_eos=True):
+    """One streaming completion; records text, token count, usage and timings."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-    body = {"model": model, "prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "ignore_eos": True,
+    body = {"model": model, "prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "ignore_eos": ignore_eos,
             "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -55,6 +55,7 @@ def stream_one(url, model, prompt, n_tokens, out):
             break
         if ev.get("usage"):
             tokens = ev["usage"]["completion_tokens"]
+            out["usage"] = ev["usage"]
         for ch in ev.get("choices", []):
             if ch.get("text"):
                 first = first or time.perf_counter()
