@@ -36,13 +36,14 @@ fn smollm2_path() -> Option<String> {
     Some(path.to_string_lossy().into_owned())
 }
 
-/// smollm2 served with `spec` (the server's own setup: a KV pool of `PARALLEL` contexts).
-fn server(path: &str, spec: SpecOptions) -> SocketAddr {
+/// smollm2 served with `spec` (the server's own setup: a KV pool of `PARALLEL` contexts),
+/// and the engine, to check its KV pools.
+fn server(path: &str, spec: SpecOptions) -> (SocketAddr, Engine) {
     let opts =
         EngineOptions::default().with_n_ctx(N_CTX).with_n_seq(PARALLEL).with_threads(2).with_spec(spec);
     let engine = Engine::load(path, opts).unwrap();
     let app = Arc::new(App::new("m".into(), None));
-    start(&app, engine, PARALLEL, 16, N_CTX, 256).unwrap();
+    start(&app, engine.clone(), PARALLEL, 16, N_CTX, 256).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -52,7 +53,15 @@ fn server(path: &str, spec: SpecOptions) -> SocketAddr {
             axum::serve(l, router(app)).await.unwrap();
         });
     });
-    rx.recv().unwrap()
+    (rx.recv().unwrap(), engine)
+}
+
+/// The KV bookkeeping of the model's pool and the draft model's, after rollbacks.
+fn check_kv(engine: &Engine) {
+    engine.runner().check_kv().unwrap();
+    if let Some(d) = engine.draft_runner() {
+        d.check_kv().unwrap();
+    }
 }
 
 /// The requests of one batch: (body, streamed). Greedy unless said otherwise.
@@ -162,8 +171,9 @@ fn drafted(usage: &Value) -> (u64, u64) {
 
 fn check(path: &str, spec: SpecOptions, plain: &[(Value, Value)]) {
     let what = format!("{spec:?}");
-    let addr = server(path, spec);
+    let (addr, engine) = server(path, spec);
     let got = batch(addr);
+    check_kv(&engine);
     let sampled = got.len() - 1;
     for (k, ((want, want_usage), (choice, usage))) in plain.iter().zip(&got).enumerate() {
         if k == sampled {
@@ -183,12 +193,16 @@ fn check(path: &str, spec: SpecOptions, plain: &[(Value, Value)]) {
     assert!(a > 0, "{what}: no drafted token accepted: the comparison checks no speculation");
     assert_eq!(metric(addr, "kiln_draft_tokens_total"), d as f64);
     assert_eq!(metric(addr, "kiln_draft_tokens_accepted_total"), a as f64);
+    // Alone again, from the prefix its first run left (rolled back) in the pools.
+    let (s, v) = post(addr, "/v1/chat/completions", &requests()[0].0.to_string());
+    assert_eq!((s, &v["choices"][0]), (200, &plain[0].0), "{what}: the first request again");
+    check_kv(&engine);
 }
 
 #[test]
 fn speculative_batch_equals_plain_decoding() {
     let Some(path) = smollm2_path() else { return };
-    let plain_addr = server(&path, SpecOptions::default());
+    let (plain_addr, _) = server(&path, SpecOptions::default());
     let plain = batch(plain_addr);
     for (_, usage) in &plain {
         assert!(usage.get("draft_tokens").is_none(), "a server without speculation reports drafts: {usage}");
