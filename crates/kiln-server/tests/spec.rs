@@ -2,7 +2,8 @@
 //! requests of every kind — greedy, greedy under a grammar, greedy with logprobs, sampled,
 //! streamed — served with a draft model (smollm2 drafting for itself) and with prompt lookup
 //! gives the same greedy replies as the same server without speculation; `usage` reports
-//! the tokens drafted and accepted, and `/metrics` counts them.
+//! the tokens drafted and accepted, and `/metrics` counts them. Under `KILN_FULL=1` also
+//! qwen2.5-coder-0.5b drafting for qwen2.5-coder-1.5b.
 
 mod support;
 
@@ -27,16 +28,17 @@ const PROMPTS: [&str; 3] = [
     "Rewrite this loop as a list comprehension:\n\nsquares = []\nfor n in range(10):\n    squares.append(n * n)\n",
 ];
 
-fn smollm2_path() -> Option<String> {
-    let path = kiln::hub::cached_path(kiln::hub::find("smollm2-135m")?);
+/// The cached file of catalog model `name`, if pulled.
+fn cached(name: &str) -> Option<String> {
+    let path = kiln::hub::cached_path(kiln::hub::find(name)?);
     if !path.exists() {
-        eprintln!("skipping: smollm2-135m is not in the cache (kiln pull smollm2-135m)");
+        eprintln!("skipping: {name} is not in the cache (kiln pull {name})");
         return None;
     }
     Some(path.to_string_lossy().into_owned())
 }
 
-/// smollm2 served with `spec` (the server's own setup: a KV pool of `PARALLEL` contexts),
+/// The model at `path` served with `spec` (the server's own setup: a KV pool of `PARALLEL` contexts),
 /// and the engine, to check its KV pools.
 fn server(path: &str, spec: SpecOptions) -> (SocketAddr, Engine) {
     let opts =
@@ -199,19 +201,42 @@ fn check(path: &str, spec: SpecOptions, plain: &[(Value, Value)]) {
     check_kv(&engine);
 }
 
-#[test]
-fn speculative_batch_equals_plain_decoding() {
-    let Some(path) = smollm2_path() else { return };
-    let (plain_addr, _) = server(&path, SpecOptions::default());
+/// The batch on `path` served plainly, then with each of `specs`.
+fn same_as_plain(path: &str, specs: Vec<SpecOptions>) {
+    let (plain_addr, _) = server(path, SpecOptions::default());
     let plain = batch(plain_addr);
     for (_, usage) in &plain {
         assert!(usage.get("draft_tokens").is_none(), "a server without speculation reports drafts: {usage}");
     }
     assert_eq!(metric(plain_addr, "kiln_draft_tokens_total"), 0.0);
-    let mut self_draft = SpecOptions::default();
-    self_draft.draft_model = Some(path.clone());
-    check(&path, self_draft, &plain);
+    for spec in specs {
+        check(path, spec, &plain);
+    }
+}
+
+fn draft_model(path: &str) -> SpecOptions {
+    let mut o = SpecOptions::default();
+    o.draft_model = Some(path.to_string());
+    o
+}
+
+#[test]
+fn speculative_batch_equals_plain_decoding() {
+    let Some(path) = cached("smollm2-135m") else { return };
     let mut lookup = SpecOptions::default();
     lookup.lookup_ngram = Some(2);
-    check(&path, lookup, &plain);
+    same_as_plain(&path, vec![draft_model(&path), lookup]);
+}
+
+/// The slow tier (`KILN_FULL=1`): qwen2.5-coder-0.5b drafting for qwen2.5-coder-1.5b.
+#[test]
+fn qwen05_drafting_for_qwen15_in_a_batch() {
+    if std::env::var("KILN_FULL").map_or(true, |v| v != "1") {
+        eprintln!("skipping: slow tier, set KILN_FULL=1");
+        return;
+    }
+    let (Some(target), Some(draft)) = (cached("qwen2.5-coder-1.5b"), cached("qwen2.5-coder-0.5b")) else {
+        return;
+    };
+    same_as_plain(&target, vec![draft_model(&draft)]);
 }
