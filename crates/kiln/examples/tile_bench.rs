@@ -6,7 +6,8 @@
 //! Prints ns per (weight row × token × block) for the prefill tile (2 rows × 4 tokens) and
 //! per (weight row × block) for decode (a row per call), rows of 1536 values;
 //! then the same for the interleaved layouts the CPU backend repacks Q4_K, Q5_0 and Q4_1 into
-//! (8 tokens per prefill call), to compare with the row-major lines above.
+//! (8 tokens per prefill call), to compare with the row-major lines above; and the F16
+//! matmul tiles (`F16Gemm`) per tier, 48 tokens and one.
 
 #[cfg(target_arch = "x86_64")]
 fn main() {
@@ -69,6 +70,7 @@ fn main() {
             if sink.is_nan() { " NaN!" } else { "" }
         );
     }
+    f16(rows, &mut next);
     q4_k_x8(rows, &mut next);
     q4_k_amx(rows, &mut next);
     for (ty, layout) in [
@@ -76,6 +78,46 @@ fn main() {
         (GgmlType::Q4_1, kiln::quant::Interleave::Q4_1X16),
     ] {
         x16(ty, layout, rows, &mut next);
+    }
+}
+
+/// F16 weights (rows of 768 values, as nomic-embed-text's): the matmul tiles of each tier
+/// over `rows` rows × 48 tokens (prompt) and × 1 token (decode), ns per row × token ×
+/// 32 values.
+#[cfg(target_arch = "x86_64")]
+fn f16(rows: usize, next: &mut impl FnMut() -> f32) {
+    use kiln::quant::{f16_gemm_for, quantize_row, round_f16_rows, CpuTier, GgmlType};
+    use std::time::Instant;
+    let (n, toks) = (768, 48);
+    let (wr, ar) = (2 * n, 4 * n);
+    let (mut w, mut a) = (vec![0u8; wr * rows], vec![0u8; ar * toks]);
+    for r in 0..rows {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        quantize_row(GgmlType::F16, &x, &mut w[r * wr..(r + 1) * wr]).unwrap();
+    }
+    for t in 0..toks {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        round_f16_rows(&x, &mut a[t * ar..(t + 1) * ar]);
+    }
+    let per = (rows * n / 32) as f64;
+    let mut sink = 0f32;
+    for tier in [CpuTier::Avx2, CpuTier::Avx512Vnni] {
+        let Some(g) = f16_gemm_for(tier) else { continue };
+        let (mut gemm, mut gemv) = (f64::MAX, f64::MAX);
+        for _ in 0..100 {
+            let t0 = Instant::now();
+            g.dots(&w, wr, rows, &a, toks, n, |_, _, v| sink += v);
+            gemm = gemm.min(t0.elapsed().as_secs_f64() * 1e9 / (per * toks as f64));
+            let t0 = Instant::now();
+            g.dots(&w, wr, rows, &a, 1, n, |_, _, v| sink += v);
+            gemv = gemv.min(t0.elapsed().as_secs_f64() * 1e9 / per);
+        }
+        let (mr, nr) = g.tile();
+        println!(
+            "F16 {} ({mr}×{nr} tiles): prefill {gemm:.2} ns, decode {gemv:.2} ns{}",
+            tier.name(),
+            if sink.is_nan() { " NaN!" } else { "" }
+        );
     }
 }
 

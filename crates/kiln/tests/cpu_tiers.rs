@@ -8,8 +8,8 @@
 use std::process::Command;
 
 use kiln::quant::{
-    cpu_tier, detected_cpu_tier, quantize_activation, quantize_row, round_f16_rows, tile_kernels_for,
-    vec_dot, vec_dot_fn_for, CpuTier, GgmlType, TILE,
+    cpu_tier, detected_cpu_tier, dot_f16_lanes, f16_gemm_for, quantize_activation, quantize_row,
+    round_f16_rows, tile_kernels_for, vec_dot, CpuTier, F16Gemm, GgmlType, TILE,
 };
 
 const ALL: [CpuTier; 5] =
@@ -135,62 +135,119 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
     }
 }
 
-/// Q4_K×8 (eight rows interleaved at load) gives the row-major Q4_K tiles' bits on every
-/// tier and token count, and unpacks back to the original rows.
-/// F16 weights' tiles read f32 rows of the F16-rounded activations: every shape gives the
-/// bits of the single-pair SIMD dot on the F16 row (whose order is ggml's
-/// `ggml_vec_dot_f16`), and the scalar reference's value up to summation order.
+/// The F16 matmul tiles give every (row, token) pair the bits of the scalar lane-order
+/// reference `dot_f16_lanes` on every SIMD tier, whatever the number of rows and tokens
+/// (every tile shape and remainder, and the few-token path) and wherever the pair sits in
+/// its tile; the reference is within float rounding of ggml's f64-summed scalar dot.
 #[test]
-fn f16_tiles_equal_the_single_pair_dot() {
+fn f16_gemm_equals_the_lane_reference() {
     let mut rng = Rng(11);
-    // 3072: more blocks than one chunk of the kernel's passes, and not a whole number of them.
-    for n in [32, 768, 3072 + 96] {
-        let mut w = vec![0u8; 2 * n * TILE];
-        let mut a16 = vec![0u8; 2 * n * TILE];
-        let mut a32 = vec![0u8; 4 * n * TILE];
-        for r in 0..TILE {
+    let (rows, toks) = (11, 14);
+    for n in [16, 768, 3072 + 48] {
+        let mut w = vec![0u8; 2 * n * rows];
+        let mut a16 = vec![0u8; 2 * n * toks];
+        let mut a32 = vec![0u8; 4 * n * toks];
+        for r in 0..rows {
             let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
             quantize_row(GgmlType::F16, &x, &mut w[r * 2 * n..(r + 1) * 2 * n]).unwrap();
-            let y: Vec<f32> = (0..n).map(|_| rng.f() * 100.0).collect();
-            quantize_activation(GgmlType::F16, &y, &mut a16[r * 2 * n..(r + 1) * 2 * n]).unwrap();
-            round_f16_rows(&y, &mut a32[r * 4 * n..(r + 1) * 4 * n]);
         }
-        let (wr, ar) = (|r: usize| &w[r * 2 * n..][..2 * n], |t: usize| &a16[t * 2 * n..][..2 * n]);
-        for tier in ALL.into_iter().filter(|&t| t >= CpuTier::Avx2 && t <= detected_cpu_tier()) {
-            let tk = tile_kernels_for(GgmlType::F16, tier).unwrap();
-            assert_eq!(tk.act_type(), GgmlType::F32);
-            assert!(tk.fits(n) && !tk.fits(n + 8));
-            let dot = vec_dot_fn_for(GgmlType::F16, tier);
-            let want: Vec<f32> = (0..TILE * TILE).map(|i| dot(wr(i / TILE), ar(i % TILE), n)).collect();
-            for i in 0..TILE * TILE {
-                let scalar = vec_dot(GgmlType::F16, wr(i / TILE), ar(i % TILE), n);
-                assert!(
-                    (want[i] - scalar).abs() <= 1e-4 * scalar.abs().max(1.0),
-                    "{n}: {} vs {scalar}",
-                    want[i]
-                );
-                let got = tk.one(wr(i / TILE), &a32[(i % TILE) * 4 * n..][..4 * n], n);
-                assert_eq!(got.to_bits(), want[i].to_bits(), "n {n} {tier:?} one");
-            }
-            let mut v = [0f32; TILE];
-            let mut v2 = [0f32; 2 * TILE];
-            for r in 0..TILE {
-                tk.toks4(wr(r), &a32, n, &mut v);
-                for t in 0..TILE {
-                    assert_eq!(v[t].to_bits(), want[r * TILE + t].to_bits(), "n {n} {tier:?} toks4");
+        for t in 0..toks {
+            let y: Vec<f32> = (0..n).map(|_| rng.f() * 100.0).collect();
+            quantize_activation(GgmlType::F16, &y, &mut a16[t * 2 * n..(t + 1) * 2 * n]).unwrap();
+            round_f16_rows(&y, &mut a32[t * 4 * n..(t + 1) * 4 * n]);
+        }
+        let wr = |r: usize| &w[r * 2 * n..][..2 * n];
+        let ar = |t: usize| -> Vec<f32> { bytemuck_f32(&a32[t * 4 * n..][..4 * n]) };
+        let want: Vec<f32> =
+            (0..rows * toks).map(|i| dot_f16_lanes(wr(i / toks), &ar(i % toks), n)).collect();
+        for i in 0..rows * toks {
+            let f64_sum = vec_dot(GgmlType::F16, wr(i / toks), &a16[(i % toks) * 2 * n..][..2 * n], n);
+            let tol = 1e-5 * f64_sum.abs().max(n as f32);
+            assert!((want[i] - f64_sum).abs() <= tol, "n {n}: lanes {} vs f64 {f64_sum}", want[i]);
+        }
+        let mut tested = 0;
+        for tier in ALL.into_iter().filter(|&t| t <= detected_cpu_tier()) {
+            let Some(g) = f16_gemm_for(tier) else {
+                assert_eq!(tier, CpuTier::Scalar, "{tier:?} has no F16 tiles");
+                continue;
+            };
+            tested += 1;
+            assert!(F16Gemm::fits(n) && !F16Gemm::fits(n + 8));
+            // Every token count from 1 (the few-token path) past two whole tiles, and
+            // every row count, so each pair sits in several tile shapes and positions.
+            for (nr, nt) in
+                [(rows, toks), (rows, 1), (rows, 2), (rows, 3), (rows, 7), (5, toks), (1, 4), (3, 13)]
+            {
+                let mut got = vec![f32::NAN; rows * toks];
+                let ok = g.dots(&w, 2 * n, nr, &a32, nt, n, |t, r, v| got[r * toks + t] = v);
+                assert!(ok, "n {n} {tier:?}");
+                for r in 0..nr {
+                    for t in 0..nt {
+                        let (g, e) = (got[r * toks + t], want[r * toks + t]);
+                        assert_eq!(g.to_bits(), e.to_bits(), "n {n} {tier:?} {nr}x{nt}: row {r} token {t}");
+                    }
                 }
             }
-            for r in [0, 2] {
-                tk.rows2_toks4(&w[r * 2 * n..][..4 * n], &a32, n, &mut v2);
-                for i in 0..2 * TILE {
-                    let want = want[(r + i / TILE) * TILE + i % TILE];
-                    assert_eq!(v2[i].to_bits(), want.to_bits(), "n {n} {tier:?} rows2_toks4");
+            // Rows two apart (`ws` past the row's own bytes).
+            let mut got = vec![f32::NAN; rows * toks];
+            assert!(g.dots(&w, 4 * n, rows / 2, &a32, toks, n, |t, r, v| got[r * toks + t] = v));
+            for r in 0..rows / 2 {
+                for t in 0..toks {
+                    assert_eq!(got[r * toks + t].to_bits(), want[2 * r * toks + t].to_bits(), "strided");
                 }
             }
+            // Mis-sized input calls nothing.
+            let never = |_: usize, _: usize, _: f32| panic!("called on mis-sized input");
+            assert!(!g.dots(&w[..2 * n * rows - 1], 2 * n, rows, &a32, toks, n, never));
+            assert!(!g.dots(&w, 2 * n, rows, &a32[..4 * n * toks - 1], toks, n, never));
+            assert!(!g.dots(&w, 2 * n - 2, rows, &a32, toks, n, never));
+            assert!(!g.dots(&w, 2 * n + 16, rows, &a32, toks, n + 8, never));
+        }
+        if detected_cpu_tier() >= CpuTier::Avx2 {
+            assert!(tested > 0);
         }
     }
 }
 
+fn bytemuck_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// The rows the F16 tiles read: each value rounded to F16 as the F16 activation quantizer
+/// does, then widened, on every value class (normal, subnormal, ties, overflow, infinities;
+/// NaN stays NaN), and any row length.
+#[test]
+fn round_f16_rows_equals_the_f16_quantizer() {
+    let mut src: Vec<f32> = (0..70_000u32).map(|i| f32::from_bits(i.wrapping_mul(0x9e37_79b9))).collect();
+    src.extend([
+        0.0,
+        -0.0,
+        65504.0,
+        65520.0,
+        1e-8,
+        -6e-8,
+        2.98e-8,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ]);
+    src.extend((0..2048).map(|i| 1.0 + i as f32 * 2f32.powi(-11) + 2f32.powi(-12)));
+    for len in [src.len(), 7, 64, 65] {
+        let s = &src[..len];
+        let mut half = vec![0u8; 2 * len];
+        quantize_activation(GgmlType::F16, s, &mut half).unwrap();
+        let mut want = vec![0f32; len];
+        kiln::quant::dequantize_row(GgmlType::F16, &half, &mut want).unwrap();
+        let mut got = vec![0u8; 4 * len + 1];
+        round_f16_rows(s, &mut got[1..]);
+        for (i, (&w, g)) in want.iter().zip(bytemuck_f32(&got[1..])).enumerate() {
+            assert!(w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()), "{i}: {} -> {w} vs {g}", s[i]);
+        }
+    }
+}
+
+/// Q4_K×8 (eight rows interleaved at load) gives the row-major Q4_K tiles' bits on every
+/// tier and token count, and unpacks back to the original rows.
 #[test]
 fn interleaved_q4_k_matches_the_row_major_tiles() {
     use kiln::quant::{q4_k_x8_kernels_for, Interleave, Q4K_X8_ROWS};

@@ -43,11 +43,14 @@ fn compare(image: &str, preset: &str) -> (f64, f32) {
     (nmse, max)
 }
 
+/// 16 patches a tile: every step is llama.cpp's arithmetic (the F16 patch embedding and
+/// matmuls in tinyBLAS's order, ggml's LayerNorm and GELU, the one-chunk flash attention),
+/// so the rows are llama.cpp's to a few last bits (alpha.png: every bit).
 #[test]
 fn idefics3_encoder_matches_llama_cpp() {
     for img in ["test-1.stb.png", "alpha.png"] {
         let (nmse, max) = compare(img, "idefics3-tiny-mmproj");
-        assert!(nmse < 1e-5 && max < 1e-2, "{img}: nmse {nmse:e}, max {max}");
+        assert!(nmse < 1e-9 && max < 1e-4, "{img}: nmse {nmse:e}, max {max}");
     }
 }
 

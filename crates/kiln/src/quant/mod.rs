@@ -11,6 +11,7 @@
 //! the runtime-dispatched AVX2/AVX-512 dot products the engine's hot loops use via
 //! [`vec_dot_fn`] (chosen once per type; `KILN_CPU=scalar|avx2|avx512|avx512vnni|amx` caps the tier).
 
+mod f16_lanes;
 mod float;
 mod interleave;
 mod iquants;
@@ -20,12 +21,14 @@ mod legacy;
 mod simd;
 mod types;
 
+pub use f16_lanes::{dot_f16_lanes, F16_LANES};
 pub use interleave::{Interleave, Q4K_X8_BLOCK, Q4K_X8_ROWS};
 pub use simd::{cpu_tier, detected_cpu_tier, vec_dot_f16, vec_dot_fn, vec_dot_fn_for, CpuTier};
 #[cfg(target_arch = "x86_64")]
 pub use simd::{
-    q4_k_x8_amx, q4_k_x8_amx_for, q4_k_x8_kernels, q4_k_x8_kernels_for, tile_kernels, tile_kernels_for,
-    x16_kernels, x16_kernels_for, Q4kX8Amx, Q4kX8Kernels, TileKernels, X16Kernels, TILE,
+    f16_gemm, f16_gemm_for, q4_k_x8_amx, q4_k_x8_amx_for, q4_k_x8_kernels, q4_k_x8_kernels_for, tile_kernels,
+    tile_kernels_for, x16_kernels, x16_kernels_for, F16Gemm, Q4kX8Amx, Q4kX8Kernels, TileKernels, X16Kernels,
+    TILE,
 };
 pub use types::{GgmlType, ALL_TYPES};
 
@@ -123,17 +126,20 @@ pub fn quantize_activation(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<
 }
 
 /// An activation row rounded to F16 as [`quantize_activation`] does for F16 weights, then
-/// widened back: `dst` holds `src.len()` native-endian f32 (the row F16 weights' tile
-/// kernels read, so each matmul converts its activations once, not once per weight row).
+/// widened back: `dst` holds `src.len()` native-endian f32 (the rows the F16 matmul tiles
+/// read, so each matmul converts its activations once, not once per weight row).
 pub fn round_f16_rows(src: &[f32], dst: &mut [u8]) {
     const C: usize = 64;
-    let mut half = [0u8; 2 * C];
+    let round = simd::simd_round_f16();
     let mut wide = [0f32; C];
+    // Through an f32 buffer: `dst` need not be aligned for f32.
     for (s, d) in src.chunks(C).zip(dst.chunks_mut(4 * C)) {
-        let n = s.len();
-        quantize_activation(GgmlType::F16, s, &mut half[..2 * n]).expect("sizes match");
-        dequantize_row(GgmlType::F16, &half[..2 * n], &mut wide[..n]).expect("sizes match");
-        d.copy_from_slice(bytemuck::cast_slice(&wide[..n]));
+        let wide = &mut wide[..s.len()];
+        match round {
+            Some(f) => f(s, wide),
+            None => wide.iter_mut().zip(s).for_each(|(w, &v)| *w = half::f16::from_f32(v).to_f32()),
+        }
+        d.copy_from_slice(bytemuck::cast_slice(wide));
     }
 }
 

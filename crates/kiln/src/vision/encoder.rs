@@ -114,7 +114,19 @@ impl VisionEncoder {
         // The kernel as a matrix: a row of 3·ps·ps values (channel, row, column) per output.
         let mut patch_t = patch_t.clone();
         patch_t.dims = vec![(3 * ps * ps) as u64, d as u64];
-        let patch = be.load_weight(&g, &patch_t)?;
+        // llama.cpp's patch embedding is `ggml_conv_2d`: im2col to F16 (F32 for a BF16
+        // kernel), then a matmul of those pixel rows by the kernel converted to their type.
+        // An F32 kernel is rounded to F16 here, once, a BF16 one widened; the pixels are
+        // rounded by the F16 matmul.
+        let patch = match patch_t.ty {
+            GgmlType::F16 => be.load_weight(&g, &patch_t)?,
+            ty => {
+                let mut vals = vec![0f32; 3 * ps * ps * d];
+                quant::dequantize_row(ty, g.tensor_data(&patch_t), &mut vals)?;
+                let as_ty = if ty == GgmlType::BF16 { GgmlType::F32 } else { GgmlType::F16 };
+                typed_weight(&be, &patch_t.name, as_ty, d, 3 * ps * ps, &vals)?
+            }
+        };
         let patch_bias = opt_vector(&g, "v.patch_embd.bias", d)?;
         let pos = vector(&g, "v.position_embd.weight", d * n_pos)?;
         let mut blocks = Vec::with_capacity(cfg.n_layer);
@@ -201,21 +213,21 @@ impl VisionEncoder {
         let mut up = vec![0f32; n * cfg.n_ff];
         let scale = 1.0 / (cfg.head_dim as f32).sqrt();
         for b in &self.blocks {
-            ops::layer_norm(&x, &mut h, d, &b.ln1.w, b.ln1.b.as_deref(), cfg.eps);
+            cpu::layer_norm(&x, &b.ln1.w, b.ln1.b.as_deref(), cfg.eps, d, &mut h);
             self.linear(&b.q, &h, n, &mut q);
             self.linear(&b.k, &h, n, &mut kk);
             self.linear(&b.v, &h, n, &mut v);
             ops::attention(&q, &kk, &v, &mut att, n, cfg.n_head, cfg.head_dim, scale, self.be.n_threads());
             self.linear(&b.o, &att, n, &mut h);
             x.iter_mut().zip(&h).for_each(|(x, h)| *x += h);
-            ops::layer_norm(&x, &mut h, d, &b.ln2.w, b.ln2.b.as_deref(), cfg.eps);
+            cpu::layer_norm(&x, &b.ln2.w, b.ln2.b.as_deref(), cfg.eps, d, &mut h);
             self.linear(&b.up, &h, n, &mut up);
             cpu::gelu(&mut up);
             self.linear(&b.down, &up, n, &mut h);
             x.iter_mut().zip(&h).for_each(|(x, h)| *x += h);
         }
         if let Some(ln) = &self.post_ln {
-            ops::layer_norm(&x, &mut h, d, &ln.w, ln.b.as_deref(), cfg.eps);
+            cpu::layer_norm(&x, &ln.w, ln.b.as_deref(), cfg.eps, d, &mut h);
             std::mem::swap(&mut x, &mut h);
         }
 
@@ -264,10 +276,22 @@ fn transposed(be: &CpuBackend, g: &GgufFile, t: &TensorInfo) -> Result<CpuWeight
             dst[c * rows + r] = src[r * cols + c];
         }
     }
-    let mut data = vec![0u8; ty.row_size(rows)? * cols];
-    quant::quantize_row(ty, &dst, &mut data)?;
+    typed_weight(be, &t.name, ty, cols, rows, &dst)
+}
+
+/// `vals` (`rows` rows of `cols`) as a weight of type `ty`, loaded from an in-memory GGUF.
+fn typed_weight(
+    be: &CpuBackend,
+    name: &str,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    vals: &[f32],
+) -> Result<CpuWeight> {
+    let mut data = vec![0u8; ty.row_size(cols)? * rows];
+    quant::quantize_row(ty, vals, &mut data)?;
     let mut w = GgufWriter::new();
-    w.add_tensor(t.name.clone(), ty, &[rows as u64, cols as u64], data)?;
+    w.add_tensor(name.to_string(), ty, &[cols as u64, rows as u64], data)?;
     let file = Arc::new(GgufFile::from_bytes(w.to_bytes())?);
     be.load_weight(&file, &file.tensors[0])
 }

@@ -13,7 +13,7 @@ mod moe;
 mod ops;
 pub use attention::{AttnArith, Blocks, Cache};
 pub use ops::rope_cache;
-pub(crate) use ops::{gelu, gelu_table, rms_norm};
+pub(crate) use ops::{gelu, gelu_table, layer_norm, rms_norm};
 pub mod pool;
 mod vexp;
 mod weight;

@@ -173,11 +173,13 @@ pub(super) fn quantize_rows<'a>(
     &buf[..row_bytes * n_tok]
 }
 
-/// How activations meet a plain (not interleaved) weight's rows: the tile kernels where
-/// its type has them for rows of its width (x86), else the type's `vec_dot`; and the form
-/// of the activation rows those read.
+/// How activations meet a plain (not interleaved) weight's rows: the F16 matmul tiles or
+/// the tile kernels where its type has them for rows of its width (x86), else the type's
+/// `vec_dot`; and the form of the activation rows those read.
 #[derive(Clone, Copy)]
 pub(super) struct PlainDot {
+    #[cfg(target_arch = "x86_64")]
+    pub f16: Option<quant::F16Gemm>,
     #[cfg(target_arch = "x86_64")]
     pub tiles: Option<quant::TileKernels>,
     dot: quant::VecDotFn,
@@ -191,14 +193,19 @@ impl PlainDot {
     pub fn of(w: &CpuWeight) -> Self {
         let k = w.cols;
         #[cfg(target_arch = "x86_64")]
-        let tiles = quant::tile_kernels(w.ty).filter(|tk| tk.fits(k));
+        // tinyBLAS's order for rows of whole 16-value groups (llama.cpp's prompt matmuls on
+        // them), for every token count (batch invariance); ggml_vec_dot_f16's otherwise.
+        let f16 = (w.ty == GgmlType::F16 && quant::F16Gemm::fits(k)).then(quant::f16_gemm).flatten();
         #[cfg(target_arch = "x86_64")]
-        let act_type = tiles.map_or(w.ty.vec_dot_type(), |tk| tk.act_type());
+        let tiles = quant::tile_kernels(w.ty).filter(|tk| tk.fits(k));
+        // The F16 tiles read f32 rows of F16 values (`prepare`).
+        #[cfg(target_arch = "x86_64")]
+        let act_type = if f16.is_some() { GgmlType::F32 } else { w.ty.vec_dot_type() };
         #[cfg(not(target_arch = "x86_64"))]
         let act_type = w.ty.vec_dot_type();
         let act_row = act_type.row_size(k).expect("weight rows are whole blocks");
         #[cfg(target_arch = "x86_64")]
-        return PlainDot { tiles, dot: quant::vec_dot_fn(w.ty), w_ty: w.ty, act_type, act_row };
+        return PlainDot { f16, tiles, dot: quant::vec_dot_fn(w.ty), w_ty: w.ty, act_type, act_row };
         #[cfg(not(target_arch = "x86_64"))]
         PlainDot { dot: quant::vec_dot_fn(w.ty), w_ty: w.ty, act_type, act_row }
     }
@@ -206,7 +213,7 @@ impl PlainDot {
     /// One activation row in the form the kernels read.
     pub fn prepare(&self, src: &[f32], dst: &mut [u8]) {
         if self.act_type == GgmlType::F32 && self.w_ty == GgmlType::F16 {
-            // F16 weights' tiles: the F16-rounded activations, widened once here.
+            // The F16 tiles: the F16-rounded activations, widened once here.
             quant::round_f16_rows(src, dst)
         } else {
             quant::quantize_activation(self.act_type, src, dst).expect("sizes match")
@@ -229,6 +236,15 @@ impl PlainDot {
         put: &impl Fn(usize, usize, f32),
     ) {
         let a = |t: usize| &act[t * self.act_row..(t + 1) * self.act_row];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(g) = self.f16 {
+            // A row per call below 4 tokens (`F16Gemm::dots`).
+            let done = g.dots(&wb[rows.start * rs..], rs, rows.len(), act, n_tok, k, |t, r, v| {
+                put(t, rows.start + r, v)
+            });
+            assert!(done, "F16 rows of {k} values and {n_tok} activation rows");
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(tk) = self.tiles {
             for t in 0..n_tok {
@@ -263,6 +279,10 @@ pub fn matmul(
     }
     let k = w.cols;
     let form = PlainDot::of(w);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(g) = form.f16 {
+        return f16_matmul(pool, g, &form, w, x, n_tok, out, act_buf);
+    }
     #[cfg(target_arch = "x86_64")]
     let tiles = form.tiles;
     let act_row = form.act_row;
@@ -331,6 +351,37 @@ pub fn matmul(
                 }
             }
         }
+    });
+}
+
+/// [`matmul`] on F16 weights with the F16 tiles (`quant::F16Gemm`): the activations rounded
+/// to F16 as ggml converts them and widened back, once (`quant::round_f16_rows`), then each
+/// task takes a range of weight rows over every token. Each `(t, r)` has one fixed order of
+/// operations (`quant::dot_f16_lanes`), so a row's result does not depend on the batch.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn f16_matmul(
+    pool: &ThreadPool,
+    g: quant::F16Gemm,
+    form: &PlainDot,
+    w: &CpuWeight,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+    act_buf: &mut Vec<u8>,
+) {
+    let (k, n, rs) = (w.cols, w.rows, w.row_size);
+    let act = quantize_rows(pool, x, n_tok, k, form.act_row, act_buf, &|src, dst| form.prepare(src, dst));
+    let wb = w.bytes().expect("only interleaved weights lack plain bytes");
+    let op = SyncPtr(out.as_mut_ptr());
+    let chunk = rows_per_task(n, pool.n_threads());
+    pool.run(n.div_ceil(chunk), &|task| {
+        let r0 = task * chunk;
+        let rows = chunk.min(n - r0);
+        // SAFETY: element (t, r) is written by the task owning row r only.
+        let put = |t: usize, r: usize, v: f32| unsafe { *op.get().add(t * n + r0 + r) = v };
+        let done = g.dots(&wb[r0 * rs..], rs, rows, act, n_tok, k, put);
+        assert!(done, "F16 weights of {n} rows of {k} values and {n_tok} activation rows");
     });
 }
 

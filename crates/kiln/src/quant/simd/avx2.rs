@@ -366,6 +366,28 @@ unsafe fn f16_to_f32_row(src: *const u8, dst: *mut f32, n: usize) {
     }
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_f16_row(src: *const f32, dst: *mut f32, n: usize) {
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.add(i)));
+        _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(h));
+        i += 8;
+    }
+    for j in i..n {
+        let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(*src.add(j)));
+        *dst.add(j) = _mm_cvtss_f32(_mm_cvtph_ps(h));
+    }
+}
+
+/// Each value rounded to F16 (to nearest, ties to even, as `half::f16::from_f32`) and
+/// widened back, with F16C: the scalar path's values (NaNs stay NaN).
+pub(super) fn round_f16(src: &[f32], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    // SAFETY: only called for the Avx2 tier; n values fit both slices.
+    unsafe { round_f16_row(src.as_ptr(), dst.as_mut_ptr(), n) }
+}
+
 /// F16 -> f32 with F16C (exact, like the scalar path).
 pub(super) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
     let n = dst.len().min(src.len() / 2);

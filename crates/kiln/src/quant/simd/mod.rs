@@ -8,6 +8,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod f16_gemm;
+#[cfg(target_arch = "x86_64")]
 mod ktiles;
 #[cfg(target_arch = "x86_64")]
 mod prefetch;
@@ -22,6 +24,8 @@ mod x16;
 
 #[cfg(target_arch = "x86_64")]
 pub use amx::Q4kX8Amx;
+#[cfg(target_arch = "x86_64")]
+pub use f16_gemm::F16Gemm;
 #[cfg(target_arch = "x86_64")]
 pub use q4k_x8::Q4kX8Kernels;
 #[cfg(target_arch = "x86_64")]
@@ -180,6 +184,18 @@ pub fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
 #[cfg(target_arch = "x86_64")]
 pub fn tile_kernels_for(ty: GgmlType, tier: CpuTier) -> Option<TileKernels> {
     tiles::tile_kernels(ty, tier.min(detected_cpu_tier()))
+}
+
+/// The F16 prompt-matmul tiles on this CPU (see `f16_gemm.rs`), where kiln has them.
+#[cfg(target_arch = "x86_64")]
+pub fn f16_gemm() -> Option<F16Gemm> {
+    f16_gemm::f16_gemm(cpu_tier())
+}
+
+/// [`f16_gemm`] for a given tier, capped at what the CPU supports (for tests/benchmarks).
+#[cfg(target_arch = "x86_64")]
+pub fn f16_gemm_for(tier: CpuTier) -> Option<F16Gemm> {
+    f16_gemm::f16_gemm(tier.min(detected_cpu_tier()))
 }
 
 /// An interleaved-rows kernel for a fixed number of tokens: weights `x` of `nb` blocks, the
@@ -360,6 +376,19 @@ pub(super) fn simd_dequantize(ty: GgmlType) -> Option<super::DequantizeFn> {
         }
     }
     let _ = ty;
+    None
+}
+
+/// Values in, values out (the same count).
+type MapFn = fn(&[f32], &mut [f32]);
+
+/// F32 values rounded to F16 and widened back, on this CPU where a SIMD form exists (the
+/// scalar path's values).
+pub(super) fn simd_round_f16() -> Option<MapFn> {
+    #[cfg(target_arch = "x86_64")]
+    if cpu_tier() >= CpuTier::Avx2 {
+        return Some(avx2::round_f16);
+    }
     None
 }
 

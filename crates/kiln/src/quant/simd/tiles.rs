@@ -275,61 +275,6 @@ unsafe fn q0_core_t4<const Q5: bool, const R: usize, const VNNI: bool>(
     }
 }
 
-/// F16 weights: each pair's four 8-lane accumulators of `avx2::f16_f16` (element `i` of
-/// a 32-element block into accumulator `i / 8`), summed `(a0 + a1) + (a2 + a3)`. The
-/// activations are f32 rows holding F16 values (converted once per matmul, not once per
-/// weight row). Each accumulator only ever meets its own lanes, so the four are filled one
-/// after another over a chunk of blocks: `R * T` live registers instead of `4 * R * T`,
-/// with the chunk's rows kept in L1 across the four passes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_core<const R: usize, const T: usize, const VNNI: bool>(
-    x: *const u8,
-    xs: usize,
-    y: *const u8,
-    ys: usize,
-    nb: usize,
-    out: *mut f32,
-) {
-    const CHUNK: usize = 16;
-    let mut acc = [[[_mm256_setzero_ps(); T]; R]; 4];
-    let ahead = prefetch::tile_distance(R * xs);
-    let mut i0 = 0;
-    while i0 < nb {
-        let i1 = (i0 + CHUNK).min(nb);
-        for r in 0..R {
-            for i in i0..i1 {
-                prefetch::block(x.add(r * xs + 64 * i), ahead, 64);
-            }
-        }
-        for (k, acc) in acc.iter_mut().enumerate() {
-            let mut a = *acc;
-            for i in i0..i1 {
-                let w: [__m256; R] = std::array::from_fn(|r| {
-                    _mm256_cvtph_ps(_mm_loadu_si128(x.add(r * xs + 64 * i + 16 * k) as *const __m128i))
-                });
-                for t in 0..T {
-                    let v = _mm256_loadu_ps(y.add(t * ys + 128 * i + 32 * k) as *const f32);
-                    for r in 0..R {
-                        a[r][t] = _mm256_fmadd_ps(w[r], v, a[r][t]);
-                    }
-                }
-            }
-            *acc = a;
-        }
-        i0 = i1;
-    }
-    for r in 0..R {
-        for t in 0..T {
-            let s = _mm256_add_ps(
-                _mm256_add_ps(acc[0][r][t], acc[1][r][t]),
-                _mm256_add_ps(acc[2][r][t], acc[3][r][t]),
-            );
-            *out.add(r * T + t) = hsum_ps(s);
-        }
-    }
-}
-
 macro_rules! instances {
     ($core:ident, $avx2:ident, $vnni:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -362,7 +307,6 @@ instances!(q8_0_core, q8_0_avx2, q8_0_vnni);
 instances!(q5_0_core, q5_0_avx2, q5_0_vnni);
 instances!(q4_k_core, q4_k_avx2, q4_k_vnni);
 instances!(q6_k_core, q6_k_avx2, q6_k_vnni);
-instances!(f16_core, f16_avx2, f16_vnni);
 
 /// Tile kernels of one weight type: 1×1 (GEMV), 1 row × 4 tokens and 2 rows × 4 tokens
 /// (GEMM; the pair shares each activation block's loads).
@@ -371,26 +315,17 @@ pub struct TileKernels {
     one: Core,
     toks4: Core,
     rows2_toks4: Core,
-    /// Bytes per weight block and per activation block, and elements per block.
+    /// Bytes per weight block and per activation block (the weight's `vec_dot_type`), and
+    /// elements per block.
     wb: usize,
     ab: usize,
     bs: usize,
-    /// The activation rows' format: the weight's `vec_dot_type`, or for F16 weights F32
-    /// rows holding F16 values.
-    act: super::GgmlType,
 }
 
 /// Rows (or tokens) a wide tile covers.
 pub const TILE: usize = 4;
 
 impl TileKernels {
-    /// The format of the activation rows the kernels read: the weight type's
-    /// `vec_dot_type`, except F16 weights, whose kernels read F32 rows of F16 values (the
-    /// activations rounded to F16, then widened: `quant::round_f16_rows`).
-    pub fn act_type(&self) -> super::GgmlType {
-        self.act
-    }
-
     /// Whether rows of `n` elements are whole blocks of these kernels.
     pub fn fits(&self, n: usize) -> bool {
         n.is_multiple_of(self.bs)
@@ -457,9 +392,6 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
     let vnni = tier >= CpuTier::Avx512Vnni;
     macro_rules! set {
         ($avx2:ident, $vnni:ident, $wb:expr, $ab:expr, $bs:expr) => {
-            set!($avx2, $vnni, $wb, $ab, $bs, ty.vec_dot_type())
-        };
-        ($avx2:ident, $vnni:ident, $wb:expr, $ab:expr, $bs:expr, $act:expr) => {
             if vnni {
                 TileKernels {
                     one: $vnni::<1, 1>,
@@ -468,7 +400,6 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
                     wb: $wb,
                     ab: $ab,
                     bs: $bs,
-                    act: $act,
                 }
             } else {
                 TileKernels {
@@ -478,7 +409,6 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
                     wb: $wb,
                     ab: $ab,
                     bs: $bs,
-                    act: $act,
                 }
             }
         };
@@ -489,7 +419,6 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
         GgmlType::Q5_0 => Some(set!(q5_0_avx2, q5_0_vnni, 22, 34, 32)),
         GgmlType::Q4_K => Some(set!(q4_k_avx2, q4_k_vnni, 144, 292, 256)),
         GgmlType::Q6_K => Some(set!(q6_k_avx2, q6_k_vnni, 210, 292, 256)),
-        GgmlType::F16 => Some(set!(f16_avx2, f16_vnni, 64, 128, 32, GgmlType::F32)),
         _ => None,
     }
 }

@@ -13,7 +13,8 @@
 // d_w * d_x, sum), mins likewise, dot = sum - mins; 2 (Q6_K, ggml's AVX2 order) eight i32
 // lanes per superblock (lane m: bytes 4m..4m+3 of every 32-quant group, the +32 offset
 // taken out with group m's sums), acc_m = fma(d_x * d_w, f32(lane), acc_m), dot = hsum8.
-// F16/F32: 32 fma chains (element i on chain i % 32), combined as the CPU's 4x8 registers.
+// F16: 16 fma chains (element i on chain i % 16) summed as _mm512_reduce_add_ps, the CPU's
+// F16 GEMM (quant/f16_lanes.rs); F32: 32 chains combined as the CPU's 4x8 registers.
 
 // The eight lane sums and the weight scales of the unit last computed.
 var<private> ls: array<i32, 8>;
@@ -254,10 +255,31 @@ fn row_dot(base: u32, t: u32, k: u32) -> f32 {
         return sum - mins;
     }
     var c: array<f32, 32>;
-    for (var i = 0u; i < k; i = i + 32u) {
-        for (var l = 0u; l < 32u; l = l + 1u) {
+    let n = float_chains();
+    for (var i = 0u; i < k; i = i + n) {
+        for (var l = 0u; l < n; l = l + 1u) {
             c[l] = fma_x(wfloat(base, i + l), bitcast<f32>(xq[t * k + i + l]), c[l]);
         }
+    }
+    return float_chains_sum(c);
+}
+
+// How many fma chains a float (F16/F32) row's dot runs.
+fn float_chains() -> u32 {
+    if WF16 {
+        return 16u;
+    }
+    return 32u;
+}
+
+// The dot of a float row from its chains, in the CPU's order (see the top of this file).
+fn float_chains_sum(c: array<f32, 32>) -> f32 {
+    if WF16 {
+        var h: array<f32, 8>;
+        for (var l = 0u; l < 8u; l = l + 1u) {
+            h[l] = c[l] + c[8u + l];
+        }
+        return ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]));
     }
     var s: array<f32, 8>;
     for (var l = 0u; l < 8u; l = l + 1u) {

@@ -165,20 +165,21 @@ fn dot_wg(base: u32, t: u32, k: u32, lid: u32) -> f32 {
         workgroupBarrier();
         return v;
     }
-    // F16/F32: invocation l < 32 runs chain l.
-    if lid < 32u {
+    // F16/F32: invocation l < float_chains() runs chain l.
+    let n = float_chains();
+    if lid < n {
         var c = 0.0;
-        for (var i = lid; i < k; i = i + 32u) {
+        for (var i = lid; i < k; i = i + n) {
             c = fma_x(wfloat(base, i), bitcast<f32>(xq[t * k + i]), c);
         }
         u_l[s512 + lid] = c;
     }
     workgroupBarrier();
-    var s: array<f32, 8>;
-    for (var l = 0u; l < 8u; l = l + 1u) {
-        s[l] = (u_l[s512 + l] + u_l[s512 + 8u + l]) + (u_l[s512 + 16u + l] + u_l[s512 + 24u + l]);
+    var c: array<f32, 32>;
+    for (var l = 0u; l < n; l = l + 1u) {
+        c[l] = u_l[s512 + l];
     }
-    let v = hsum8(s);
+    let v = float_chains_sum(c);
     workgroupBarrier();
     return v;
 }
