@@ -56,11 +56,12 @@ pub struct Metrics {
     /// accepted.
     pub draft_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
-    /// Per scheduler step: count, entries, and nanoseconds spent building the batch, in
-    /// the forward, and sampling and streaming (where the time of a step goes).
+    /// Per scheduler step: count, entries, and nanoseconds spent building the batch,
+    /// drafting (speculative decoding), in the forward, and sampling and streaming (where the
+    /// time of a step goes).
     steps: AtomicU64,
     step_entries: AtomicU64,
-    step_ns: [AtomicU64; 3],
+    step_ns: [AtomicU64; 4],
     requests: Mutex<BTreeMap<u16, u64>>,
     ttft: Mutex<Histogram>,
     batch: Mutex<Histogram>,
@@ -107,10 +108,10 @@ impl Metrics {
     }
 
     /// One scheduler step of `entries` tokens and the time of its phases.
-    pub fn observe_step(&self, entries: usize, schedule: Duration, forward: Duration, sample: Duration) {
+    pub fn observe_step(&self, entries: usize, [schedule, draft, forward, sample]: [Duration; 4]) {
         self.steps.fetch_add(1, Ordering::Relaxed);
         self.step_entries.fetch_add(entries as u64, Ordering::Relaxed);
-        for (c, d) in self.step_ns.iter().zip([schedule, forward, sample]) {
+        for (c, d) in self.step_ns.iter().zip([schedule, draft, forward, sample]) {
             c.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
         }
     }
@@ -181,7 +182,7 @@ impl Metrics {
         );
         let _ = writeln!(o, "# HELP kiln_step_seconds_total Scheduler step time by phase.");
         let _ = writeln!(o, "# TYPE kiln_step_seconds_total counter");
-        for (phase, ns) in ["schedule", "forward", "sample"].iter().zip(&self.step_ns) {
+        for (phase, ns) in ["schedule", "draft", "forward", "sample"].iter().zip(&self.step_ns) {
             let secs = ns.load(Ordering::Relaxed) as f64 * 1e-9;
             let _ = writeln!(o, "kiln_step_seconds_total{{phase=\"{phase}\"}} {secs}");
         }

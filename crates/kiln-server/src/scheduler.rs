@@ -493,6 +493,7 @@ impl Scheduler {
         self.feed_images();
         let t0 = Instant::now();
         self.draft();
+        let t_draft = Instant::now();
         // Decode tokens (and drafts) first, then prompt chunks in arrival order with what
         // the budget leaves.
         let budget = self.step_tokens;
@@ -586,7 +587,8 @@ impl Scheduler {
             self.keep_idle(&s);
         }
         let end = Instant::now();
-        self.shared.metrics.observe_step(entries.len(), t_fwd - t0, t_sample - t_fwd, end - t_sample);
+        let phases = [t_fwd - t_draft, t_draft - t0, t_sample - t_fwd, end - t_sample];
+        self.shared.metrics.observe_step(entries.len(), phases);
     }
 
     /// Decides slot `i`'s verified draft from its rows `out` (the last token's and each

@@ -195,6 +195,7 @@ fn check(path: &str, spec: SpecOptions, plain: &[(Value, Value)]) {
     assert!(a > 0, "{what}: no drafted token accepted: the comparison checks no speculation");
     assert_eq!(metric(addr, "kiln_draft_tokens_total"), d as f64);
     assert_eq!(metric(addr, "kiln_draft_tokens_accepted_total"), a as f64);
+    assert!(metric(addr, "kiln_step_seconds_total{phase=\"draft\"}") > 0.0);
     // Alone again, from the prefix its first run left (rolled back) in the pools.
     let (s, v) = post(addr, "/v1/chat/completions", &requests()[0].0.to_string());
     assert_eq!((s, &v["choices"][0]), (200, &plain[0].0), "{what}: the first request again");
