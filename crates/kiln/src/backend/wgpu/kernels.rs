@@ -26,6 +26,13 @@ const FF_SUM: &str = include_str!("shaders/ff_sum.wgsl");
 const MATMUL_PROLOGUE: &str = include_str!("shaders/matmul_prologue.wgsl");
 const ALIBI: &str = include_str!("shaders/alibi.wgsl");
 const EXPERT_SLOTS: &str = include_str!("shaders/expert_slots.wgsl");
+const KV_BLOCKS: &str = include_str!("shaders/kv_blocks.wgsl");
+const ATTENTION_KV: &str = include_str!("shaders/attention_kv.wgsl");
+const HADAMARD: &str = include_str!("shaders/hadamard.wgsl");
+/// IQ4_NL's table of values (ggml's `kvalues_iq4nl`), for the KV cache kernels.
+const IQ4NL_TABLE: &str =
+    "var<private> kv_iq4nl: array<i32, 16> = array<i32, 16>(-127, -104, -83, -65, -49, -35, \
+                           -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);\n";
 const MATMUL_ID_VEC: &str = include_str!("shaders/matmul_id_vec.wgsl");
 /// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of
 /// the grid's z, the weight's rows from prm[8].
@@ -341,6 +348,51 @@ impl Input {
     }
 }
 
+/// Which attention kernel an `AttentionKv` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnKind {
+    /// attention.wgsl (the exact kernel).
+    Exact,
+    /// attention_split.wgsl's partial sums.
+    Partial,
+    /// attention_split.wgsl's output where every head's keys fit one chunk.
+    Direct,
+}
+
+/// What a `KvRows` kernel does (kv_rows.wgsl's entry points).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvOp {
+    Store,
+    Load,
+    Copy,
+}
+
+/// A KV cache type's code in the WGSL kernels (kv_blocks.wgsl's KV_TY; 6: F16) and its
+/// bytes per 32 values.
+fn kv_code(ty: GgmlType) -> (u32, usize) {
+    use GgmlType::*;
+    let code = match ty {
+        Q8_0 => 0,
+        Q4_0 => 1,
+        Q4_1 => 2,
+        Q5_0 => 3,
+        Q5_1 => 4,
+        IQ4_NL => 5,
+        _ => 6,
+    };
+    (code, ty.type_size() * 32 / ty.block_size())
+}
+
+/// kv_blocks.wgsl for the cache named `name` (kc, vc, kq) of `ty`, its words read by `word`.
+fn kv_blocks(name: &str, ty: GgmlType, word: &str) -> String {
+    let (code, bb) = kv_code(ty);
+    let mut s = format!(
+        "const KV_TY: u32 = {code}u;\nconst KV_BB: u32 = {bb}u;\nfn KV_word(i: u32) -> u32 {{\n    return {word};\n}}\n"
+    );
+    s.push_str(KV_BLOCKS);
+    s.replace("KV_", &format!("{name}_"))
+}
+
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -391,6 +443,13 @@ pub enum Kernel {
     AttnDirect(bool),
     /// Their merge per (token, head); `true` as Attention's.
     AttnCombine(bool),
+    /// Attention over caches of the K and V types (crate::kv::CACHE_TYPES, one at least
+    /// quantized; attention_kv.wgsl), as the kernel `AttnKind` names, without a quantize tail.
+    AttentionKv(AttnKind, GgmlType, GgmlType),
+    /// Rows in and out of one KV cache of a cache type (kv_rows.wgsl).
+    KvRows(KvOp, GgmlType),
+    /// Rows rotated by a quantized cache's Walsh-Hadamard transform (kv_rotate.wgsl).
+    KvRotate,
     Glu,
     Add,
     AddBias,
@@ -440,6 +499,17 @@ impl Kernel {
             Attention(_) => (include_str!("shaders/attention.wgsl"), "main"),
             AttnPartial | AttnDirect(_) => (include_str!("shaders/attention_split.wgsl"), "main"),
             AttnCombine(_) => (include_str!("shaders/attention_combine.wgsl"), "main"),
+            AttentionKv(AttnKind::Exact, ..) => (include_str!("shaders/attention.wgsl"), "main"),
+            AttentionKv(..) => (include_str!("shaders/attention_split.wgsl"), "main"),
+            KvRows(op, _) => (
+                include_str!("shaders/kv_rows.wgsl"),
+                match op {
+                    KvOp::Store => "store",
+                    KvOp::Load => "load",
+                    KvOp::Copy => "copy",
+                },
+            ),
+            KvRotate => (include_str!("shaders/kv_rotate.wgsl"), "main"),
             Glu => (ew, "glu"),
             Add => (ew, "add"),
             AddBias => (ew, "add_bias"),
@@ -786,6 +856,51 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if let Kernel::AttnPartial | Kernel::AttnDirect(_) = k {
         s.push_str(&format!("const DIRECT: bool = {};\n", k != Kernel::AttnPartial));
     }
+    if let Kernel::AttentionKv(kind, _, _) = k {
+        if kind != AttnKind::Exact {
+            s.push_str(&format!("const DIRECT: bool = {};\n", kind == AttnKind::Direct));
+        }
+    }
+    // The attention kernels' quantized caches (attention_kv.wgsl): K's scores, V's values,
+    // or stubs where the cache holds f16.
+    let kv_types = match k {
+        Kernel::AttentionKv(kind, kt, vt) => Some((kind, kt, vt)),
+        Kernel::Attention(_) => Some((AttnKind::Exact, GgmlType::F16, GgmlType::F16)),
+        Kernel::AttnPartial | Kernel::AttnDirect(_) => {
+            Some((AttnKind::Partial, GgmlType::F16, GgmlType::F16))
+        }
+        _ => None,
+    };
+    if let Some((kind, kt, vt)) = kv_types {
+        let (kq, vq) = (kt != GgmlType::F16, vt != GgmlType::F16);
+        s.push_str(&format!(
+            "const KQ: bool = {kq};\nconst VQ: bool = {vq};\nconst K_BB: u32 = {}u;\nconst V_BB: u32 = {}u;\n",
+            kv_code(kt).1,
+            kv_code(vt).1
+        ));
+        if kq || vq {
+            s.push_str(IQ4NL_TABLE);
+        }
+        if kq {
+            // The split kernel reads K as 16-byte words.
+            let word = if kind == AttnKind::Exact { "kc[i]" } else { "kc[i >> 2u][i & 3u]" };
+            s.push_str(&kv_blocks("kc", kt, word));
+            s.push_str(ATTENTION_KV);
+        } else {
+            s.push_str("fn k_score(o: u32, row: u32, hd: u32) -> f32 {\n    return 0.0;\n}\n");
+        }
+        if vq {
+            s.push_str(&kv_blocks("vc", vt, "vc[i]"));
+            s.push_str("fn v_pair(o: u32, e: u32) -> vec2<f32> {\n    return vc_pair(o, e);\n}\n");
+        } else {
+            s.push_str("fn v_pair(o: u32, e: u32) -> vec2<f32> {\n    return vec2<f32>(0.0);\n}\n");
+        }
+    }
+    if let Kernel::KvRows(_, ty) = k {
+        s.push_str(&format!("const KT: u32 = {}u;\n", kv_code(ty).0));
+        s.push_str(IQ4NL_TABLE);
+        s.push_str(&kv_blocks("kq", ty, "atomicLoad(&kq[i])"));
+    }
     let src = match k {
         Kernel::Matmul(..) | Kernel::MatmulId(..) => {
             if let Kernel::MatmulId(..) = k {
@@ -880,6 +995,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::Attention(false)
         | Kernel::AttnCombine(false)
         | Kernel::AttnPartial
+        | Kernel::AttentionKv(..)
         | Kernel::AttnDirect(false) => src.push_str(
             "fn attn_tail(w: u32, live: bool, lid: u32) {}\n\
              fn attn_tail_of(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n",
@@ -893,6 +1009,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if src.contains("glu_value(") {
         // The GELU table is bound after the kernel's other buffers.
         s.push_str(&GLU.replace("GT", if k == Kernel::Gelu { "2" } else { "4" }));
+    }
+    if src.contains("hadamard(") {
+        s.push_str(HADAMARD);
     }
     if src.contains("alibi_bias(") {
         s.push_str(ALIBI);

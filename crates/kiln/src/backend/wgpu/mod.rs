@@ -21,7 +21,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
 pub use context::AdapterPolicy;
 use context::{Context, Recorder};
-use kernels::{Input, Kernel, Pipelines};
+use kernels::{AttnKind, Input, Kernel, KvOp, Pipelines};
 pub use moe::GpuExperts;
 
 /// Rows of a weight stored in one buffer (weights over the binding limit are split).
@@ -52,9 +52,34 @@ pub struct GpuBuf {
     alt: Option<wgpu::Buffer>,
 }
 
-/// f16 KV values, two per u32 word.
+/// A KV cache: f16 values two per u32 word, or rows of blocks of a quantized cache type
+/// (crate::kv::types; kv_rows.wgsl stores them, the attention kernels read them).
 pub struct GpuKv {
     buf: wgpu::Buffer,
+    ty: GgmlType,
+    /// Values per Walsh-Hadamard group of the stored rows (`None`: not rotated).
+    rot: Option<usize>,
+}
+
+/// A `KvRows` kernel's parameters (kv_rows.wgsl) for `n` rows of `dim` values of `kv` at `slots`.
+fn kv_rows_prm(kv: &GpuKv, n: usize, dim: usize, slots: &[u32]) -> Vec<u32> {
+    let (group, rotated) = kv_group(kv);
+    let mut prm = vec![n as u32, dim as u32, group as u32, rotated as u32, f(1.0 / (group as f32).sqrt())];
+    prm.extend_from_slice(slots);
+    prm
+}
+
+/// Values per invocation of kv_rows.wgsl's store and load: the cache's rotation group, or
+/// a block; and whether the group is rotated.
+fn kv_group(kv: &GpuKv) -> (usize, bool) {
+    match kv.rot {
+        Some(n) => (n, true),
+        None => (32, false),
+    }
+}
+
+fn kv_rows_grid(kv: &GpuKv, n: usize, dim: usize) -> [u32; 3] {
+    grid(n * dim / kv_group(kv).0, 64)
 }
 
 /// Every backend op records at least one dispatch: no op of the forward has a CPU path.
@@ -94,6 +119,11 @@ pub struct GpuBackend {
     part: Mutex<Option<wgpu::Buffer>>,
     /// The tile matmul's partial sums over splits of k (grown on demand).
     coop_part: Mutex<Option<wgpu::Buffer>>,
+    /// A quantized KV cache's f32 rows: the rotated query, the attention's output before
+    /// it is rotated back, a context shift's keys (grown on demand).
+    kv_tmp: Mutex<Option<wgpu::Buffer>>,
+    /// The query quantized for a quantized K cache's dot products (grown on demand).
+    kv_q: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// GELU of every f16 value (the CPU's table, 128 KiB; glu.wgsl).
     gelu: wgpu::Buffer,
@@ -311,6 +341,8 @@ impl GpuBackend {
             ids: Mutex::new(None),
             part: Mutex::new(None),
             coop_part: Mutex::new(None),
+            kv_tmp: Mutex::new(None),
+            kv_q: Mutex::new(None),
             counts: Arc::default(),
             gelu,
             split_bytes,
@@ -377,6 +409,107 @@ impl GpuBackend {
         self.flush();
         self.lock().submit(&self.ctx);
         self.ctx.queue.write_buffer(&kv.buf, 0, bytemuck::cast_slice(&v[..v.len() / 2 * 2]));
+    }
+
+    /// Reads a KV cache back as its bytes (`n` of them; tests).
+    #[doc(hidden)]
+    pub fn read_kv_bytes(&self, kv: &GpuKv, n: usize) -> Vec<u8> {
+        let mut words = vec![0f32; n.div_ceil(4)];
+        self.flush();
+        self.lock().read(&self.ctx, &kv.buf, &mut words).expect("read-back");
+        bytemuck::cast_slice::<f32, u8>(&words)[..n].to_vec()
+    }
+
+    /// Overwrites the start of a KV cache with bytes (a multiple of 4; tests).
+    #[doc(hidden)]
+    pub fn write_kv_bytes(&self, kv: &GpuKv, b: &[u8]) {
+        self.flush();
+        self.lock().submit(&self.ctx);
+        self.ctx.queue.write_buffer(&kv.buf, 0, &b[..b.len() / 4 * 4]);
+    }
+
+    /// The quantizing store of `n` rows of `x` (`dim` values each) to `kv`'s slots.
+    fn kv_rows_store(&self, kv: &GpuKv, x: &wgpu::Buffer, slots: &[u32], dim: usize) {
+        let n = slots.len();
+        let prm = kv_rows_prm(kv, n, dim, slots);
+        self.run(Kernel::KvRows(KvOp::Store, kv.ty), &prm, &[&kv.buf, x], kv_rows_grid(kv, n, dim));
+    }
+
+    /// Rows of `x` rotated in groups of `rot` values into `y` (kv_rotate.wgsl), each
+    /// token's rows (`rows / mult.len()` of them) first times its multiplier.
+    fn kv_rotate(
+        &self,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        rows: usize,
+        len: usize,
+        rot: Option<usize>,
+        mult: &[f32],
+    ) {
+        let n = rot.unwrap_or(32);
+        let mut prm = vec![
+            rows as u32,
+            len as u32,
+            n as u32,
+            rot.is_some() as u32,
+            f(1.0 / (n as f32).sqrt()),
+            (rows / mult.len().max(1)) as u32,
+        ];
+        prm.extend(mult.iter().map(|&m| f(m)));
+        self.run(Kernel::KvRotate, &prm, &[x, y], grid(rows * len / n, 64));
+    }
+
+    /// Attention over caches of which one at least is quantized: the query rotated by K's
+    /// rotation and quantized to its dot type (a quantized K), the attention kernel
+    /// (`prm`, `split` and `chunks` as `attention` chose them), then the output rotated
+    /// back by V's rotation. Not deferred: no quantize tail.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_kv(
+        &self,
+        q: &GpuBuf,
+        kc: &GpuKv,
+        vc: &GpuKv,
+        plan: &AttnPlan,
+        out: &GpuBuf,
+        prm: &[u32],
+        split: bool,
+        chunks: u32,
+    ) {
+        let (n_tok, hd) = (plan.pos.len(), plan.head_dim);
+        let rows = n_tok * plan.n_head;
+        let mut bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone()];
+        let tmp = self.scratch(&self.kv_tmp, rows * hd, "kiln kv rows");
+        let target = if vc.rot.is_some() { tmp.clone() } else { out.buf.clone() };
+        bufs.push(target.clone());
+        if kc.ty != GgmlType::F16 {
+            let mult: Vec<f32> = (0..n_tok).map(|t| plan.q_scale(t)).collect();
+            self.kv_rotate(&q.buf, &tmp, rows, hd, kc.rot, &mult);
+            let vdt = kc.ty.vec_dot_type();
+            let mode = if vdt == GgmlType::Q8_1 { 3 } else { 0 };
+            let qq = self.scratch(&self.kv_q, rows * hd / 4 + 2 * rows * hd / 32, "kiln kv query");
+            self.run(
+                Kernel::Quantize,
+                &[mode, rows as u32, hd as u32],
+                &[&tmp, &qq],
+                grid(rows * hd / 4, 64),
+            );
+            bufs.push(qq);
+        }
+        let groups = grid(rows, 1);
+        let kernel = |kind| Kernel::AttentionKv(kind, kc.ty, vc.ty);
+        if !split || chunks == 1 {
+            let kind = if split { AttnKind::Direct } else { AttnKind::Exact };
+            self.run(kernel(kind), prm, &bufs.iter().collect::<Vec<_>>(), groups);
+        } else {
+            let part = self.scratch(&self.part, rows * chunks as usize * (hd + 2), "kiln partials");
+            bufs[3] = part.clone();
+            let g = [groups[0], groups[1], chunks];
+            self.run(kernel(AttnKind::Partial), prm, &bufs.iter().collect::<Vec<_>>(), g);
+            self.run(Kernel::AttnCombine(false), prm, &[&part, &target], groups);
+        }
+        if let Some(n) = vc.rot {
+            self.kv_rotate(&tmp, &out.buf, rows, hd, Some(n), &vec![1.0; n_tok]);
+        }
     }
 
     /// Reads a KV buffer back as f16 values (tests).
@@ -1027,7 +1160,27 @@ impl Backend for GpuBackend {
     }
 
     fn alloc_kv(&self, len: usize) -> Result<GpuKv> {
-        Ok(GpuKv { buf: self.ctx.storage(len.div_ceil(2) as u64 * 4, "kiln kv")? })
+        Ok(GpuKv {
+            buf: self.ctx.storage(len.div_ceil(2) as u64 * 4, "kiln kv")?,
+            ty: GgmlType::F16,
+            rot: None,
+        })
+    }
+
+    fn alloc_kv_typed(&self, n_slots: usize, dim: usize, ty: GgmlType, rot: Option<usize>) -> Result<GpuKv> {
+        if !crate::kv::CACHE_TYPES.iter().any(|&(_, t)| t == ty) {
+            return Err(KilnError::Backend(format!("{ty} is not a KV cache type")));
+        }
+        if rot.is_some_and(|n| !n.is_power_of_two() || n > MAX_HEAD_DIM || !dim.is_multiple_of(n)) {
+            return Err(KilnError::Backend(format!(
+                "a rotation of {rot:?} values does not fit rows of {dim}"
+            )));
+        }
+        let row = ty.row_size(dim)?;
+        let bytes = n_slots.checked_mul(row).ok_or_else(|| {
+            KilnError::Backend(format!("a KV cache of {n_slots} rows of {row} bytes does not fit in memory"))
+        })?;
+        Ok(GpuKv { buf: self.ctx.storage(bytes as u64, "kiln kv")?, ty, rot })
     }
 
     fn read(&self, buf: &GpuBuf, out: &mut [f32]) {
@@ -1229,6 +1382,11 @@ impl Backend for GpuBackend {
 
     fn kv_store(&self, kc: &mut GpuKv, vc: &mut GpuKv, k: &GpuBuf, v: &GpuBuf, slots: &[u32], dim: usize) {
         self.op();
+        if kc.ty != GgmlType::F16 || vc.ty != GgmlType::F16 {
+            self.kv_rows_store(kc, &k.buf, slots, dim);
+            self.kv_rows_store(vc, &v.buf, slots, dim);
+            return;
+        }
         let mut prm = vec![slots.len() as u32, dim as u32];
         prm.extend_from_slice(slots);
         self.run(Kernel::KvStore, &prm, &[&k.buf, &v.buf, &kc.buf, &vc.buf], grid(slots.len() * dim / 2, 64));
@@ -1249,6 +1407,14 @@ impl Backend for GpuBackend {
         r: &RopeParams,
     ) {
         self.op();
+        if kc.ty != GgmlType::F16 || vc.ty != GgmlType::F16 {
+            // Quantized caches: RoPE, then the quantizing store (no fused store).
+            self.flush();
+            self.rope(q, pos, n_head, head_dim, r);
+            self.rope(k, pos, n_head_kv, head_dim, r);
+            self.kv_store(kc, vc, k, v, slots, n_head_kv * head_dim);
+            return;
+        }
         let (n_tok, n_rot) = (pos.len(), r.n_rot);
         let held = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -1324,6 +1490,38 @@ impl Backend for GpuBackend {
         let dim = n_head_kv * head_dim;
         let mut cache = vec![0f32; rope.n_rot];
         crate::backend::cpu::rope_cache(delta as f32, rope, &mut cache);
+        if kc.ty != GgmlType::F16 || vc.ty != GgmlType::F16 {
+            // As the CPU: keys loaded (dequantized, rotated back), roped, stored again
+            // (rotated, quantized); values' blocks copied as they are.
+            let n = src.len();
+            if n == 0 {
+                return;
+            }
+            let tmp = self.scratch(&self.kv_tmp, n * dim, "kiln kv rows");
+            self.run(
+                Kernel::KvRows(KvOp::Load, kc.ty),
+                &kv_rows_prm(kc, n, dim, src),
+                &[&kc.buf, &tmp],
+                kv_rows_grid(kc, n, dim),
+            );
+            let mut prm =
+                vec![n as u32, n_head_kv as u32, head_dim as u32, rope.n_rot as u32, rope.neox as u32];
+            for _ in 0..n {
+                prm.extend(cache.iter().map(|&v| f(v)));
+            }
+            self.run(Kernel::Rope, &prm, &[&tmp], grid(n * n_head_kv * rope.n_rot / 2, 64));
+            self.run(
+                Kernel::KvRows(KvOp::Store, kc.ty),
+                &kv_rows_prm(kc, n, dim, dst),
+                &[&kc.buf, &tmp],
+                kv_rows_grid(kc, n, dim),
+            );
+            let mut prm = kv_rows_prm(vc, n, dim, src);
+            prm.extend_from_slice(dst);
+            let halves = vc.ty.row_size(dim).unwrap_or(0) / 2;
+            self.run(Kernel::KvRows(KvOp::Copy, vc.ty), &prm, &[&vc.buf], grid(n * halves, 64));
+            return;
+        }
         let mut prm =
             vec![src.len() as u32, dim as u32, head_dim as u32, rope.n_rot as u32, rope.neox as u32];
         prm.extend(cache.iter().map(|&v| f(v)));
@@ -1336,6 +1534,7 @@ impl Backend for GpuBackend {
         self.op();
         // Models are refused at load otherwise (check_head_dim; odd sizes by the config).
         assert!(plan.head_dim <= MAX_HEAD_DIM && plan.head_dim.is_multiple_of(2));
+        let quantized = kc.ty != GgmlType::F16 || vc.ty != GgmlType::F16;
         let n_tok = plan.pos.len();
         let tok_off = 12u32;
         let tab_off = tok_off + 4 * n_tok as u32;
@@ -1380,6 +1579,10 @@ impl Backend for GpuBackend {
         }
         let groups = grid(n_tok * plan.n_head, 1);
         let (len, head_dim) = (n_tok * plan.n_head * plan.head_dim, plan.head_dim);
+        if quantized {
+            self.attention_kv(q, kc, vc, plan, out, &prm, split, chunks);
+            return;
+        }
         let bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
         let (kernel, bufs, groups): (fn(bool) -> Kernel, _, _) = match (split, chunks) {
             (false, _) => (Kernel::Attention, bufs, groups),

@@ -1,4 +1,4 @@
-// Attention over the f16 KV cache (GQA, sliding window, block tables): one
+// Attention over the KV cache (GQA, sliding window, block tables): one
 // workgroup per (token, head), keys in tiles of 64 with an online softmax (flash style).
 // Queries are rounded to f16 before q·k, as on the CPU. head_dim <= 256. Tiles are aligned
 // to absolute positions, and keys go in chunks of CH positions, folded in f32 as the CPU's
@@ -9,6 +9,8 @@
 // the window's start; an encoder's last is its sequence's), table offset (into tab_off) of
 // its sequence, q multiplier.
 // `attn_tail` (kernels.rs) is empty, or quantizes the head's output for the next matmul.
+// KQ, VQ (kernels.rs): the K, V cache holds quantized blocks (attention_kv.wgsl): scores
+// are the K type's dot products with the quantized query, values dequantized as read.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<u32>;
@@ -73,6 +75,15 @@ fn acc2(a: vec2<f32>, v: vec2<f32>, pm: f32, pv: f32, raised: bool) -> vec2<f32>
         b = unpack2x16float(pack2x16float(vec2<f32>(nc(b.x * pm), nc(b.y * pm))));
     }
     return unpack2x16float(pack2x16float(vec2<f32>(fma_x(v.x, pv, b.x), fma_x(v.y, pv, b.y))));
+}
+
+// acc2 with f32 accumulators (a quantized V cache: ggml accumulates in f32).
+fn acc2_f32(a: vec2<f32>, v: vec2<f32>, pm: f32, pv: f32, raised: bool) -> vec2<f32> {
+    var b = a;
+    if raised {
+        b = vec2<f32>(nc(b.x * pm), nc(b.y * pm));
+    }
+    return vec2<f32>(fma_x(v.x, pv, b.x), fma_x(v.y, pv, b.y));
 }
 
 // q·k summed in the CPU's order (ggml's AVX-512 ggml_vec_dot_f16): per lane l of 16,
@@ -177,8 +188,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if live {
             let slot = prm[tab + p / bs] * bs + p % bs;
             let base = slot * kv_dim + kvh * hd;
-            pj[lid] = softcap_score(dot_ggml(base, hd) * scale, pf(10u)) + alibi_bias(t, h, p);
-            bj[lid] = base >> 1u;
+            // A quantized cache's head: its row of blocks (attention_kv.wgsl).
+            let head = slot * prm[2] + kvh;
+            var qk: f32;
+            if KQ {
+                qk = k_score(head * (hd / 32u * K_BB), th, hd);
+            } else {
+                qk = dot_ggml(base, hd);
+            }
+            pj[lid] = softcap_score(qk * scale, pf(10u)) + alibi_bias(t, h, p);
+            bj[lid] = select(base >> 1u, head * (hd / 32u * V_BB), VQ);
         }
         let nv = min(WG, pos - p0 + 1u);
         // The max before each key: an inclusive prefix max over the tile (six doubling
@@ -211,6 +230,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             pnew[lid] = u32(sc > before);
         }
         workgroupBarrier();
+        if VQ {
+            // Values of a quantized cache, dequantized as they are read, accumulated in
+            // f32 (the CPU's ggml arithmetic over such a cache).
+            for (var j = 0u; j < nv; j = j + 1u) {
+                if p0 + j >= first {
+                    let pm = pms[j];
+                    let pv = pvs[j];
+                    let raised = pnew[j] != 0u;
+                    a0 = acc2_f32(a0, v_pair(bj[j], 2u * e0), pm, pv, raised);
+                    if two {
+                        a1 = acc2_f32(a1, v_pair(bj[j], 2u * e1), pm, pv, raised);
+                    }
+                    ssum = fma_x(ssum, pm, pv);
+                }
+            }
+            workgroupBarrier();
+            continue;
+        }
         // The walk over the keys in order, sixteen keys' values loaded ahead of the chains
         // that use them (the next batch's loads overlap this batch's arithmetic).
         var vn: array<vec2<u32>, 16>;

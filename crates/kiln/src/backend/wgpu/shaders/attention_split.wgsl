@@ -8,7 +8,8 @@
 // prm as attention.wgsl's (prm[9]: chunks per head); partials: per (token, head, chunk)
 // the chunk's max score, its sum of exp(score - max), then head_dim value sums. DIRECT
 // (every head's keys in one chunk): the normalized output itself, as `combine` would write
-// it from one chunk (bit for bit), and `attn_tail`; no merge dispatch.
+// it from one chunk (bit for bit), and `attn_tail`; no merge dispatch. KQ, VQ: quantized
+// caches, as attention.wgsl's.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<f32>;
 @group(0) @binding(2) var<storage, read> kc: array<vec4<u32>>;
@@ -92,10 +93,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     workgroupBarrier();
     // Key lid's score (keys past the chunk's end: -inf, weight 0).
     let p = k0 + min(lid, nk - 1u);
-    let kb = (prm[tab + p / bs] * bs + p % bs) * kv_dim + kvh * hd;
-    let biased = softcap_score(score(kb, hd) * scale, pf(10u)) + alibi_bias(th / n_head, th % n_head, p);
+    let slot = prm[tab + p / bs] * bs + p % bs;
+    let kb = slot * kv_dim + kvh * hd;
+    // A quantized cache's head: its row of blocks (attention_kv.wgsl).
+    let head = slot * prm[2] + kvh;
+    var qk: f32;
+    if KQ {
+        qk = k_score(head * (hd / 32u * K_BB), th, hd);
+    } else {
+        qk = score(kb, hd);
+    }
+    let biased = softcap_score(qk * scale, pf(10u)) + alibi_bias(th / n_head, th % n_head, p);
     let s = select(neg_inf, biased, lid < nk);
-    bw[lid] = kb >> 1u;
+    bw[lid] = select(kb >> 1u, head * (hd / 32u * V_BB), VQ);
     let m = tree(s, lid, true);
     let e = exp(s - m);
     sc[lid] = e;
@@ -112,7 +122,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let e1 = min(ln + 64u, np - 1u);
     var a0 = vec2<f32>(0.0);
     var a1 = vec2<f32>(0.0);
-    for (var j = 16u * grp; j < nk; j = j + 64u) {
+    for (var j = 16u * grp; j < nk && VQ; j = j + 64u) {
+        // A quantized V cache's values, dequantized as they are read.
+        for (var u = 0u; u < 16u; u = u + 1u) {
+            if j + u < nk {
+                let w = vec2<f32>(sc[j + u]);
+                a0 = fma(v_pair(bw[j + u], 2u * e0), w, a0);
+                if two {
+                    a1 = fma(v_pair(bw[j + u], 2u * e1), w, a1);
+                }
+            }
+        }
+    }
+    for (var j = 16u * grp; j < nk && !VQ; j = j + 64u) {
         var v: array<vec2<u32>, 16>;
         for (var u = 0u; u < 16u; u = u + 1u) {
             let b = bw[min(j + u, nk - 1u)];
