@@ -283,3 +283,23 @@ fn smollm2_greedy_with_q8_0_caches_matches_cpu() {
     assert_eq!(got[1], got[0], "greedy ids on {} against the CPU", gpu.backend_name());
     eprintln!("  12 greedy ids with q8_0 K and V caches on {}: the CPU's", gpu.backend_name());
 }
+
+/// Greedy through two context shifts with q8_0 keys on the GPU gives llama-completion's
+/// text with `-ctk q8_0` (tests/kv_types.rs's fixture): the shift re-ropes quantized keys.
+/// 400 tokens take lavapipe about 100 s: under KILN_FULL=1 (the shift's kernels are tested
+/// against the CPU above in the fast tier).
+#[test]
+fn smollm2_context_shift_with_q8_0_keys_matches_llama_cpp() {
+    if !support::full() {
+        eprintln!("skipping the GPU context shift through 400 tokens: set KILN_FULL=1");
+        return;
+    }
+    let fx = support::fixture_json("shift/smollm2_ctk_q8_0.json");
+    let opts = EngineOptions::default()
+        .with_n_ctx(fx["n_ctx"].as_u64().unwrap() as usize)
+        .with_threads(2)
+        .with_device(Device::Gpu)
+        .with_kv_types(GgmlType::Q8_0, GgmlType::F16);
+    let e = Engine::load(support::model(support::SMOLLM2.name).to_str().unwrap(), opts).unwrap();
+    support::shifted_completion_matches(&e, &fx);
+}
