@@ -2,6 +2,9 @@
 //   oracle pre MODEL MMPROJ IMAGE OUT [enc]   decoded RGB + preprocessed f32 tiles (raw dumps);
 //                                             with enc, each tile's embeddings (OUT.embd)
 //   oracle run MODEL MMPROJ OUT N PROMPT IMAGE...   mtmd-cli's prompt, chunks, embeddings, logits, greedy ids
+//   oracle raw MODEL MMPROJ OUT N TEXT IMAGE...     the same with TEXT as the formatted prompt (its
+//                                                   markers placed; for a model without a chat
+//                                                   template: TEXT as --chat-template NAME renders it)
 #include "llama.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
@@ -97,9 +100,10 @@ int main(int argc, char ** argv) {
     mtmd_context_params cp = mtmd_context_params_default();
     cp.use_gpu = false; cp.n_threads = 2; cp.print_timings = false;
     mtmd_context * ctx = mtmd_init_from_file(mmproj, model, cp);
-    if (prompt.find(mtmd_default_marker()) == std::string::npos)
+    const bool raw = mode == "raw";
+    if (!raw && prompt.find(mtmd_default_marker()) == std::string::npos)
         for (size_t i = 0; i < images.size(); i++) prompt = std::string(mtmd_default_marker()) + prompt;
-    std::string formatted = oracle_format_user(model, prompt);
+    std::string formatted = raw ? prompt : oracle_format_user(model, prompt);
     wr(out + ".prompt.txt", formatted.data(), formatted.size());
     std::vector<mtmd_bitmap *> bms;
     for (auto * p : images) {

@@ -380,6 +380,27 @@ impl Engine {
         // An encoder's micro-batch holds any input whole (every position sees the others).
         let n_ubatch = if cfg.causal { opts.n_batch.min(n_ctx) } else { opts.n_batch.max(n_ctx) };
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
+        let vision = match &opts.mmproj {
+            Some(p) => {
+                let g = Arc::new(GgufFile::open(p)?);
+                let enc = crate::vision::VisionEncoder::load(g, Arc::new(CpuBackend::new(n_threads)))
+                    .map_err(|e| KilnError::invalid(format!("{}: {e}", p.display())))?;
+                if enc.config().n_embd_out != cfg.n_embd {
+                    return Err(KilnError::invalid(format!(
+                        "{}: the projector's output is {} wide but the model's embeddings are {}: not this model's mmproj",
+                        p.display(),
+                        enc.config().n_embd_out,
+                        cfg.n_embd
+                    )));
+                }
+                Some(Arc::new(enc))
+            }
+            None => None,
+        };
+        // An image's rows attend to each other whole where the family's language model reads
+        // images so (gemma3); a draft model, loaded alike, never reads image rows.
+        let bidirectional_embd =
+            vision.as_ref().is_some_and(|v| v.config().projector.rows_attend_bidirectionally());
         let backends = Backends::new(&opts, gpu, n_threads)?;
         let load = |gguf: &Arc<GgufFile>, label: &str| -> Result<Box<dyn Runner>> {
             let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label));
@@ -401,13 +422,21 @@ impl Engine {
                         runner.warm_up()?;
                         runner.backend().save_pipeline_cache();
                     }
-                    boxed(runner, prefix_blocks, opts.greedy_lookahead)
+                    boxed(
+                        runner.with_bidirectional_embd(bidirectional_embd),
+                        prefix_blocks,
+                        opts.greedy_lookahead,
+                    )
                 }
                 Backends::Cpu(cpu) => {
                     let model = Model::load_with(gguf, cpu.sharing_threads(), progress(Stage::Load))?
                         .with_n_ctx(n_ctx);
                     let runner = ModelRunner::with_kv_types(model, n_slots, n_ubatch, opts.kv_types)?;
-                    boxed(runner, prefix_blocks, opts.greedy_lookahead)
+                    boxed(
+                        runner.with_bidirectional_embd(bidirectional_embd),
+                        prefix_blocks,
+                        opts.greedy_lookahead,
+                    )
                 }
             };
             Ok(runner)
@@ -416,23 +445,6 @@ impl Engine {
         let runner = load(&gguf, &label)?;
         let draft = match &opts.spec.draft_model {
             Some(name) => Some(load_draft(name, &opts, &tokenizer, n_ctx, &load)?),
-            None => None,
-        };
-        let vision = match &opts.mmproj {
-            Some(p) => {
-                let g = Arc::new(GgufFile::open(p)?);
-                let enc = crate::vision::VisionEncoder::load(g, Arc::new(CpuBackend::new(n_threads)))
-                    .map_err(|e| KilnError::invalid(format!("{}: {e}", p.display())))?;
-                if enc.config().n_embd_out != cfg.n_embd {
-                    return Err(KilnError::invalid(format!(
-                        "{}: the projector's output is {} wide but the model's embeddings are {}: not this model's mmproj",
-                        p.display(),
-                        enc.config().n_embd_out,
-                        cfg.n_embd
-                    )));
-                }
-                Some(Arc::new(enc))
-            }
             None => None,
         };
         let load_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -501,9 +501,11 @@ impl Session {
             if self.cancel.load(Ordering::SeqCst) {
                 break;
             }
-            // A run of text tokens or of image rows, at most a micro-batch.
-            let end = run_end(&self.tokens, at, chunk, Some(&self.images));
-            let out = if self.images.contains(self.tokens[at]) {
+            // A run of text tokens, at most a micro-batch, or an image's rows, whole (the
+            // runner splits them where it reads them causally; else they are one span).
+            let image = self.images.contains(self.tokens[at]);
+            let end = run_end(&self.tokens, at, if image { usize::MAX } else { chunk }, Some(&self.images));
+            let out = if image {
                 let rows = self.images.gather(&self.tokens[at..end], self.engine.config().n_embd)?;
                 runner.decode_embd(self.seq, &self.tokens[at..end], &rows, end == n)?
             } else {

@@ -82,7 +82,9 @@ impl RopeParams {
 /// Which keys each query token of a batch attends to. Sequences are stored in the KV
 /// pool as block tables; token `i` sits at position `pos[i]` of sequence `seq[i]` and sees
 /// positions `pos[i] - window + 1 ..= pos[i]` of its own sequence (all earlier ones when
-/// `window` is `None`); without causality (encoders), every position of its sequence.
+/// `window` is `None`); without causality (encoders, a causal model's bidirectional step such
+/// as an image's rows), every position of its sequence below `seq_len` from the window's
+/// start on.
 #[derive(Clone, Debug)]
 pub struct AttnPlan<'a> {
     pub pos: &'a [u32],
@@ -102,8 +104,9 @@ pub struct AttnPlan<'a> {
     /// Soft-capping of the scores, `cap · tanh(score / cap)` (gemma2); 0: none.
     pub softcap: f32,
     pub window: Option<u32>,
-    /// Non-causal attention (encoders): the number of positions of each sequence, all of
-    /// which every query of that sequence sees. `None`: causal.
+    /// Non-causal attention (encoders; a causal model's bidirectional step): per sequence,
+    /// the end of its positions in this batch, below which every query of that sequence sees
+    /// all positions (within its window). `None`: causal.
     pub seq_len: Option<&'a [u32]>,
     /// ALiBi's maximum bias: each score gets `slope(head) * -|query pos - key pos|`, the
     /// slopes as ggml's `soft_max`/flash attention compute them. `None`: no bias.

@@ -35,6 +35,10 @@ pub struct UBatch<'a> {
     /// The entries' input rows (`n_embd` each), given instead of looked up from `tokens`
     /// (an image's encoded rows).
     pub embd: Option<&'a [f32]>,
+    /// Each sequence's entries attend to each other whole (and to everything of the
+    /// sequence before them), not causally: an image's rows where the family's language
+    /// model reads an image so (gemma3). An encoder's batches always do.
+    pub bidirectional: bool,
 }
 
 /// What the forward returns for the output rows.
@@ -250,7 +254,9 @@ impl<B: Backend> Model<B> {
             })
             .collect();
         // Encoders: each sequence is whole in the batch, and every position sees all of it.
-        let seq_len: Option<Vec<u32>> = (!cfg.causal).then(|| {
+        // A bidirectional step of a causal model: each sequence's entries see up to the last
+        // of them.
+        let seq_len: Option<Vec<u32>> = (!cfg.causal || ub.bidirectional).then(|| {
             let mut len = vec![0u32; tables.len()];
             for (&q, &p) in ub.seq.iter().zip(ub.pos) {
                 len[q as usize] = len[q as usize].max(p + 1);

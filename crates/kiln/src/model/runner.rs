@@ -58,6 +58,10 @@ pub trait Runner: Send + Sync {
     /// positions (any values; images use ids past the vocabulary derived from their pixels'
     /// hash); prefix reuse tells them apart by id and row values ([`prefix::row_key`]).
     /// Returns the last row's logits when `output`, else nothing.
+    /// Where the runner reads input rows bidirectionally
+    /// ([`ModelRunner::with_bidirectional_embd`]), the rows of one call are one span that
+    /// attends to itself whole, in one micro-batch (an error when it exceeds `n_ubatch`):
+    /// a call holds one image's rows (or the rest of them after a reused prefix).
     /// On error nothing is appended.
     fn decode_embd(&self, seq: SeqId, ids: &[u32], embd: &[f32], output: bool) -> Result<Vec<f32>>;
     /// Fraction of KV blocks in use (blocks held only by the prefix cache count as used).
@@ -236,6 +240,9 @@ pub struct ModelRunner<B: Backend> {
     n_slots: usize,
     /// Whether greedy steps are recorded ahead where the backend can (`with_lookahead`).
     lookahead: bool,
+    /// Whether the rows of a `decode_embd` call attend to each other bidirectionally
+    /// (`with_bidirectional_embd`).
+    bidirectional_embd: bool,
     state: Mutex<State<B>>,
 }
 
@@ -258,6 +265,7 @@ impl<B: Backend> ModelRunner<B> {
             model,
             n_slots,
             lookahead: true,
+            bidirectional_embd: false,
             state: Mutex::new(State {
                 kv,
                 scratch,
@@ -368,6 +376,15 @@ impl<B: Backend> ModelRunner<B> {
         self
     }
 
+    /// Reads the rows of each `decode_embd` call with bidirectional attention among them
+    /// (each sees everything of its sequence before the call and every row of it), as
+    /// llama.cpp decodes a gemma3 image with causal attention off
+    /// ([`crate::vision::Projector::rows_attend_bidirectionally`]). Off by default.
+    pub fn with_bidirectional_embd(mut self, on: bool) -> Self {
+        self.bidirectional_embd = on;
+        self
+    }
+
     fn looks_ahead(&self) -> bool {
         self.lookahead && self.model.backend.embeds_last_argmax() && self.model.cfg.logit_scale > 0.0
     }
@@ -414,9 +431,26 @@ impl<B: Backend> ModelRunner<B> {
 
     /// The micro-batches of `entries` (at positions `pos`), as `[start, end)` ranges of at
     /// most `n_ubatch`: consecutive runs, or for an encoder whole sequences (each new,
-    /// its entries together), since every position sees all the others.
-    fn ubatches(&self, st: &State<B>, entries: &[Entry], pos: &[u32]) -> Result<Vec<(usize, usize)>> {
+    /// its entries together), since every position sees all the others; a bidirectional
+    /// span (`bidirectional`) is one micro-batch.
+    fn ubatches(
+        &self,
+        st: &State<B>,
+        entries: &[Entry],
+        pos: &[u32],
+        bidirectional: bool,
+    ) -> Result<Vec<(usize, usize)>> {
         let n_ub = st.scratch.n_ubatch();
+        if bidirectional {
+            if entries.len() > n_ub {
+                return Err(KilnError::invalid(format!(
+                    "an image of {} rows is read whole (bidirectional attention), in one micro-batch: \
+                     the batch size ({n_ub}) must be at least that",
+                    entries.len()
+                )));
+            }
+            return Ok((!entries.is_empty()).then_some((0, entries.len())).into_iter().collect());
+        }
         if self.model.cfg.causal {
             return Ok((0..entries.len())
                 .step_by(n_ub)
@@ -462,7 +496,14 @@ impl<B: Backend> ModelRunner<B> {
     ) -> Result<IdsTicket> {
         let tables: Vec<&[u32]> =
             st.seqs.iter().map(|s| s.as_ref().map_or(&[][..], |s| &s.table.blocks[..])).collect();
-        let ub = UBatch { tokens: &[token], pos: &[pos as u32], seq: &[seq], outputs: &[0], embd: None };
+        let ub = UBatch {
+            tokens: &[token],
+            pos: &[pos as u32],
+            seq: &[seq],
+            outputs: &[0],
+            embd: None,
+            bidirectional: false,
+        };
         self.model.forward_greedy(&ub, last_argmax, &mut st.kv, &tables, &mut st.scratch)
     }
 }
@@ -661,7 +702,7 @@ impl<B: Backend> Runner for ModelRunner<B> {
                 return self.decode_greedy(st, *e);
             }
         }
-        self.decode_entries(st, entries, None, kind)
+        self.decode_entries(st, entries, None, false, kind)
     }
 
     fn decode_embd(&self, seq: SeqId, ids: &[u32], embd: &[f32], output: bool) -> Result<Vec<f32>> {
@@ -680,18 +721,20 @@ impl<B: Backend> Runner for ModelRunner<B> {
             .map(|(i, &token)| Entry { seq, token, output: output && i + 1 == n })
             .collect();
         let st = &mut *self.lock();
-        self.decode_entries(st, &entries, Some(embd), OutputKind::Logits)
+        self.decode_entries(st, &entries, Some(embd), self.bidirectional_embd, OutputKind::Logits)
     }
 }
 
 impl<B: Backend> ModelRunner<B> {
     /// `decode` without the greedy lookahead: `embd`, when given, holds the entries' input
-    /// rows (their tokens then need not be in the vocabulary).
+    /// rows (their tokens then need not be in the vocabulary); `bidirectional`: the entries
+    /// (of one sequence) attend to each other whole, in one micro-batch.
     fn decode_entries(
         &self,
         st: &mut State<B>,
         entries: &[Entry],
         embd: Option<&[f32]>,
+        bidirectional: bool,
         kind: OutputKind,
     ) -> Result<Vec<f32>> {
         let cfg = &self.model.cfg;
@@ -707,7 +750,7 @@ impl<B: Backend> ModelRunner<B> {
             pos.push(new_len[s] as u32);
             new_len[s] += 1;
         }
-        let ubatches = self.ubatches(st, entries, &pos)?;
+        let ubatches = self.ubatches(st, entries, &pos, bidirectional)?;
         let need: usize = st
             .seqs
             .iter()
@@ -745,6 +788,7 @@ impl<B: Backend> ModelRunner<B> {
                     seq: &seqs[start..end],
                     outputs: &outputs,
                     embd: embd.map(|e| &e[start * cfg.n_embd..end * cfg.n_embd]),
+                    bidirectional,
                 };
                 let dst = &mut out[written * width..(written + outputs.len()) * width];
                 self.model.forward(&ub, &mut st.kv, &tables, &mut st.scratch, kind, dst)?;

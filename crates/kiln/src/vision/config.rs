@@ -24,6 +24,17 @@ impl Projector {
             Projector::Gemma3 => "gemma3",
         }
     }
+
+    /// Whether the language model reads an image's rows with bidirectional attention among
+    /// them (each row sees the context before the image and every row of the image), as
+    /// llama.cpp decodes the image chunk with causal attention off
+    /// (`mtmd_decode_use_non_causal`); otherwise causally, like text.
+    pub fn rows_attend_bidirectionally(self) -> bool {
+        match self {
+            Projector::Idefics3 => false,
+            Projector::Gemma3 => true,
+        }
+    }
 }
 
 /// The resampling filter of a family's resize (Pillow's, in fixed point).

@@ -144,7 +144,8 @@ pub fn run_end(tokens: &[u32], at: usize, max: usize, images: Option<&ImageRows>
 /// Preprocesses and encodes `img`, and lays it out as `enc`'s family does in llama.cpp
 /// (idefics3: per tile `<fake_token_around_image><row_R_col_C>` and the tile, a `\n` after
 /// each row of tiles but the last, then `\n\n<fake_token_around_image><global-img>`, the
-/// global image and `<fake_token_around_image>`).
+/// global image and `<fake_token_around_image>`; gemma3: `<start_of_image>`, the image's
+/// rows, `<end_of_image>`).
 pub fn encode_image(enc: &VisionEncoder, tok: &Tokenizer, img: &RgbImage) -> Result<Arc<EncodedImage>> {
     let cfg = enc.config();
     let pre = preprocess(img, cfg)?;
@@ -188,10 +189,16 @@ pub fn encode_image(enc: &VisionEncoder, tok: &Tokenizer, img: &RgbImage) -> Res
             text(&mut out, "<fake_token_around_image>")?;
         }
         Projector::Gemma3 => {
-            return Err(KilnError::unsupported(
-                "images in the language model",
-                "gemma3 (its image rows attend to each other bidirectionally)",
-            ))
+            for t in ["<start_of_image>", "<end_of_image>"] {
+                if tok.encode(t, false, true)?.len() != 1 {
+                    return Err(KilnError::invalid(format!(
+                        "the language model has no {t} token: it does not take Gemma 3's images"
+                    )));
+                }
+            }
+            text(&mut out, "<start_of_image>")?;
+            tile(&mut out, 0)?;
+            text(&mut out, "<end_of_image>")?;
         }
     }
     Ok(Arc::new(out))

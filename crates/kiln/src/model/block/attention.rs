@@ -169,7 +169,9 @@ pub struct Batch<'a> {
     pub seq: &'a [u32],
     pub slots: &'a [u32],
     pub tables: &'a [&'a [u32]],
-    /// Encoders (non-causal attention): each sequence's length, all of it in this batch.
+    /// Non-causal attention (encoders, whose sequences are whole in the batch; a causal
+    /// model's bidirectional step, an image's rows): per sequence, the end of its entries
+    /// here, below which each of its queries sees every position.
     pub seq_len: Option<&'a [u32]>,
 }
 
