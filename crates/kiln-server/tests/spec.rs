@@ -9,12 +9,10 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
 use kiln::engine::{Engine, EngineOptions};
 use kiln::spec::SpecOptions;
-use kiln_server::{router, start, App};
 use serde_json::{json, Value};
 use support::*;
 
@@ -44,18 +42,7 @@ fn server(path: &str, spec: SpecOptions) -> (SocketAddr, Engine) {
     let opts =
         EngineOptions::default().with_n_ctx(N_CTX).with_n_seq(PARALLEL).with_threads(2).with_spec(spec);
     let engine = Engine::load(path, opts).unwrap();
-    let app = Arc::new(App::new("m".into(), None));
-    start(&app, engine.clone(), PARALLEL, 16, N_CTX, 256).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(l.local_addr().unwrap()).unwrap();
-            axum::serve(l, router(app)).await.unwrap();
-        });
-    });
-    (rx.recv().unwrap(), engine)
+    (serve_engine_stepping(engine.clone(), PARALLEL, N_CTX, 256), engine)
 }
 
 /// The KV bookkeeping of the model's pool and the draft model's, after rollbacks.

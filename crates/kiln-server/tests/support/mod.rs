@@ -31,8 +31,18 @@ pub fn synth_engine(preset: &str, opts: EngineOptions) -> Engine {
 /// `engine` served as model "m" (`parallel` slots, a queue of 16, contexts of `n_ctx`) on an
 /// OS-chosen loopback port from a background runtime.
 pub fn serve_engine(engine: Engine, parallel: usize, n_ctx: usize) -> SocketAddr {
+    serve_engine_stepping(engine, parallel, n_ctx, 64)
+}
+
+/// [`serve_engine`] with at most `step_tokens` tokens a scheduler step.
+pub fn serve_engine_stepping(
+    engine: Engine,
+    parallel: usize,
+    n_ctx: usize,
+    step_tokens: usize,
+) -> SocketAddr {
     let app = Arc::new(App::new("m".into(), None));
-    start(&app, engine, parallel, 16, n_ctx, 64).unwrap();
+    start(&app, engine, parallel, 16, n_ctx, step_tokens).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
