@@ -92,6 +92,12 @@ fn logits_json_shape() {
     assert_eq!(top[0][0], 12619);
 }
 
+/// An empty raw prompt has no tokens, so no logits: a clear error, not a panic.
+#[test]
+fn logits_of_an_empty_raw_prompt_is_an_error() {
+    fails(&kiln(&["logits", "--raw", "-p", ""]), "the prompt has no tokens");
+}
+
 #[test]
 fn perplexity_json_shape() {
     let text = fixture("oracle/ppl.txt");
