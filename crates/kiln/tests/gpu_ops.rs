@@ -735,6 +735,68 @@ fn fused_rope_and_kv_store_match_cpu() {
     }
 }
 
+/// The same with each head of q and k RMSNormed first (`norm_rope_kv_store`: Qwen3's q and
+/// k norms), and the dispatches it took.
+fn norm_rope_kv_store_out<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    r: &RopeParams,
+    read_kv: impl Fn(&B::Kv, usize, Option<usize>) -> Vec<half::f16>,
+    dispatches: impl Fn() -> u64,
+) -> (Vec<f32>, u64) {
+    let kv_dim = 2 * 64;
+    let mut q = input(b, g, "x", 4, 4 * K);
+    let mut k = input(b, g, "y", 1, K);
+    let v = input(b, g, "gate", 1, K);
+    let (mut q_tmp, mut k_tmp) = (b.alloc(4 * K).unwrap(), b.alloc(K).unwrap());
+    // (One head-wide weight for both.)
+    let qn = weight(b, g, "headnorm");
+    let (mut kc, mut vc) = (b.alloc_kv(64 * kv_dim).unwrap(), b.alloc_kv(64 * kv_dim).unwrap());
+    let d0 = dispatches();
+    b.norm_rope_kv_store(
+        &mut q,
+        &mut k,
+        &v,
+        (&mut q_tmp, &mut k_tmp),
+        (&qn, &qn, 1e-6),
+        &mut kc,
+        &mut vc,
+        &[0, 7, 300, 4095],
+        &[5, 0, 40, 33],
+        8,
+        2,
+        64,
+        r,
+    );
+    let mut out = read(b, &q, 4 * K);
+    let n = dispatches() - d0;
+    for (c, k_dim) in [(&kc, Some(kv_dim)), (&vc, None)] {
+        out.extend(read_kv(c, 64 * kv_dim, k_dim).iter().map(|h| h.to_f32()));
+    }
+    (out, n)
+}
+
+/// Qwen3's per-head q and k norms in the RoPE store's kernel (one dispatch for the three
+/// ops): the CPU's bits (the norms, then the RoPE store).
+#[test]
+fn per_head_norms_fused_into_the_rope_store_match_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(1);
+    for gpu in gpus() {
+        for (neox, n_rot) in [(false, 48), (true, 48), (true, 64), (false, 64)] {
+            let r = RopeParams { n_rot, ..rope_params(neox, false, false) };
+            let rows =
+                |kv: &KvBuf, n, k_dim: Option<usize>| k_dim.map_or(kv[..n].to_vec(), |d| k_rows(&kv[..n], d));
+            let (c, _) = norm_rope_kv_store_out(&cpu, &g, &r, rows, || 0);
+            let (d, n) =
+                norm_rope_kv_store_out(&gpu, &g, &r, |kv, n, _| gpu.read_kv(kv, n), || gpu.counts().get().1);
+            let what = format!("norm_rope_kv_store neox {neox} n_rot {n_rot}");
+            against_cpu(&gpu, &what, &d, &c, 0.0);
+            assert_eq!(n, 1, "{what}: {n} dispatches");
+        }
+    }
+}
+
 /// q/k/v of `group` (matmul_many, `bias`: qkvb) of `n` tokens, then the RoPE store: q after
 /// it and the two caches as f32. `split` reads k first, so the matmuls and the store run
 /// unfused.

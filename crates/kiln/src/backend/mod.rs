@@ -425,6 +425,35 @@ pub trait Backend: Send + Sync + 'static {
         self.rope(k, pos, n_head_kv, head_dim, rope);
         self.kv_store(k_cache, v_cache, k, v, slots, n_head_kv * head_dim);
     }
+    /// RMSNorm of each head of `q` and `k` (`norms`: q's and k's weights, a head wide, and
+    /// eps), then `rope_kv_store`; `tmp` is scratch as wide as q and k (swapped with them:
+    /// `q` holds the normed, rotated q on return). One kernel where a backend fuses them
+    /// (the GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope_kv_store(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        tmp: (&mut Self::Buf, &mut Self::Buf),
+        norms: (&Self::Weight, &Self::Weight, f32),
+        k_cache: &mut Self::Kv,
+        v_cache: &mut Self::Kv,
+        pos: &[u32],
+        slots: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+    ) {
+        let (qn, kn, eps) = norms;
+        let n = pos.len();
+        self.rms_norm(q, qn, eps, n * n_head, head_dim, tmp.0);
+        std::mem::swap(q, tmp.0);
+        self.rms_norm(k, kn, eps, n * n_head_kv, head_dim, tmp.1);
+        std::mem::swap(k, tmp.1);
+        self.rope_kv_store(q, k, v, k_cache, v_cache, pos, slots, n_head, n_head_kv, head_dim, rope);
+    }
     /// Causal attention of each query row over its sequence's cached keys and values.
     fn attention(
         &self,

@@ -431,6 +431,8 @@ pub enum Kernel {
     Rope,
     /// RoPE on q and k with the KV store, fused.
     RopeStore,
+    /// The same after each head of q and k is RMSNormed (rope_store.wgsl `norm`).
+    RopeStoreNorm,
     KvStore,
     KvShift,
     /// Attention; `true`: its output also quantized for the matmul reading it (prm[8] the
@@ -494,6 +496,7 @@ impl Kernel {
             ConvState => (include_str!("shaders/short_conv.wgsl"), "state"),
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
             RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
+            RopeStoreNorm => (include_str!("shaders/rope_store.wgsl"), "norm"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
             KvShift => (include_str!("shaders/kv_shift.wgsl"), "main"),
             Attention(_) => (include_str!("shaders/attention.wgsl"), "main"),
@@ -852,6 +855,12 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         if subgroups {
             s.push_str(SUBGROUP_RUNS);
         }
+    }
+    if let Kernel::RopeStore | Kernel::RopeStoreNorm = k {
+        // `norm`'s head sums: a workgroup of 64 (a head is at most 64 words).
+        s.push_str("const NT: u32 = 64u;\n");
+        s.push_str(FF_SUM);
+        s.push_str(FF_TOTAL_TREE);
     }
     if let Kernel::AttnPartial | Kernel::AttnDirect(_) = k {
         s.push_str(&format!("const DIRECT: bool = {};\n", k != Kernel::AttnPartial));

@@ -1361,6 +1361,56 @@ impl Backend for GpuBackend {
         }
     }
 
+    fn norm_rope_kv_store(
+        &self,
+        q: &mut GpuBuf,
+        k: &mut GpuBuf,
+        v: &GpuBuf,
+        tmp: (&mut GpuBuf, &mut GpuBuf),
+        norms: (&GpuWeight, &GpuWeight, f32),
+        kc: &mut GpuKv,
+        vc: &mut GpuKv,
+        pos: &[u32],
+        slots: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        r: &RopeParams,
+    ) {
+        let (qn, kn, eps) = norms;
+        let n_tok = pos.len();
+        let head_wide = |w: &GpuWeight| w.rows * w.cols == head_dim && w.parts.len() == 1;
+        let fused = kc.ty == GgmlType::F16
+            && vc.ty == GgmlType::F16
+            && head_dim.is_multiple_of(4)
+            && head_wide(qn)
+            && head_wide(kn);
+        if !fused {
+            self.rms_norm(q, qn, eps, n_tok * n_head, head_dim, tmp.0);
+            std::mem::swap(q, tmp.0);
+            self.rms_norm(k, kn, eps, n_tok * n_head_kv, head_dim, tmp.1);
+            std::mem::swap(k, tmp.1);
+            self.rope_kv_store(q, k, v, kc, vc, pos, slots, n_head, n_head_kv, head_dim, r);
+            return;
+        }
+        // rope_store.wgsl `norm`: a workgroup per head, q normed and rotated in place.
+        self.op();
+        let mut prm = vec![
+            n_tok as u32,
+            n_head as u32,
+            n_head_kv as u32,
+            head_dim as u32,
+            r.n_rot as u32,
+            r.neox as u32,
+            (7 + n_tok * r.n_rot) as u32,
+        ];
+        prm.extend(self.rope_caches(pos, r));
+        prm.extend_from_slice(slots);
+        prm.push(f(eps));
+        let bufs = [&q.buf, &k.buf, &v.buf, &kc.buf, &vc.buf, &qn.parts[0].buf, &kn.parts[0].buf];
+        self.run(Kernel::RopeStoreNorm, &prm, &bufs, grid(n_tok * (n_head + n_head_kv), 1));
+    }
+
     fn add_bias(&self, x: &mut GpuBuf, b: &GpuWeight, rows: usize) {
         self.op();
         let n = b.rows * b.cols;

@@ -220,21 +220,15 @@ pub fn forward<B: Backend>(
     let (n_head, n_head_kv, hd) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim);
     let biases = [w.bq.as_ref(), w.bk.as_ref(), w.bv.as_ref()];
     b.matmul_many(&[&w.wq, &w.wk, &w.wv], &biases, x, n, &mut [&mut s.q, &mut s.k, &mut s.v]);
-    if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-        // Rows of a head, or of all of a token's heads.
-        let per_head = a.qk_norm == QkNorm::PerHead;
-        let (q_rows, qd) = if per_head { (n * n_head, hd) } else { (n, n_head * hd) };
-        let (k_rows, kd) = if per_head { (n * n_head_kv, hd) } else { (n, n_head_kv * hd) };
-        b.rms_norm(&s.q, qn, cfg.norm_eps, q_rows, qd, &mut s.att);
-        std::mem::swap(&mut s.q, &mut s.att);
-        b.rms_norm(&s.k, kn, cfg.norm_eps, k_rows, kd, &mut s.k_normed);
-        std::mem::swap(&mut s.k, &mut s.k_normed);
-    }
-    match rope {
-        Some(rope) => b.rope_kv_store(
+    let qk_norms = w.q_norm.as_ref().zip(w.k_norm.as_ref());
+    match (qk_norms, rope) {
+        // Each head's norm with the RoPE store (one kernel on the GPU).
+        (Some((qn, kn)), Some(rope)) if a.qk_norm == QkNorm::PerHead => b.norm_rope_kv_store(
             &mut s.q,
             &mut s.k,
             &s.v,
+            (&mut s.att, &mut s.k_normed),
+            (qn, kn, cfg.norm_eps),
             kc,
             vc,
             batch.pos,
@@ -244,7 +238,34 @@ pub fn forward<B: Backend>(
             hd,
             rope,
         ),
-        None => b.kv_store(kc, vc, &s.k, &s.v, batch.slots, n_head_kv * hd),
+        _ => {
+            if let Some((qn, kn)) = qk_norms {
+                // Rows of a head, or of all of a token's heads.
+                let per_head = a.qk_norm == QkNorm::PerHead;
+                let (q_rows, qd) = if per_head { (n * n_head, hd) } else { (n, n_head * hd) };
+                let (k_rows, kd) = if per_head { (n * n_head_kv, hd) } else { (n, n_head_kv * hd) };
+                b.rms_norm(&s.q, qn, cfg.norm_eps, q_rows, qd, &mut s.att);
+                std::mem::swap(&mut s.q, &mut s.att);
+                b.rms_norm(&s.k, kn, cfg.norm_eps, k_rows, kd, &mut s.k_normed);
+                std::mem::swap(&mut s.k, &mut s.k_normed);
+            }
+            match rope {
+                Some(rope) => b.rope_kv_store(
+                    &mut s.q,
+                    &mut s.k,
+                    &s.v,
+                    kc,
+                    vc,
+                    batch.pos,
+                    batch.slots,
+                    n_head,
+                    n_head_kv,
+                    hd,
+                    rope,
+                ),
+                None => b.kv_store(kc, vc, &s.k, &s.v, batch.slots, n_head_kv * hd),
+            }
+        }
     }
     a.q_scales(batch.pos, &mut s.q_scale);
     let plan = AttnPlan {

@@ -3,10 +3,10 @@
 // words). Each k word's two values are rotated from the unrotated k, which stays as it was
 // (attention reads the cache), with rope.wgsl's expressions: bit-identical to rope + store.
 // prm: n_tok, n_head, n_head_kv, head_dim, n_rot, neox, slots word, then per token n_rot
-// values (cos, sin)..., then the slots.
+// values (cos, sin)..., then the slots (`norm`: then eps).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read_write> xa: array<f32>;
-@group(0) @binding(2) var<storage, read> ks: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ks: array<f32>;
 @group(0) @binding(3) var<storage, read> vs: array<f32>;
 @group(0) @binding(4) var<storage, read_write> kc: array<u32>;
 @group(0) @binding(5) var<storage, read_write> vc: array<u32>;
@@ -70,4 +70,80 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let dst = prm[prm[6] + t] * half_dim + j;
     kc[dst] = pack2x16float(vec2<f32>(k_rot(base, d, t), k_rot(base, d + 1u, t)));
     vc[dst] = pack2x16float(vec2<f32>(vs[src], vs[src + 1u]));
+}
+
+// The same with each head of q and k RMSNormed first (Qwen3's q and k norms: q's weight at
+// wn, k's at wk, a head wide): a workgroup per head, q's heads then k's (each with its v
+// head's store). A head's scale is rms_norm.wgsl's (ff_sum.wgsl: a float-float sum, its mean
+// the same f32 in any order) and each value is normed by its expression, so the bits are
+// those of the two norms' dispatches and `main` after them: each head's normed values are
+// stored over it first, then q's pairs rotated in place, k's rotated into the cache.
+@group(0) @binding(6) var<storage, read> wn: array<f32>;
+@group(0) @binding(7) var<storage, read> wk: array<f32>;
+
+@compute @workgroup_size(64)
+fn norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let h = wid.y * nwg.x + wid.x;
+    let n_tok = prm[0];
+    let n_q = n_tok * prm[1];
+    let n_kv = prm[2];
+    let hd = prm[3];
+    let n_rot = prm[4];
+    if h >= n_q + n_tok * n_kv {
+        return;
+    }
+    // The head's values at o, a word per invocation (a head is at most 64 words).
+    let q = h < n_q;
+    let kh = h - select(n_q, 0u, q);
+    let o = select(kh, h, q) * hd;
+    let nw = hd / 4u;
+    let live = lid < nw;
+    let i = o + 4u * min(lid, nw - 1u);
+    var v: vec4<f32>;
+    if q {
+        v = vec4<f32>(xa[i], xa[i + 1u], xa[i + 2u], xa[i + 3u]);
+    } else {
+        v = vec4<f32>(ks[i], ks[i + 1u], ks[i + 2u], ks[i + 3u]);
+    }
+    var s = vec2<f32>(0.0, 0.0);
+    if live {
+        s = ff_squares(s, v);
+    }
+    let scale = rms_scale(ff_total(s, lid), hd, pf(prm[6] + n_tok));
+    // The normed values stored over the head's.
+    if live {
+        var y: vec4<f32>;
+        if q {
+            y = rms_apply(v, scale, lid, hd);
+        } else {
+            for (var c = 0u; c < 4u; c = c + 1u) {
+                y[c] = nc(v[c] * scale) * wk[4u * lid + c];
+            }
+        }
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            if q {
+                xa[i + c] = y[c];
+            } else {
+                ks[i + c] = y[c];
+            }
+        }
+    }
+    storageBarrier();
+    if q {
+        for (var p = lid; p < n_rot / 2u; p = p + 64u) {
+            rope_pair(h * (n_rot / 2u) + p, prm[1], hd, n_rot, prm[5] != 0u, CS);
+        }
+        return;
+    }
+    let t = kh / n_kv;
+    let half_dim = n_kv * hd / 2u;
+    for (var e = lid; e < hd / 2u; e = e + 64u) {
+        // Word j of the token's k and v rows.
+        let j = (kh % n_kv) * hd / 2u + e;
+        let src = o + 2u * e;
+        let dst = prm[prm[6] + t] * half_dim + j;
+        kc[dst] = pack2x16float(vec2<f32>(k_rot(o, 2u * e, t), k_rot(o, 2u * e + 1u, t)));
+        vc[dst] = pack2x16float(vec2<f32>(vs[src], vs[src + 1u]));
+    }
 }
