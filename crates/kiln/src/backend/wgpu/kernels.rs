@@ -29,6 +29,7 @@ const EXPERT_SLOTS: &str = include_str!("shaders/expert_slots.wgsl");
 const KV_BLOCKS: &str = include_str!("shaders/kv_blocks.wgsl");
 const ATTENTION_KV: &str = include_str!("shaders/attention_kv.wgsl");
 const HADAMARD: &str = include_str!("shaders/hadamard.wgsl");
+const KV_QUANT: &str = include_str!("shaders/kv_quant.wgsl");
 /// IQ4_NL's table of values (ggml's `kvalues_iq4nl`), for the KV cache kernels.
 const IQ4NL_TABLE: &str =
     "var<private> kv_iq4nl: array<i32, 16> = array<i32, 16>(-127, -104, -83, -65, -49, -35, \
@@ -450,8 +451,9 @@ pub enum Kernel {
     AttentionKv(AttnKind, GgmlType, GgmlType),
     /// Rows in and out of one KV cache of a cache type (kv_rows.wgsl).
     KvRows(KvOp, GgmlType),
-    /// Rows rotated by a quantized cache's Walsh-Hadamard transform (kv_rotate.wgsl).
-    KvRotate,
+    /// Rows rotated by a quantized cache's Walsh-Hadamard transform (kv_rotate.wgsl);
+    /// `true`: also quantized (prm[8] the mode, the quantized rows bound third).
+    KvRotate(bool),
     Glu,
     Add,
     AddBias,
@@ -512,7 +514,7 @@ impl Kernel {
                     KvOp::Copy => "copy",
                 },
             ),
-            KvRotate => (include_str!("shaders/kv_rotate.wgsl"), "main"),
+            KvRotate(_) => (include_str!("shaders/kv_rotate.wgsl"), "main"),
             Glu => (ew, "glu"),
             Add => (ew, "add"),
             AddBias => (ew, "add_bias"),
@@ -997,6 +999,14 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::RmsNorm(false) | Kernel::AddRmsNorm(false) => {
             src.push_str("fn norm_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n")
         }
+        Kernel::KvRotate(true) => src.push_str(
+            "@group(0) @binding(3) var<storage, read_write> xq: array<u32>;\n\
+             fn rot_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {\n    \
+             quantize_word(w, v, live, lid, prm[8], prm[0], prm[1]);\n}\n",
+        ),
+        Kernel::KvRotate(false) => {
+            src.push_str("fn rot_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n")
+        }
         // The quantized rows are bound after the attention's output.
         Kernel::Attention(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
         Kernel::AttnCombine(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "3")),
@@ -1019,7 +1029,13 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         // The GELU table is bound after the kernel's other buffers.
         s.push_str(&GLU.replace("GT", if k == Kernel::Gelu { "2" } else { "4" }));
     }
-    if src.contains("hadamard(") {
+    if src.contains("kv_quantize(") {
+        if !s.contains("kv_iq4nl") {
+            s.push_str(IQ4NL_TABLE);
+        }
+        s.push_str(KV_QUANT);
+    }
+    if src.contains("hadamard(") || src.contains("kv_quantize(") {
         s.push_str(HADAMARD);
     }
     if src.contains("alibi_bias(") {

@@ -63,14 +63,21 @@ pub struct GpuKv {
 
 /// A `KvRows` kernel's parameters (kv_rows.wgsl) for `n` rows of `dim` values of `kv` at `slots`.
 fn kv_rows_prm(kv: &GpuKv, n: usize, dim: usize, slots: &[u32]) -> Vec<u32> {
-    let (group, rotated) = kv_group(kv);
-    let mut prm = vec![n as u32, dim as u32, group as u32, rotated as u32, f(1.0 / (group as f32).sqrt())];
+    let mut prm = vec![n as u32, dim as u32];
+    prm.extend(kv_rows_words(kv, dim));
     prm.extend_from_slice(slots);
     prm
 }
 
-/// Values per invocation of kv_rows.wgsl's store and load: the cache's rotation group, or
-/// a block; and whether the group is rotated.
+/// A cache's rotation for kv_rows.wgsl (and the fused RoPE store): the group, whether it
+/// is rotated, the scale, and the chunk of a row a workgroup takes.
+fn kv_rows_words(kv: &GpuKv, dim: usize) -> [u32; 4] {
+    let (group, rotated) = kv_group(kv);
+    let scale = f(1.0 / (group as f32).sqrt());
+    [group as u32, rotated as u32, scale, kv_chunk(kv, dim) as u32]
+}
+
+/// Values per rotation group: the cache's, or a block; and whether the group is rotated.
 fn kv_group(kv: &GpuKv) -> (usize, bool) {
     match kv.rot {
         Some(n) => (n, true),
@@ -78,8 +85,15 @@ fn kv_group(kv: &GpuKv) -> (usize, bool) {
     }
 }
 
+/// Values of a row a workgroup of kv_rows.wgsl stores or loads: whole groups, up to 256,
+/// dividing the row (from 64 on, whole words of any type's blocks).
+fn kv_chunk(kv: &GpuKv, dim: usize) -> usize {
+    let g = kv_group(kv).0;
+    [256, 128, 64].into_iter().find(|&c| c >= g && dim.is_multiple_of(c)).unwrap_or(g)
+}
+
 fn kv_rows_grid(kv: &GpuKv, n: usize, dim: usize) -> [u32; 3] {
-    grid(n * dim / kv_group(kv).0, 64)
+    grid(n * dim / kv_chunk(kv, dim), 1)
 }
 
 /// Every backend op records at least one dispatch: no op of the forward has a CPU path.
@@ -435,17 +449,10 @@ impl GpuBackend {
         self.run(Kernel::KvRows(KvOp::Store, kv.ty), &prm, &[&kv.buf, x], kv_rows_grid(kv, n, dim));
     }
 
-    /// Rows of `x` rotated in groups of `rot` values into `y` (kv_rotate.wgsl), each
-    /// token's rows (`rows / mult.len()` of them) first times its multiplier.
-    fn kv_rotate(
-        &self,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        rows: usize,
-        len: usize,
-        rot: Option<usize>,
-        mult: &[f32],
-    ) {
+    /// The parameters of kv_rotate.wgsl for rows of `x` rotated in groups of `rot` values,
+    /// each token's rows (`rows / mult.len()` of them) first times its multiplier, and its
+    /// workgroups (256 values each).
+    fn kv_rotate_prm(rows: usize, len: usize, rot: Option<usize>, mult: &[f32]) -> (Vec<u32>, [u32; 3]) {
         let n = rot.unwrap_or(32);
         let mut prm = vec![
             rows as u32,
@@ -454,15 +461,19 @@ impl GpuBackend {
             rot.is_some() as u32,
             f(1.0 / (n as f32).sqrt()),
             (rows / mult.len().max(1)) as u32,
+            0,
+            0,
+            0,
         ];
         prm.extend(mult.iter().map(|&m| f(m)));
-        self.run(Kernel::KvRotate, &prm, &[x, y], grid(rows * len / n, 64));
+        (prm, grid((rows * len).div_ceil(256), 1))
     }
 
     /// Attention over caches of which one at least is quantized: the query rotated by K's
-    /// rotation and quantized to its dot type (a quantized K), the attention kernel
-    /// (`prm`, `split` and `chunks` as `attention` chose them), then the output rotated
-    /// back by V's rotation. Not deferred: no quantize tail.
+    /// rotation and quantized to its dot type (a quantized K; one kernel), the attention
+    /// kernel (`prm`, `split` and `chunks` as `attention` chose them; no quantize tail),
+    /// then the output rotated back by V's rotation (deferred: the next matmul's quantize
+    /// is its tail).
     #[allow(clippy::too_many_arguments)]
     fn attention_kv(
         &self,
@@ -482,17 +493,12 @@ impl GpuBackend {
         let target = if vc.rot.is_some() { tmp.clone() } else { out.buf.clone() };
         bufs.push(target.clone());
         if kc.ty != GgmlType::F16 {
+            // The query rotated and quantized to K's dot type, in one kernel.
             let mult: Vec<f32> = (0..n_tok).map(|t| plan.q_scale(t)).collect();
-            self.kv_rotate(&q.buf, &tmp, rows, hd, kc.rot, &mult);
-            let vdt = kc.ty.vec_dot_type();
-            let mode = if vdt == GgmlType::Q8_1 { 3 } else { 0 };
+            let (mut rp, g) = Self::kv_rotate_prm(rows, hd, kc.rot, &mult);
+            rp[8] = if kc.ty.vec_dot_type() == GgmlType::Q8_1 { 3 } else { 0 };
             let qq = self.scratch(&self.kv_q, rows * hd / 4 + 2 * rows * hd / 32, "kiln kv query");
-            self.run(
-                Kernel::Quantize,
-                &[mode, rows as u32, hd as u32],
-                &[&tmp, &qq],
-                grid(rows * hd / 4, 64),
-            );
+            self.run(Kernel::KvRotate(true), &rp, &[&q.buf, &tmp, &qq], g);
             bufs.push(qq);
         }
         let groups = grid(rows, 1);
@@ -508,7 +514,12 @@ impl GpuBackend {
             self.run(Kernel::AttnCombine(false), prm, &[&part, &target], groups);
         }
         if let Some(n) = vc.rot {
-            self.kv_rotate(&tmp, &out.buf, rows, hd, Some(n), &vec![1.0; n_tok]);
+            // The output rotated back, held for the matmul that reads it to quantize it in
+            // the same kernel (as attention's tail: whole blocks of a row of heads).
+            let (prm, groups) = Self::kv_rotate_prm(rows, hd, Some(n), &vec![1.0; n_tok]);
+            let (len, head_dim) = (rows * hd, plan.n_head * hd);
+            let bufs = vec![tmp, out.buf.clone()];
+            self.defer(Pending::Attention { kernel: Kernel::KvRotate, prm, bufs, groups, len, head_dim });
         }
     }
 

@@ -1,10 +1,13 @@
-// Rows rotated by a quantized KV cache's Walsh-Hadamard transform (hadamard.wgsl), an
-// invocation per group of n values, out of place: the query before it is quantized for
-// the K cache's dot products (each token's rows first times its q multiplier, as the
-// CPU's attention scales q before rotating it), and the attention's output, rotated back
-// by the V cache's. n = 32 with `rotated` 0: the multiplier alone.
-// prm: n_rows, row length, n, rotated, scale (f32 bits), rows per token, then each
-// token's multiplier (f32 bits).
+// Rows rotated by a quantized KV cache's Walsh-Hadamard transform (hadamard.wgsl), a
+// workgroup per 256 values (whole groups of n), out of place: the query before the K
+// cache's dot products (each token's rows first times its q multiplier, as the CPU's
+// attention scales q before rotating it), and the attention's output, rotated back by the
+// V cache's. n = 32 with `rotated` 0: the multiplier alone. With `rot_tail`'s quantization
+// (kernels.rs: KvRotate(true)) the rotated values are also quantized as quantize.wgsl does
+// (quantize_core.wgsl, mode prm[8]), four a lane: the query to the K type's dot type, or
+// the output for the matmul that reads it (a deferred op's tail, as attention's).
+// prm: n_rows, row length, n, rotated, scale (f32 bits), rows per token, -, -, mode, then
+// each token's multiplier (f32 bits).
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> xs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> ys: array<f32>;
@@ -12,23 +15,23 @@
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let g = gidx(wid, nwg, lid);
     let len = prm[1];
-    let n = prm[2];
-    let per = len / n;
-    if g >= prm[0] * per {
-        return;
+    let total = prm[0] * len;
+    let w = 64u * (wid.y * nwg.x + wid.x) + lid;
+    let live = 4u * w < total;
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        let x = min(4u * w + e, total - 1u);
+        wh[4u * lid + e] = select(0.0, xs[x] * pf(9u + x / len / prm[5]), live);
     }
-    let row = g / per;
-    let at = row * len + (g % per) * n;
-    let mult = pf(6u + row / prm[5]);
-    for (var i = 0u; i < n; i = i + 1u) {
-        hv[i] = xs[at + i] * mult;
-    }
+    workgroupBarrier();
     if prm[3] != 0u {
-        hadamard(n, pf(4u));
+        hadamard(prm[2], 256u, pf(4u), lid);
     }
-    for (var i = 0u; i < n; i = i + 1u) {
-        ys[at + i] = hv[i];
+    let v = vec4<f32>(wh[4u * lid], wh[4u * lid + 1u], wh[4u * lid + 2u], wh[4u * lid + 3u]);
+    if live {
+        for (var e = 0u; e < 4u; e = e + 1u) {
+            ys[4u * w + e] = v[e];
+        }
     }
+    rot_tail(w, v, live, lid);
 }
