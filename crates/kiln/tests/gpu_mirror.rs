@@ -118,6 +118,17 @@ impl Backend for Mirror {
         let g = self.gpu.load_experts(gguf, t, n_expert, parts)?;
         Ok(c.into_iter().zip(g).collect())
     }
+    // (The GPU's gate and up in one buffer: on the vec path one kernel takes both.)
+    fn load_experts_together(
+        &self,
+        gguf: &Arc<GgufFile>,
+        ts: &[&TensorInfo],
+        n_expert: usize,
+    ) -> Result<Vec<Self::Experts>> {
+        let c = self.cpu.load_experts_together(gguf, ts, n_expert)?;
+        let g = self.gpu.load_experts_together(gguf, ts, n_expert)?;
+        Ok(c.into_iter().zip(g).collect())
+    }
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize) {
         self.gpu.weight_shape(&w.1)
     }

@@ -306,6 +306,18 @@ pub trait Backend: Send + Sync + 'static {
         n_expert: usize,
         parts: &[usize],
     ) -> Result<Vec<Self::Experts>>;
+    /// 3-D expert tensors of one input (a separate gate and up), each as `load_experts`
+    /// loads it with one part; a backend may upload them together (the GPU: one kernel
+    /// multiplies both).
+    fn load_experts_together(
+        &self,
+        gguf: &Arc<GgufFile>,
+        ts: &[&TensorInfo],
+        n_expert: usize,
+    ) -> Result<Vec<Self::Experts>> {
+        let rows = |t: &TensorInfo| t.rows_cols().0 / n_expert.max(1);
+        ts.iter().map(|t| self.load_experts(gguf, t, n_expert, &[rows(t)]).map(|mut v| v.remove(0))).collect()
+    }
     /// `rows`, `cols` of a loaded weight (`cols` = `dims[0]`).
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     fn alloc(&self, len: usize) -> Result<Self::Buf>;

@@ -128,6 +128,30 @@ impl<B: Backend> Loader<'_, B> {
         self.backend.load_experts(self.g, t, n_expert, parts).map(Some)
     }
 
+    /// The 3-D expert tensors `names` of one input, each checked to be `[cols, rows,
+    /// n_expert]` (`Backend::load_experts_together`).
+    pub fn experts_together(
+        &self,
+        names: &[&str],
+        cols: usize,
+        rows: usize,
+        n_expert: usize,
+    ) -> Result<Vec<B::Experts>> {
+        let want = [cols as u64, rows as u64, n_expert as u64];
+        let mut ts = Vec::with_capacity(names.len());
+        for &name in names {
+            let t = self.g.tensor(name).ok_or_else(|| missing(name))?;
+            if t.dims != want {
+                return Err(KilnError::Tensor {
+                    name: name.into(),
+                    msg: format!("shape {:?}, expected {want:?}", t.dims),
+                });
+            }
+            ts.push(t);
+        }
+        self.backend.load_experts_together(self.g, &ts, n_expert)
+    }
+
     /// `split` of a fused tensor the file must have.
     pub fn fused<const N: usize>(&self, name: &str, cols: usize, rows: [usize; N]) -> Result<[B::Weight; N]> {
         self.split(name, cols, rows)?.ok_or_else(|| missing(name))

@@ -470,7 +470,8 @@ pub enum Kernel {
     MatmulId(GgmlType, bool),
     /// The same on the vec path (matmul_id_vec.wgsl): each slot's rows through the vec
     /// matmul, its arithmetic and bandwidth (hardware GPUs).
-    MatmulIdVec(GgmlType, VecShape),
+    /// The count is of outputs (1, or 2: a gate and up in one buffer).
+    MatmulIdVec(GgmlType, u8, VecShape),
     /// The router's top-k per token (moe.wgsl).
     MoeRoute,
     /// The routing-weighted sum of each token's expert outputs.
@@ -802,7 +803,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     | Kernel::MatmulVec(ty, ..)
     | Kernel::MatmulCoop(ty, ..)
     | Kernel::MatmulId(ty, _)
-    | Kernel::MatmulIdVec(ty, _)
+    | Kernel::MatmulIdVec(ty, ..)
     | Kernel::Embed(ty, _) = k
     {
         // Fetch slots: one, or the tile matmul's rows per invocation.
@@ -822,7 +823,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         }
         // (Its store is for matmul.wgsl's own entry point, unused.)
         Kernel::MatmulId(ty, _) => Some((ty, ONE_OUT)),
-        Kernel::MatmulIdVec(ty, _) => Some((ty, ONE_OUT)),
+        Kernel::MatmulIdVec(ty, ..) => Some((ty, ONE_OUT)),
         _ => None,
     };
     if let Some((ty, outs)) = dot {
@@ -924,7 +925,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::MatmulVec(..) | Kernel::MatmulIdVec(..) => {
             let (ty, outs, input, VecShape { rg, npr, rr, tt }) = match k {
                 Kernel::MatmulVec(ty, outs, input, shape) => (ty, outs, input, shape),
-                Kernel::MatmulIdVec(ty, shape) => (ty, ONE_OUT, Input::Quantized, shape),
+                Kernel::MatmulIdVec(ty, n, shape) => (ty, Outs { n, ..ONE_OUT }, Input::Quantized, shape),
                 _ => unreachable!("matched above"),
             };
             s.push_str(&format!(
@@ -950,6 +951,14 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             if let Kernel::MatmulIdVec(..) = k {
                 s.push_str(&EXPERT_SLOTS.replace("IDS", &extras.to_string()));
                 s.push_str(MATMUL_ID_VEC);
+                // Row r of slot s to its output: rows from prm[4] on to the second (bound at 4).
+                s.push_str(if outs.n == 1 {
+                    "fn store_out(s: u32, r: u32, v: f32) {\n    ys[s * prm[4] + r] = v;\n}\n"
+                } else {
+                    "@group(0) @binding(4) var<storage, read_write> ys1: array<f32>;\n\
+                     fn store_out(s: u32, r: u32, v: f32) {\n    if r >= prm[4] {\n        \
+                     ys1[s * prm[4] + r - prm[4]] = v;\n    } else {\n        ys[s * prm[4] + r] = v;\n    }\n}\n"
+                });
             } else {
                 s.push_str(VEC_DENSE);
             }

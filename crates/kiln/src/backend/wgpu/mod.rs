@@ -1146,6 +1146,15 @@ impl Backend for GpuBackend {
         self.load_experts_impl(gguf, t, n_expert, parts)
     }
 
+    fn load_experts_together(
+        &self,
+        gguf: &Arc<GgufFile>,
+        ts: &[&TensorInfo],
+        n_expert: usize,
+    ) -> Result<Vec<GpuExperts>> {
+        self.load_experts_together_impl(gguf, ts, n_expert)
+    }
+
     fn moe_route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
         self.moe_route_impl(logits, rows, r, ids, weights);
     }

@@ -32,6 +32,7 @@ struct ExpertBuf {
 /// A stack of expert matrices of `rows × cols` on the device: rows `start..start + rows`
 /// of every expert of a 3-D tensor (`stride` rows per expert: one matrix, or a fused gate
 /// and up), in its GGUF block format (F16 where no kernel reads that format).
+#[derive(Clone)]
 pub struct GpuExperts {
     bufs: Arc<Vec<ExpertBuf>>,
     pub ty: GgmlType,
@@ -66,9 +67,61 @@ impl GpuBackend {
             return Err(err(format!("row length {cols} is not a multiple of 32")));
         }
         let (ty, data) = matrix_data(t.ty, cols, gguf.tensor_data(t))?;
+        self.upload_experts(&data, ty, cols, n_expert, parts, &t.name)
+    }
+
+    /// Expert tensors of one type and width (gate and up) in one buffer, each expert's rows
+    /// of every tensor in turn, as a fused `ffn_gate_up_exps` lays them out: the expert
+    /// matmul takes them in one kernel. Others load one by one.
+    pub(super) fn load_experts_together_impl(
+        &self,
+        gguf: &Arc<GgufFile>,
+        ts: &[&TensorInfo],
+        n_expert: usize,
+    ) -> Result<Vec<GpuExperts>> {
+        let one = |t: &TensorInfo| self.load_experts_impl(gguf, t, n_expert, &[t.rows_cols().0 / n_expert]);
+        let cols = ts[0].rows_cols().1;
+        // (Where a tensor on its own would fail a check, it does.)
+        let joint = ts.len() > 1
+            && (1..=MAX_EXPERTS).contains(&n_expert)
+            && cols.is_multiple_of(32)
+            && ts.iter().all(|t| {
+                t.ty == ts[0].ty
+                    && kernels::gpu_weight_type(t.ty)
+                    && t.rows_cols().1 == cols
+                    && t.rows_cols().0.is_multiple_of(n_expert)
+            });
+        if !joint {
+            return ts.iter().map(|t| one(t).map(|mut v| v.remove(0))).collect();
+        }
+        let row_size = ts[0].ty.row_size(cols)?;
+        let parts: Vec<usize> = ts.iter().map(|t| t.rows_cols().0 / n_expert).collect();
+        let mut data = Vec::with_capacity(ts.iter().map(|t| t.size as usize).sum());
+        for e in 0..n_expert {
+            for (t, &rows) in ts.iter().zip(&parts) {
+                let raw = gguf.tensor_data(t);
+                data.extend_from_slice(&raw[e * rows * row_size..(e + 1) * rows * row_size]);
+            }
+        }
+        let names: Vec<&str> = ts.iter().map(|t| t.name.as_str()).collect();
+        self.upload_experts(&data, ts[0].ty, cols, n_expert, &parts, &names.join("+"))
+    }
+
+    /// Stacks of `n_expert` experts of `parts` rows each (`data`: each expert's parts in
+    /// turn) on the device.
+    fn upload_experts(
+        &self,
+        data: &[u8],
+        ty: GgmlType,
+        cols: usize,
+        n_expert: usize,
+        parts: &[usize],
+        name: &str,
+    ) -> Result<Vec<GpuExperts>> {
+        let stride: usize = parts.iter().sum();
         let row_size = ty.row_size(cols)?;
         // Whole experts per buffer.
-        let bufs = self.upload_split(&data, stride * row_size, n_expert, &t.name)?;
+        let bufs = self.upload_split(data, stride * row_size, n_expert, name)?;
         let bufs: Arc<Vec<_>> =
             Arc::new(bufs.into_iter().map(|(buf, e0, n)| ExpertBuf { buf, e0, n }).collect());
         let mut start = 0;
@@ -128,7 +181,25 @@ impl GpuBackend {
         // The input as the last weight read it, and its dot type.
         let mut input = None;
         let mut input_mode = None;
-        for (w, out) in ws.iter().zip(outs.iter()) {
+        // The vec path takes two stacks of one buffer, one after the other in each expert
+        // (gate and up: fused in the file, or loaded together), in one kernel with two
+        // outputs; each row's sums are those of its own dispatch (the shape is by one
+        // stack's rows, as each alone has it).
+        let joint = path == MatmulPath::Vec
+            && ws.len() == 2
+            && Arc::ptr_eq(&ws[0].bufs, &ws[1].bufs)
+            && ws[0].ty == ws[1].ty
+            && ws[0].rows == ws[1].rows
+            && ws[1].start == ws[0].start + ws[0].rows;
+        let (both, both_ws);
+        let (ws, out_sets): (&[&GpuExperts], Vec<Vec<&wgpu::Buffer>>) = if joint {
+            both = GpuExperts { rows: 2 * ws[0].rows, ..ws[0].clone() };
+            both_ws = [&both];
+            (&both_ws[..], vec![outs.iter().map(|o| &o.buf).collect()])
+        } else {
+            (ws, outs.iter().map(|o| vec![&o.buf]).collect())
+        };
+        for (w, outs) in ws.iter().zip(out_sets) {
             // Quantized once for weights of one dot type (gate and up).
             let mode = super::dot_mode(w.ty);
             if input.is_none() || input_mode != mode {
@@ -138,12 +209,14 @@ impl GpuBackend {
             let (xq, xd, xs) = input.as_ref().expect("set above");
             for b in w.bufs.iter() {
                 for s0 in (0..n_slots).step_by(MAX_SLOTS) {
+                    // Each output's rows (its stride).
+                    let out_rows = w.rows / outs.len();
                     let prm = [
                         w.rows as u32,
                         w.cols as u32,
                         n_slots as u32,
                         w.row_size as u32,
-                        w.rows as u32,
+                        out_rows as u32,
                         0,
                         *xd,
                         *xs,
@@ -162,8 +235,8 @@ impl GpuBackend {
                         }
                         MatmulPath::Vec => {
                             // By the weight alone (a slot's sums are the same in any batch).
-                            let shape = kernels::vec_shape_for(w.ty, w.rows, w.cols, self.npr_min);
-                            (Kernel::MatmulIdVec(w.ty, shape), grid(w.rows, shape.rg))
+                            let shape = kernels::vec_shape_for(w.ty, out_rows, w.cols, self.npr_min);
+                            (Kernel::MatmulIdVec(w.ty, outs.len() as u8, shape), grid(w.rows, shape.rg))
                         }
                     };
                     g[2] = MAX_SLOTS.min(n_slots - s0) as u32;
@@ -171,14 +244,15 @@ impl GpuBackend {
                         // Bindings (kernels.rs): as the dense vec matmul's with quantized
                         // activations (wide units: those and the weights again as 16-byte
                         // words), then the ids.
-                        let mut bufs = vec![&b.buf, xq, &out.buf];
+                        let mut bufs = vec![&b.buf, xq];
+                        bufs.extend(&outs);
                         if kernels::vec_fast(w.ty) != 0 {
                             bufs.extend([xq, &b.buf]);
                         }
                         bufs.push(&ids.buf);
                         self.run(kernel, &prm, &bufs, g);
                     } else {
-                        self.run(kernel, &prm, &[&b.buf, xq, &out.buf, &ids.buf], g);
+                        self.run(kernel, &prm, &[&b.buf, xq, outs[0], &ids.buf], g);
                     }
                 }
             }

@@ -58,12 +58,10 @@ impl<B: Backend> MoeWeights<B> {
                 v.try_into().map_err(|_| KilnError::Backend("load_experts returned a wrong count".into()))?
             }
             None => {
-                let get = |s: &str| -> Result<B::Experts> {
-                    let name = n(s);
-                    one(l.experts(&name, d, &[ff], ne)?)
-                        .ok_or_else(|| KilnError::Tensor { name, msg: "missing from the file".into() })
-                };
-                [get("ffn_gate_exps.weight")?, get("ffn_up_exps.weight")?]
+                let names = [n("ffn_gate_exps.weight"), n("ffn_up_exps.weight")];
+                l.experts_together(&[&names[0], &names[1]], d, ff, ne)?
+                    .try_into()
+                    .map_err(|_| KilnError::Backend("load_experts_together returned a wrong count".into()))?
             }
         };
         let down = one(l.experts(&n("ffn_down_exps.weight"), ff, &[d], ne)?).ok_or_else(|| {

@@ -16,9 +16,10 @@ fn x_row(s: u32) -> u32 {
     return slot_token(s);
 }
 
+// (`store_out`, kernels.rs: to the output that holds row r, rows of prm[4] each.)
 fn store(s: u32, r: u32, v: f32) {
     if slot_expert(s).y == 1u {
-        ys[s * prm[4] + r] = v;
+        store_out(s, r, v);
     }
 }
 
