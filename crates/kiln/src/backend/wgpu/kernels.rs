@@ -370,7 +370,7 @@ pub enum KvOp {
 
 /// A KV cache type's code in the WGSL kernels (kv_blocks.wgsl's KV_TY; 6: F16) and its
 /// bytes per 32 values.
-fn kv_code(ty: GgmlType) -> (u32, usize) {
+pub(super) fn kv_code(ty: GgmlType) -> (u32, usize) {
     use GgmlType::*;
     let code = match ty {
         Q8_0 => 0,
@@ -434,6 +434,8 @@ pub enum Kernel {
     RopeStore,
     /// The same after each head of q and k is RMSNormed (rope_store.wgsl `norm`).
     RopeStoreNorm,
+    /// RoPE on q and k with the store to quantized caches (rope_store.wgsl `quantized`).
+    RopeStoreQ,
     KvStore,
     KvShift,
     /// Attention; `true`: its output also quantized for the matmul reading it (prm[8] the
@@ -500,6 +502,7 @@ impl Kernel {
             Rope => (include_str!("shaders/rope.wgsl"), "main"),
             RopeStore => (include_str!("shaders/rope_store.wgsl"), "main"),
             RopeStoreNorm => (include_str!("shaders/rope_store.wgsl"), "norm"),
+            RopeStoreQ => (include_str!("shaders/rope_store.wgsl"), "quantized"),
             KvStore => (include_str!("shaders/kv_store.wgsl"), "main"),
             KvShift => (include_str!("shaders/kv_shift.wgsl"), "main"),
             Attention(_) => (include_str!("shaders/attention.wgsl"), "main"),
@@ -859,7 +862,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(SUBGROUP_RUNS);
         }
     }
-    if let Kernel::RopeStore | Kernel::RopeStoreNorm = k {
+    if let Kernel::RopeStore | Kernel::RopeStoreNorm | Kernel::RopeStoreQ = k {
         // `norm`'s head sums: a workgroup of 64 (a head is at most 64 words).
         s.push_str("const NT: u32 = 64u;\n");
         s.push_str(FF_SUM);

@@ -1478,7 +1478,33 @@ impl Backend for GpuBackend {
     ) {
         self.op();
         if kc.ty != GgmlType::F16 || vc.ty != GgmlType::F16 {
-            // Quantized caches: RoPE, then the quantizing store (no fused store).
+            let dim = n_head_kv * head_dim;
+            if kv_chunk(kc, dim) >= 64 && kv_chunk(vc, dim) >= 64 {
+                // One dispatch (rope_store.wgsl `quantized`): q roped in place, k roped and
+                // both stored as kv_rows.wgsl stores them, chunks of whole words.
+                let n_tok = pos.len();
+                let mut prm = vec![
+                    n_tok as u32,
+                    n_head as u32,
+                    n_head_kv as u32,
+                    head_dim as u32,
+                    r.n_rot as u32,
+                    r.neox as u32,
+                    (7 + n_tok * r.n_rot) as u32,
+                ];
+                prm.extend(self.rope_caches(pos, r));
+                prm.extend_from_slice(slots);
+                let mut groups = (n_tok * n_head * r.n_rot / 2).div_ceil(64);
+                for c in [&*kc, &*vc] {
+                    prm.push(kernels::kv_code(c.ty).0);
+                    prm.extend(kv_rows_words(c, dim));
+                    groups += n_tok * dim / kv_chunk(c, dim);
+                }
+                let bufs = [&q.buf, &k.buf, &v.buf, &kc.buf, &vc.buf];
+                self.run(Kernel::RopeStoreQ, &prm, &bufs, grid(groups, 1));
+                return;
+            }
+            // Chunks of half words: RoPE, then the quantizing store.
             self.flush();
             self.rope(q, pos, n_head, head_dim, r);
             self.rope(k, pos, n_head_kv, head_dim, r);

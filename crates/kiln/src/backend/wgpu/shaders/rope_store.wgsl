@@ -147,3 +147,66 @@ fn norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         vc[dst] = pack2x16float(vec2<f32>(vs[src], vs[src + 1u]));
     }
 }
+
+// The same over quantized caches (either or both; kv_quant.wgsl's type codes, 6: F16): a
+// workgroup per 64 of q's pairs (rotated in place), then one per chunk of each token's k
+// row (its values rotated by k_rot, then by the cache's Walsh-Hadamard transform, and
+// quantized: kv_rows.wgsl's store of the roped row), then one per chunk of its v row. The
+// host sends chunks of whole words only (64 values or more).
+// prm: main's, then after the slots K's type, group, rotated, scale (f32 bits), chunk; V's.
+@compute @workgroup_size(64)
+fn quantized(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let wg = wid.y * nwg.x + wid.x;
+    let n_tok = prm[0];
+    let hd = prm[3];
+    let n_rot = prm[4];
+    let n_q = n_tok * prm[1] * (n_rot / 2u);
+    let q_wg = (n_q + WG - 1u) / WG;
+    if wg < q_wg {
+        let g = wg * WG + lid;
+        if g < n_q {
+            rope_pair(g, prm[1], hd, n_rot, prm[5] != 0u, CS);
+        }
+        return;
+    }
+    let dim = prm[2] * hd;
+    let e = prm[6] + n_tok;
+    let k_chunks = n_tok * dim / prm[e + 4u];
+    let is_k = wg - q_wg < k_chunks;
+    let c = select(wg - q_wg - k_chunks, wg - q_wg, is_k);
+    let at = select(e + 5u, e, is_k);
+    let n = prm[at + 4u];
+    let per = dim / n;
+    let t = c / per;
+    if t >= n_tok {
+        return;
+    }
+    // The chunk's first value in the token's row.
+    let c0 = (c % per) * n;
+    for (var i = lid; i < n; i = i + WG) {
+        let d = c0 + i;
+        if is_k {
+            wh[i] = k_rot(t * dim + d / hd * hd, d % hd, t);
+        } else {
+            wh[i] = vs[t * dim + d];
+        }
+    }
+    if prm[at + 2u] != 0u {
+        hadamard(prm[at + 1u], n, pf(at + 3u), lid);
+    } else {
+        workgroupBarrier();
+    }
+    let ty = prm[at];
+    kv_quantize(ty, n, lid);
+    let bb = kv_bb(ty);
+    let o = (prm[prm[6] + t] * (dim / 32u * bb) + c0 / 32u * bb) / 4u;
+    for (var w = lid; w < n / 32u * bb / 4u; w = w + WG) {
+        let word = kv_word_at(ty, 4u * w);
+        if is_k {
+            kc[o + w] = word;
+        } else {
+            vc[o + w] = word;
+        }
+    }
+}
