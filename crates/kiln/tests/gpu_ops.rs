@@ -797,6 +797,46 @@ fn per_head_norms_fused_into_the_rope_store_match_cpu() {
     }
 }
 
+/// A mixture of experts' weighted sum (2 tokens of 3 slots) then the residual add and norm
+/// reading it: the norm's output, the new residual and the sum; and the dispatches.
+fn moe_sum_add_norm_out<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    scale: f32,
+    dispatches: impl Fn() -> u64,
+) -> (Vec<f32>, u64) {
+    let (rows, k) = (2, 3);
+    let y = input(b, g, "x", rows * k, rows * k * K);
+    // The routing weights: the first values of a row.
+    let w = input(b, g, "y", 1, K);
+    let mut x = input(b, g, "gate", rows, rows * K);
+    let (mut sum, mut h) = (b.alloc(rows * K).unwrap(), b.alloc(rows * K).unwrap());
+    let d0 = dispatches();
+    b.moe_sum(&y, &w, rows, k, K, &mut sum);
+    b.add_rms_norm(&mut x, &sum, scale, &weight(b, g, "norm"), 1e-6, rows, K, &mut h);
+    let mut out = read(b, &h, rows * K);
+    let n = dispatches() - d0;
+    out.extend(read(b, &x, rows * K));
+    out.extend(read(b, &sum, rows * K));
+    (out, n)
+}
+
+/// The weighted sum is made by the add and norm that read it (one dispatch): the CPU's bits.
+#[test]
+fn moe_sum_fused_into_the_next_add_and_norm_matches_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(1);
+    for gpu in gpus() {
+        for scale in [1.0, 0.5] {
+            let (c, _) = moe_sum_add_norm_out(&cpu, &g, scale, || 0);
+            let (d, n) = moe_sum_add_norm_out(&gpu, &g, scale, || gpu.counts().get().1);
+            let what = format!("moe_sum then add_rms_norm, scale {scale}");
+            against_cpu(&gpu, &what, &d, &c, 0.0);
+            assert_eq!(n, 1, "{what}: {n} dispatches");
+        }
+    }
+}
+
 /// q/k/v of `group` (matmul_many, `bias`: qkvb) of `n` tokens, then the RoPE store: q after
 /// it and the two caches as f32. `split` reads k first, so the matmuls and the store run
 /// unfused.

@@ -269,8 +269,9 @@ impl GpuBackend {
         out: &mut GpuBuf,
     ) {
         self.op();
-        let prm = [(rows * dim) as u32, dim as u32, k as u32];
-        self.run(Kernel::MoeSum, &prm, &[&y.buf, &weights.buf, &out.buf], grid(rows * dim, 64));
+        // Held: a residual add and norm reading `out` make the sum as they read it.
+        let (y, weights, out) = (y.buf.clone(), weights.buf.clone(), out.buf.clone());
+        self.defer(super::Pending::MoeSum { y, weights, rows, k, dim, out });
     }
 
     pub(super) fn add_sigmoid_gated_impl(
