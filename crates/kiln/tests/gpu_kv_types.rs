@@ -326,23 +326,28 @@ fn caches_the_gpu_cannot_hold_are_refused() {
     assert!(e.contains("rotation"), "{e}");
 }
 
-/// smollm2 with q8_0 keys and values: the GPU's greedy tokens are the CPU's, prompt and
-/// decode through the quantized caches.
-#[test]
-fn smollm2_greedy_with_q8_0_caches_matches_cpu() {
+/// smollm2's greedy ids with `k`/`v` caches on the CPU and on `gpu` (None: the engine's
+/// own GPU backend, the matmul path the adapter picks): prompt and `n` decode steps through
+/// the quantized caches must be the same tokens.
+fn smollm2_greedy_matches_cpu(k: GgmlType, v: GgmlType, gpu: Option<GpuBackend>, n: usize) {
     use kiln::sample::SamplerParams;
     use kiln::session::{GenerateOptions, SessionOptions};
-    let load = |device: Device| {
-        let opts = EngineOptions::default()
+    let opts = |device: Device| {
+        EngineOptions::default()
             .with_n_ctx(128)
             .with_batch(32)
             .with_threads(2)
             .with_device(device)
             .with_attn_arith(AttnArith::Ggml)
-            .with_kv_types(GgmlType::Q8_0, GgmlType::Q8_0);
-        Engine::load(support::model(support::SMOLLM2.name).to_str().unwrap(), opts).unwrap()
+            .with_kv_types(k, v)
     };
-    let (cpu, gpu) = (load(Device::Cpu), load(Device::Gpu));
+    let path = support::model(support::SMOLLM2.name);
+    let path = path.to_str().unwrap();
+    let cpu = Engine::load(path, opts(Device::Cpu)).unwrap();
+    let gpu = match gpu {
+        Some(g) => Engine::load_with_gpu(path, opts(Device::Gpu), g).unwrap(),
+        None => Engine::load(path, opts(Device::Gpu)).unwrap(),
+    };
     assert_eq!(gpu.runner().kv_bytes_per_token(), cpu.runner().kv_bytes_per_token());
     let prompt = "The capital of France is";
     let mut got = Vec::new();
@@ -350,13 +355,30 @@ fn smollm2_greedy_with_q8_0_caches_matches_cpu() {
         let mut s = e.session(SessionOptions::default()).unwrap();
         s.append_text(prompt).unwrap();
         let opts = GenerateOptions::default()
-            .with_max_tokens(12)
+            .with_max_tokens(n)
             .with_sampler(SamplerParams::greedy())
             .with_ignore_eos(true);
         got.push(s.generate(&opts, |_| std::ops::ControlFlow::Continue(())).unwrap().ids);
     }
     assert_eq!(got[1], got[0], "greedy ids on {} against the CPU", gpu.backend_name());
-    eprintln!("  12 greedy ids with q8_0 K and V caches on {}: the CPU's", gpu.backend_name());
+    eprintln!("  {n} greedy ids with {k:?} K and {v:?} V caches on {}: the CPU's", gpu.backend_name());
+}
+
+/// smollm2 with q8_0 keys and values: the GPU's greedy tokens are the CPU's.
+#[test]
+fn smollm2_greedy_with_q8_0_caches_matches_cpu() {
+    smollm2_greedy_matches_cpu(GgmlType::Q8_0, GgmlType::Q8_0, None, 12);
+}
+
+/// The same on the hardware GPUs' default path (`MatmulPath::Vec`: q/k/v held for the
+/// fused RoPE and quantizing store, split attention, the output's rotation back as the
+/// o-projection's tail), which lavapipe otherwise never takes; q8_0 keys, q4_0 values.
+#[test]
+fn smollm2_greedy_with_quantized_caches_on_the_vec_path_matches_cpu() {
+    let mut g = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false).expect("a Vulkan adapter");
+    g.set_matmul_path(MatmulPath::Vec);
+    // lavapipe runs the vec kernels at ~1 token/s.
+    smollm2_greedy_matches_cpu(GgmlType::Q8_0, GgmlType::Q4_0, Some(g), 6);
 }
 
 /// Greedy through two context shifts with q8_0 keys on the GPU gives llama-completion's
