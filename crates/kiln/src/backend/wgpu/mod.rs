@@ -1061,6 +1061,32 @@ impl GpuBackend {
         words
     }
 
+    /// rope_store.wgsl's parameters up to and including the slots (every entry's header).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_store_prm(
+        &self,
+        pos: &[u32],
+        slots: &[u32],
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        r: &RopeParams,
+    ) -> Vec<u32> {
+        let n_tok = pos.len();
+        let mut prm = vec![
+            n_tok as u32,
+            n_head as u32,
+            n_head_kv as u32,
+            head_dim as u32,
+            r.n_rot as u32,
+            r.neox as u32,
+            (7 + n_tok * r.n_rot) as u32,
+        ];
+        prm.extend(self.rope_caches(pos, r));
+        prm.extend_from_slice(slots);
+        prm
+    }
+
     /// The embedding of `n` tokens whose ids are host values (`Ok`) or the words of a
     /// device buffer (`Err`: the last greedy step's, never read back first).
     fn embed_rows(
@@ -1443,17 +1469,7 @@ impl Backend for GpuBackend {
         }
         // rope_store.wgsl `norm`: a workgroup per head, q normed and rotated in place.
         self.op();
-        let mut prm = vec![
-            n_tok as u32,
-            n_head as u32,
-            n_head_kv as u32,
-            head_dim as u32,
-            r.n_rot as u32,
-            r.neox as u32,
-            (7 + n_tok * r.n_rot) as u32,
-        ];
-        prm.extend(self.rope_caches(pos, r));
-        prm.extend_from_slice(slots);
+        let mut prm = self.rope_store_prm(pos, slots, n_head, n_head_kv, head_dim, r);
         prm.push(f(eps));
         let bufs = [&q.buf, &k.buf, &v.buf, &kc.buf, &vc.buf, &qn.parts[0].buf, &kn.parts[0].buf];
         self.run(Kernel::RopeStoreNorm, &prm, &bufs, grid(n_tok * (n_head + n_head_kv), 1));
@@ -1511,17 +1527,7 @@ impl Backend for GpuBackend {
                 // One dispatch (rope_store.wgsl `quantized`): q roped in place, k roped and
                 // both stored as kv_rows.wgsl stores them, chunks of whole words.
                 let n_tok = pos.len();
-                let mut prm = vec![
-                    n_tok as u32,
-                    n_head as u32,
-                    n_head_kv as u32,
-                    head_dim as u32,
-                    r.n_rot as u32,
-                    r.neox as u32,
-                    (7 + n_tok * r.n_rot) as u32,
-                ];
-                prm.extend(self.rope_caches(pos, r));
-                prm.extend_from_slice(slots);
+                let mut prm = self.rope_store_prm(pos, slots, n_head, n_head_kv, head_dim, r);
                 let mut groups = (n_tok * n_head * r.n_rot / 2).div_ceil(64);
                 for c in [&*kc, &*vc] {
                     prm.push(kernels::kv_code(c.ty).0);
@@ -1583,18 +1589,7 @@ impl Backend for GpuBackend {
             }
             self.run_all(runs.into_iter().map(|r| r.0).collect());
         }
-        let slots_at = 7 + n_tok * n_rot;
-        let mut prm = vec![
-            n_tok as u32,
-            n_head as u32,
-            n_head_kv as u32,
-            head_dim as u32,
-            n_rot as u32,
-            r.neox as u32,
-            slots_at as u32,
-        ];
-        prm.extend(self.rope_caches(pos, r));
-        prm.extend_from_slice(slots);
+        let prm = self.rope_store_prm(pos, slots, n_head, n_head_kv, head_dim, r);
         let items = n_tok * (n_head * n_rot / 2 + n_head_kv * head_dim / 2);
         self.run(Kernel::RopeStore, &prm, &[&q.buf, &k.buf, &v.buf, &kc.buf, &vc.buf], grid(items, 64));
     }
