@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use kiln::embed::{embed_tokens, normalize as unit_length, Pooling};
+use kiln::spec::SpecOptions;
 use kiln::{Device, EngineOptions, SessionOptions};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -26,7 +27,9 @@ impl Engine {
     /// Loads `model`: a .gguf path, a catalog name such as "smollm2-135m" (fetched into
     /// the cache on first use) or a Hugging Face name (hf://ORG/REPO[:QUANT]).
     #[new]
-    #[pyo3(signature = (model, *, n_ctx=None, device="auto", threads=None, n_batch=None, n_seq=1))]
+    #[pyo3(signature = (model, *, n_ctx=None, device="auto", threads=None, n_batch=None, n_seq=1,
+                        draft_model=None, lookup_ngram=None, draft_max=16, draft_min=0, draft_p_min=0.75))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: PathBuf,
@@ -35,21 +38,14 @@ impl Engine {
         threads: Option<usize>,
         n_batch: Option<usize>,
         n_seq: usize,
+        draft_model: Option<PathBuf>,
+        lookup_ngram: Option<usize>,
+        draft_max: usize,
+        draft_min: usize,
+        draft_p_min: f32,
     ) -> PyResult<Self> {
-        let device: Device = device.parse().or_raise()?;
-        let mut opts = EngineOptions::default().with_device(device).with_n_seq(n_seq);
-        if let Some(n) = n_ctx {
-            opts = opts.with_n_ctx(n);
-        }
-        if let Some(t) = threads {
-            if t == 0 {
-                return Err(invalid("threads must be at least 1"));
-            }
-            opts = opts.with_threads(t);
-        }
-        if let Some(b) = n_batch {
-            opts = opts.with_batch(b);
-        }
+        let spec = spec_options(draft_model, lookup_ngram, draft_max, draft_min, draft_p_min);
+        let opts = engine_options(device, n_ctx, threads, n_batch, spec)?.with_n_seq(n_seq);
         let model = model.to_string_lossy().into_owned();
         let inner = worker::run(py, None, move |_| kiln::Engine::load(&model, opts))?.or_raise()?;
         Ok(Engine { inner })
@@ -278,4 +274,47 @@ fn ndarray<'py>(py: Python<'py>, rows: &[Vec<f32>], n_embd: usize) -> PyResult<B
     let buf = PyByteArray::new(py, &bytes);
     let arr = np.call_method1("frombuffer", (buf, np.getattr("float32")?))?;
     arr.call_method1("reshape", (rows.len(), n_embd))
+}
+
+/// The engine options `Engine(...)` and `serve(...)` share: the device, context, threads,
+/// batch and speculation (a draft model or prompt lookup).
+pub fn engine_options(
+    device: &str,
+    n_ctx: Option<usize>,
+    threads: Option<usize>,
+    n_batch: Option<usize>,
+    spec: SpecOptions,
+) -> PyResult<EngineOptions> {
+    let device: Device = device.parse().or_raise()?;
+    let mut opts = EngineOptions::default().with_device(device).with_spec(spec);
+    if let Some(n) = n_ctx {
+        opts = opts.with_n_ctx(n);
+    }
+    if let Some(t) = threads {
+        if t == 0 {
+            return Err(invalid("threads must be at least 1"));
+        }
+        opts = opts.with_threads(t);
+    }
+    if let Some(b) = n_batch {
+        opts = opts.with_batch(b);
+    }
+    Ok(opts)
+}
+
+/// Speculative decoding's settings from the keywords of `Engine(...)` and `serve(...)`.
+pub fn spec_options(
+    draft_model: Option<PathBuf>,
+    lookup_ngram: Option<usize>,
+    draft_max: usize,
+    draft_min: usize,
+    draft_p_min: f32,
+) -> SpecOptions {
+    let mut spec = SpecOptions::default();
+    spec.draft_model = draft_model.map(|m| m.to_string_lossy().into_owned());
+    spec.lookup_ngram = lookup_ngram;
+    spec.draft_max = draft_max;
+    spec.draft_min = draft_min;
+    spec.draft_p_min = draft_p_min;
+    spec
 }

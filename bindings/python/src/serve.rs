@@ -5,12 +5,13 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kiln::{Device, EngineOptions, KilnError};
+use kiln::KilnError;
 use kiln_server::{serve_until, ServerOptions};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use tokio::sync::Notify;
 
+use crate::engine::{engine_options, spec_options};
 use crate::errors::{invalid, OrRaise};
 use crate::worker::{recv, worker_died};
 
@@ -80,7 +81,8 @@ impl Drop for Server {
 /// loaded and requests are answered.
 #[pyfunction]
 #[pyo3(signature = (model=None, *, host="127.0.0.1", port=8080, n_ctx=None, device="auto",
-                    threads=None, n_batch=None, parallel=8, queue=64, alias=None, api_key=None, block=true))]
+                    threads=None, n_batch=None, parallel=8, queue=64, alias=None, api_key=None, block=true,
+                    draft_model=None, lookup_ngram=None, draft_max=16, draft_min=0, draft_p_min=0.75))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve(
     py: Python<'_>,
@@ -96,24 +98,17 @@ pub fn serve(
     alias: Option<String>,
     api_key: Option<String>,
     block: bool,
+    draft_model: Option<std::path::PathBuf>,
+    lookup_ngram: Option<usize>,
+    draft_max: usize,
+    draft_min: usize,
+    draft_p_min: f32,
 ) -> PyResult<Option<Server>> {
     if parallel == 0 || queue == 0 {
         return Err(invalid("parallel and queue must be at least 1"));
     }
-    let device: Device = device.parse().or_raise()?;
-    let mut engine = EngineOptions::default().with_device(device);
-    if let Some(n) = n_ctx {
-        engine = engine.with_n_ctx(n);
-    }
-    if let Some(t) = threads {
-        if t == 0 {
-            return Err(invalid("threads must be at least 1"));
-        }
-        engine = engine.with_threads(t);
-    }
-    if let Some(b) = n_batch {
-        engine = engine.with_batch(b);
-    }
+    let spec = spec_options(draft_model, lookup_ngram, draft_max, draft_min, draft_p_min);
+    let engine = engine_options(device, n_ctx, threads, n_batch, spec)?;
     let opts = ServerOptions {
         model: model
             .map_or_else(|| kiln::hub::DEFAULT_MODEL.to_string(), |m| m.to_string_lossy().into_owned()),

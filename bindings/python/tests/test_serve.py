@@ -35,3 +35,20 @@ def test_serve_errors():
         kiln.serve("no-such-model.gguf", port=0, block=False)
     with pytest.raises(kiln.InvalidArgumentError):
         kiln.serve(MODEL, port=0, parallel=0, block=False)
+
+
+def test_speculation(engine):
+    """A draft model (here smollm2 drafting for itself) and prompt lookup leave greedy
+    text unchanged, in the engine and in the server, whose usage counts the drafts."""
+    prompt = "List the days of the week: Monday, Tuesday,"
+    plain = engine.complete(prompt, max_tokens=16, temperature=0).text
+    for spec in [{"draft_model": MODEL, "draft_max": 4}, {"lookup_ngram": 2}]:
+        e = kiln.Engine(MODEL, n_ctx=512, **spec)
+        assert e.complete(prompt, max_tokens=16, temperature=0).text == plain, spec
+    with kiln.serve(MODEL, port=0, n_ctx=512, parallel=2, block=False, draft_model=MODEL, draft_max=4) as server:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0}
+        got = post(server.url + "/v1/completions", body)
+        assert got["choices"][0]["text"] == plain
+        assert got["usage"]["draft_tokens"] > 0 and got["usage"]["accepted_tokens"] > 0, got["usage"]
+    with pytest.raises(kiln.KilnError, match="draft-min"):
+        kiln.Engine(MODEL, draft_model=MODEL, draft_max=2, draft_min=3)

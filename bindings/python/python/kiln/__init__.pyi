@@ -161,6 +161,11 @@ class Engine:
         threads: Optional[int] = None,
         n_batch: Optional[int] = None,
         n_seq: int = 1,
+        draft_model: Optional[Union[str, "os.PathLike[str]"]] = None,
+        lookup_ngram: Optional[int] = None,
+        draft_max: int = 16,
+        draft_min: int = 0,
+        draft_p_min: float = 0.75,
     ) -> None:
         """Load `model`: a .gguf path, a catalog name such as "smollm2-135m" (fetched into
         $KILN_HOME on first use), or a Hugging Face name, hf://ORG/REPO[:QUANT] or
@@ -172,6 +177,10 @@ class Engine:
         n_batch: most tokens per forward pass (default 512).
         n_seq: sequences that can hold a full context at once (the KV pool holds
             n_ctx * n_seq tokens; sessions and concurrent calls share it).
+        draft_model: a smaller model of the same vocabulary that drafts tokens for
+            speculative decoding (as `kiln run -md`); lookup_ngram: draft from the context
+            instead (prompt lookup, `--lookup-ngram`). draft_max, draft_min, draft_p_min
+            as `--draft-max`, `--draft-min`, `--draft-p-min`. Output is the same as without.
         """
     @property
     def n_ctx(self) -> int: ...
@@ -374,6 +383,11 @@ def serve(
     alias: Optional[str] = None,
     api_key: Optional[str] = None,
     block: Literal[True] = True,
+    draft_model: Optional[Union[str, "os.PathLike[str]"]] = None,
+    lookup_ngram: Optional[int] = None,
+    draft_max: int = 16,
+    draft_min: int = 0,
+    draft_p_min: float = 0.75,
 ) -> None: ...
 @overload
 def serve(
@@ -390,6 +404,11 @@ def serve(
     alias: Optional[str] = None,
     api_key: Optional[str] = None,
     block: Literal[False],
+    draft_model: Optional[Union[str, "os.PathLike[str]"]] = None,
+    lookup_ngram: Optional[int] = None,
+    draft_max: int = 16,
+    draft_min: int = 0,
+    draft_p_min: float = 0.75,
 ) -> Server: ...
 def serve(
     model: Union[str, "os.PathLike[str]"] = "smollm2-135m",
@@ -405,7 +424,14 @@ def serve(
     alias: Optional[str] = None,
     api_key: Optional[str] = None,
     block: bool = True,
+    draft_model: Optional[Union[str, "os.PathLike[str]"]] = None,
+    lookup_ngram: Optional[int] = None,
+    draft_max: int = 16,
+    draft_min: int = 0,
+    draft_p_min: float = 0.75,
 ) -> Optional[Server]:
     """Run kiln's OpenAI-compatible HTTP server (the routes and options of `kiln serve`)
     on `model` in this process. block=True serves until Ctrl-C, then drains and returns;
-    block=False returns a Server once the model is loaded (port=0 lets the OS pick)."""
+    block=False returns a Server once the model is loaded (port=0 lets the OS pick).
+    draft_model, lookup_ngram and the draft_* settings speculate as in `Engine` (and
+    `kiln serve -md`); usage then counts draft_tokens and accepted_tokens."""
