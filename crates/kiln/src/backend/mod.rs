@@ -458,13 +458,26 @@ pub trait Backend: Send + Sync + 'static {
         head_dim: usize,
         rope: &RopeParams,
     ) {
+        self.head_norms(q, k, tmp, norms, pos.len(), (n_head, n_head_kv, head_dim));
+        self.rope_kv_store(q, k, v, k_cache, v_cache, pos, slots, n_head, n_head_kv, head_dim, rope);
+    }
+    /// `norm_rope_kv_store`'s norms alone: RMSNorm of each head of `n` tokens' `q` and `k`
+    /// (`heads`: n_head, n_head_kv, head_dim), through `tmp` (swapped with them).
+    fn head_norms(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        tmp: (&mut Self::Buf, &mut Self::Buf),
+        norms: (&Self::Weight, &Self::Weight, f32),
+        n: usize,
+        heads: (usize, usize, usize),
+    ) {
         let (qn, kn, eps) = norms;
-        let n = pos.len();
+        let (n_head, n_head_kv, head_dim) = heads;
         self.rms_norm(q, qn, eps, n * n_head, head_dim, tmp.0);
         std::mem::swap(q, tmp.0);
         self.rms_norm(k, kn, eps, n * n_head_kv, head_dim, tmp.1);
         std::mem::swap(k, tmp.1);
-        self.rope_kv_store(q, k, v, k_cache, v_cache, pos, slots, n_head, n_head_kv, head_dim, rope);
     }
     /// Causal attention of each query row over its sequence's cached keys and values.
     fn attention(

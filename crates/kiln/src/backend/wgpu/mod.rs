@@ -1460,10 +1460,7 @@ impl Backend for GpuBackend {
             && head_wide(qn)
             && head_wide(kn);
         if !fused {
-            self.rms_norm(q, qn, eps, n_tok * n_head, head_dim, tmp.0);
-            std::mem::swap(q, tmp.0);
-            self.rms_norm(k, kn, eps, n_tok * n_head_kv, head_dim, tmp.1);
-            std::mem::swap(k, tmp.1);
+            self.head_norms(q, k, tmp, norms, n_tok, (n_head, n_head_kv, head_dim));
             self.rope_kv_store(q, k, v, kc, vc, pos, slots, n_head, n_head_kv, head_dim, r);
             return;
         }
