@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kiln::backend::cpu::{k_rows, AttnArith, CpuBackend, KvBuf};
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuWeight, MatmulPath};
-use kiln::backend::{Activation, AttnPlan, Backend, LayerNorm, RopeParams};
+use kiln::backend::{Activation, AttnPlan, Backend, ExpertInput, Gating, LayerNorm, RopeParams, Routing};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
 
@@ -105,8 +105,22 @@ fn model() -> Arc<GgufFile> {
     for (i, rows) in [37usize, 13, 21].into_iter().enumerate() {
         w.add_f32(format!("bias.{i}"), &[rows as u64], &rng.vec(rows)).unwrap();
     }
+    // A mixture of experts: an F32 router over 8 experts (as llama-quantize leaves it), and
+    // gate and up experts of 32 rows each.
+    w.add_f32("router", &[K as u64, 8], &rng.vec(8 * K)).unwrap();
+    for ty in EXPERT_TYPES {
+        for part in ["gate", "up"] {
+            let v = rng.vec(8 * 32 * K);
+            let mut data = vec![0u8; ty.row_size(K).unwrap() * 8 * 32];
+            quant::quantize_row(ty, &v, &mut data).unwrap();
+            w.add_tensor(format!("exps.{part}.{}", ty.name()), ty, &[K as u64, 32, 8], data).unwrap();
+        }
+    }
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
 }
+
+/// The expert tensors' types: activations quantized to Q8_0 blocks and to Q8_K superblocks.
+const EXPERT_TYPES: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_K];
 
 /// Both reduction paths on the vec matmul path.
 fn vec_gpus() -> Vec<GpuBackend> {
@@ -833,6 +847,80 @@ fn moe_sum_fused_into_the_next_add_and_norm_matches_cpu() {
             let what = format!("moe_sum then add_rms_norm, scale {scale}");
             against_cpu(&gpu, &what, &d, &c, 0.0);
             assert_eq!(n, 1, "{what}: {n} dispatches");
+        }
+    }
+}
+
+/// A mixture of experts' routing of `n` tokens: the residual add and norm, the router (8
+/// experts, 3 a token) and the gate and up experts of `ty` reading the norm's output, through
+/// `moe_router` (`fused`) or the router's matmul and `moe_route` as two ops: the logits,
+/// ids, weights, gate and up outputs, the norm's output and the new residual.
+fn router_then_experts<B: Backend>(
+    b: &B,
+    g: &Arc<GgufFile>,
+    ty: GgmlType,
+    n: usize,
+    fused: bool,
+) -> Vec<f32> {
+    let r = Routing { n_expert: 8, k: 3, gating: Gating::Softmax, norm: true, scale: 1.0 };
+    let router = weight(b, g, "router");
+    let ts: Vec<_> =
+        ["gate", "up"].iter().map(|p| g.tensor(&format!("exps.{p}.{}", ty.name())).unwrap()).collect();
+    let ex = b.load_experts_together(g, &ts, 8).unwrap();
+    let mut x = input(b, g, "x", n, n * K);
+    let y = input(b, g, "y", n, n * K);
+    let mut h = b.alloc(n * K).unwrap();
+    b.add_rms_norm(&mut x, &y, 0.5, &weight(b, g, "norm"), 1e-6, n, K, &mut h);
+    let (mut logits, mut ids, mut wts) =
+        (b.alloc(n * 8).unwrap(), b.alloc(n * 3).unwrap(), b.alloc(n * 3).unwrap());
+    if fused {
+        b.moe_router(&router, &ex[0], &h, n, &r, (&mut logits, &mut ids, &mut wts));
+    } else {
+        b.matmul(&router, &h, n, &mut logits);
+        b.moe_route(&logits, n, &r, &mut ids, &mut wts);
+    }
+    let (mut go, mut uo) = (b.alloc(n * 3 * 32).unwrap(), b.alloc(n * 3 * 32).unwrap());
+    let input = ExpertInput { x: &h, per_slot: false, ids: &ids, rows: n, k: 3 };
+    b.matmul_id(&[&ex[0], &ex[1]], input, &mut [&mut go, &mut uo]);
+    let mut v = read(b, &logits, n * 8);
+    v.extend(read(b, &ids, n * 3));
+    v.extend(read(b, &wts, n * 3));
+    v.extend(read(b, &go, n * 3 * 32));
+    v.extend(read(b, &uo, n * 3 * 32));
+    v.extend(read(b, &h, n * K));
+    v.extend(read(b, &x, n * K));
+    v
+}
+
+/// The norm before a mixture of experts' f32 router also quantizes its output for the
+/// experts (`moe_router`): one dispatch fewer than the router's matmul and `moe_route` as two
+/// ops (the expert matmul's quantize), the same bits, and the CPU's on the exact paths.
+#[test]
+fn the_router_takes_the_experts_quantize_into_the_norm() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    let mut paths = Vec::new();
+    for path in [MatmulPath::Rows, MatmulPath::Exact, MatmulPath::Vec] {
+        for mut gpu in gpus() {
+            gpu.set_matmul_path(path);
+            paths.push(gpu);
+        }
+    }
+    for gpu in paths {
+        for ty in EXPERT_TYPES {
+            for n in [1, 3] {
+                let what = format!("router then {ty} experts x{n} {:?}", gpu.matmul_path());
+                let d0 = gpu.counts().get().1;
+                let split = router_then_experts(&gpu, &g, ty, n, false);
+                let d1 = gpu.counts().get().1;
+                let fused = router_then_experts(&gpu, &g, ty, n, true);
+                let d2 = gpu.counts().get().1;
+                assert_same_bits(&what, &fused, &split);
+                assert_eq!((d1 - d0) - (d2 - d1), 1, "{what}: dispatches {} then {}", d1 - d0, d2 - d1);
+                let c = router_then_experts(&cpu, &g, ty, n, true);
+                let tol = if gpu.matmul_path() == MatmulPath::Vec { 1e-11 } else { 0.0 };
+                against_cpu(&gpu, &what, &fused, &c, tol);
+            }
         }
     }
 }

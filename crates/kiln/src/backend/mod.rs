@@ -499,6 +499,24 @@ pub trait Backend: Send + Sync + 'static {
         ids: &mut Self::Buf,
         weights: &mut Self::Buf,
     );
+    /// A mixture of experts' router on `rows` rows of `x`: `logits = x · routerᵀ`, then
+    /// `moe_route` of them into (logits, ids, weights). `experts` are the first that `x` goes
+    /// through, for a backend that prepares `x` for them as it makes it (the GPU quantizes
+    /// it with the norm that writes it).
+    fn moe_router(
+        &self,
+        router: &Self::Weight,
+        experts: &Self::Experts,
+        x: &Self::Buf,
+        rows: usize,
+        r: &Routing,
+        out: (&mut Self::Buf, &mut Self::Buf, &mut Self::Buf),
+    ) {
+        let _ = experts;
+        let (logits, ids, weights) = out;
+        self.matmul(router, x, rows, logits);
+        self.moe_route(logits, rows, r, ids, weights);
+    }
     /// `outs[i][t * k + j] = x[t] · ws[i][ids[t * k + j]]ᵀ` for each of the input's `rows`
     /// tokens `t` and slots `j < k` (`x` row `t * k + j` where `per_slot`): experts of one
     /// input (gate and up, or down), each token's row through the same dot as a dense matmul's.

@@ -1200,6 +1200,18 @@ impl Backend for GpuBackend {
         self.load_experts_together_impl(gguf, ts, n_expert)
     }
 
+    fn moe_router(
+        &self,
+        router: &GpuWeight,
+        experts: &GpuExperts,
+        x: &GpuBuf,
+        rows: usize,
+        r: &Routing,
+        out: (&mut GpuBuf, &mut GpuBuf, &mut GpuBuf),
+    ) {
+        self.moe_router_impl(router, experts, x, rows, r, out);
+    }
+
     fn moe_route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
         self.moe_route_impl(logits, rows, r, ids, weights);
     }

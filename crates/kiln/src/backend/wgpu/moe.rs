@@ -5,12 +5,13 @@
 //! not depend on the slots sharing its expert), their weighted sum and a shared expert's
 //! sigmoid gate.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ::wgpu;
 
 use super::kernels::{self, Kernel};
-use super::{grid, matrix_data, GpuBackend, GpuBuf, MatmulPath};
+use super::{grid, matrix_data, GpuBackend, GpuBuf, GpuWeight, MatmulPath};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -135,6 +136,36 @@ impl GpuBackend {
             .collect())
     }
 
+    /// The router (`Backend::moe_router`). Where it reads `x` as f32 and the norm (or other
+    /// op) that writes `x` is held back, that op also quantizes `x` for `experts` as it
+    /// writes it, into the activation scratch, where the expert matmul finds it: one
+    /// dispatch instead of a quantize of its own before the experts, the same bits.
+    pub(super) fn moe_router_impl(
+        &self,
+        router: &GpuWeight,
+        experts: &GpuExperts,
+        x: &GpuBuf,
+        rows: usize,
+        r: &Routing,
+        (logits, ids, weights): (&mut GpuBuf, &mut GpuBuf, &mut GpuBuf),
+    ) {
+        self.op();
+        let n = rows * experts.cols;
+        let f32_router = super::dot_mode(router.ty).is_none()
+            && self.coop_shape(router.ty, rows, router.rows, router.cols).is_none();
+        if let (true, Some((mode, bs))) = (f32_router, super::dot_mode(experts.ty)) {
+            if let Some(taken) = self.take_writer(x, n, bs) {
+                let act = self.act_buf(n);
+                self.run_quantize(Some(taken), x, mode, rows, experts.cols, &act);
+                *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = Some((x.buf.clone(), mode, n));
+            }
+        }
+        // (The router's f32 input leaves the activation scratch as it is.)
+        self.counts.ops.fetch_add(1, Ordering::Relaxed);
+        self.run_all(self.matmul_dispatches(&[router], &[], x, rows, &[&logits.buf]));
+        self.route(logits, rows, r, ids, weights);
+    }
+
     pub(super) fn moe_route_impl(
         &self,
         logits: &GpuBuf,
@@ -144,6 +175,10 @@ impl GpuBackend {
         weights: &mut GpuBuf,
     ) {
         self.op();
+        self.route(logits, rows, r, ids, weights);
+    }
+
+    fn route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
         let gating = match r.gating {
             Gating::Softmax => 0,
             Gating::Sigmoid => 1,
@@ -155,13 +190,23 @@ impl GpuBackend {
 
     /// `x` (`rows` rows of `k`) as the matmul of a weight of type `ty` reads it: quantized to
     /// its dot type into the activation scratch (with the op that writes `x`, where it is
-    /// held back), or itself; with the words where the block scales and sums start.
-    fn expert_input(&self, x: &GpuBuf, ty: GgmlType, rows: usize, k: usize) -> (wgpu::Buffer, u32, u32) {
+    /// held back; not again where `held`, what the scratch holds, says it is there), or
+    /// itself; with the words where the block scales and sums start.
+    fn expert_input(
+        &self,
+        x: &GpuBuf,
+        ty: GgmlType,
+        rows: usize,
+        k: usize,
+        held: Option<&(wgpu::Buffer, u32, usize)>,
+    ) -> (wgpu::Buffer, u32, u32) {
         let Some((mode, bs)) = super::dot_mode(ty) else {
             return (x.buf.clone(), 0, 0);
         };
         let act = self.act_buf(rows * k);
-        self.run_quantize(self.take_writer(x, rows * k, bs), x, mode, rows, k, &act);
+        if held.is_none_or(|(b, m, n)| *b != x.buf || *m != mode || *n != rows * k) {
+            self.run_quantize(self.take_writer(x, rows * k, bs), x, mode, rows, k, &act);
+        }
         let (xd, xs) = super::act_words(rows, k, bs);
         (act, xd, xs)
     }
@@ -173,7 +218,9 @@ impl GpuBackend {
         outs: &mut [&mut GpuBuf],
     ) {
         let ExpertInput { x, per_slot, ids, rows, k } = input;
-        // (Also forgets the activations a dense matmul quantized: the scratch is reused.)
+        // What the activation scratch holds (the router may have left `x` there), then
+        // forgotten: the scratch is reused.
+        let held = self.act_src.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.op();
         let n_slots = rows * k;
         let x_rows = if per_slot { n_slots } else { rows };
@@ -203,7 +250,7 @@ impl GpuBackend {
             // Quantized once for weights of one dot type (gate and up).
             let mode = super::dot_mode(w.ty);
             if input.is_none() || input_mode != mode {
-                input = Some(self.expert_input(x, w.ty, x_rows, w.cols));
+                input = Some(self.expert_input(x, w.ty, x_rows, w.cols, held.as_ref()));
                 input_mode = mode;
             }
             let (xq, xd, xs) = input.as_ref().expect("set above");

@@ -129,8 +129,7 @@ pub fn forward<B: Backend>(
 ) {
     let r = &m.routing;
     let d = b.weight_shape(&w.router).1;
-    b.matmul(&w.router, x, n, &mut s.logits);
-    b.moe_route(&s.logits, n, r, &mut s.ids, &mut s.weights);
+    b.moe_router(&w.router, &w.gate, x, n, r, (&mut s.logits, &mut s.ids, &mut s.weights));
     let input = ExpertInput { x, per_slot: false, ids: &s.ids, rows: n, k: r.k };
     b.matmul_id(&[&w.gate, &w.up], input, &mut [&mut s.gate, &mut s.up]);
     b.glu(&mut s.gate, &s.up, m.act, n * r.k * m.n_ff);
