@@ -7,6 +7,7 @@ use ::wgpu;
 
 use super::context::Context;
 use super::coop::CoopShape;
+use super::coop_attn::AttnShape;
 use crate::quant::GgmlType;
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
@@ -492,6 +493,8 @@ pub enum Kernel {
     AttnDirect(bool),
     /// Their merge per (token, head); `true` as Attention's.
     AttnCombine(bool),
+    /// Prompt attention on cooperative matrices (coop_attn.rs); `true` as Attention's.
+    AttnCoop(bool, AttnShape),
     /// Attention over caches of the K and V types (crate::kv::CACHE_TYPES, one at least
     /// quantized; attention_kv.wgsl), as the kernel `AttnKind` names, without a quantize tail.
     AttentionKv(AttnKind, GgmlType, GgmlType),
@@ -552,6 +555,7 @@ impl Kernel {
             Attention(_) => (include_str!("shaders/attention.wgsl"), "main"),
             AttnPartial | AttnDirect(_) => (include_str!("shaders/attention_split.wgsl"), "main"),
             AttnCombine(_) => (include_str!("shaders/attention_combine.wgsl"), "main"),
+            AttnCoop(..) => (include_str!("shaders/attention_coop.wgsl"), "main"),
             AttentionKv(AttnKind::Exact, ..) => (include_str!("shaders/attention.wgsl"), "main"),
             AttentionKv(..) => (include_str!("shaders/attention_split.wgsl"), "main"),
             KvRows(op, _) => (
@@ -839,6 +843,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     if let Kernel::MatmulCoop(_, _, shape) = k {
         s.push_str(super::coop::enables(shape));
     }
+    if let Kernel::AttnCoop(_, shape) = k {
+        s.push_str(super::coop_attn::enables(shape));
+    }
     let fma = if fused_fma { "    return fma(a, b, c);" } else { "    return fma_soft(a, b, c);" };
     s.push_str(
         &COMMON
@@ -969,6 +976,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * EXACT_ROWS))
         }
         Kernel::MatmulCoop(_, _, shape) => super::coop::source(shape, src),
+        Kernel::AttnCoop(_, shape) => super::coop_attn::source(shape, src),
         Kernel::MatmulVec(..) | Kernel::MatmulIdVec(..) => {
             let (ty, outs, input, VecShape { rg, npr, rr, tt }) = match k {
                 Kernel::MatmulVec(ty, outs, input, shape) => (ty, outs, input, shape),
@@ -1070,7 +1078,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::Attention(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
         Kernel::AttnCombine(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "3")),
         Kernel::AttnDirect(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
+        Kernel::AttnCoop(true, _) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
         Kernel::Attention(false)
+        | Kernel::AttnCoop(false, _)
         | Kernel::AttnCombine(false)
         | Kernel::AttnPartial
         | Kernel::AttentionKv(..)

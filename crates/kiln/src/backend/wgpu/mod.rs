@@ -4,6 +4,7 @@
 
 mod context;
 pub mod coop;
+pub mod coop_attn;
 pub mod kernels;
 mod moe;
 
@@ -168,6 +169,9 @@ struct Dispatch {
     groups: [u32; 3],
 }
 
+/// An attention's kernel, with (`true`) or without its quantizing tail.
+type AttnKernel = Box<dyn Fn(bool) -> Kernel + Send + Sync>;
+
 /// A deferred op, taken by the quantize of the matmul that reads its output (or, for q/k/v,
 /// by the RoPE store).
 enum Pending {
@@ -194,7 +198,7 @@ enum Pending {
     /// them (prm[8] the quantize mode; the output last), writing `len` values of heads of
     /// `head_dim`.
     Attention {
-        kernel: fn(bool) -> Kernel,
+        kernel: AttnKernel,
         prm: Vec<u32>,
         bufs: Vec<wgpu::Buffer>,
         groups: [u32; 3],
@@ -526,7 +530,8 @@ impl GpuBackend {
             let (prm, groups) = Self::kv_rotate_prm(rows, hd, Some(n), &vec![1.0; n_tok]);
             let (len, head_dim) = (rows * hd, plan.n_head * hd);
             let bufs = vec![tmp, out.buf.clone()];
-            self.defer(Pending::Attention { kernel: Kernel::KvRotate, prm, bufs, groups, len, head_dim });
+            let kernel = Box::new(Kernel::KvRotate);
+            self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim });
         }
     }
 
@@ -594,6 +599,28 @@ impl GpuBackend {
             Some(choice) => on.then(|| choice(tokens, rows, k)).flatten(),
             None => (on && tokens >= coop::MIN_TOKENS).then(|| coop::shape(caps, tokens, rows, k)).flatten(),
         }
+    }
+
+    /// The shape prompt attention takes on cooperative matrices (coop_attn.rs), None where
+    /// it stays on the portable kernels: batch invariance asked for, no cooperative
+    /// matrices, a chunk of fewer than `coop::MIN_TOKENS` tokens, quantized caches, ALiBi,
+    /// non-causal attention, heads the kernel does not take, or a block of its queries
+    /// from two sequences.
+    #[doc(hidden)]
+    pub fn attention_tiles(&self, plan: &AttnPlan, kc: &GpuKv, vc: &GpuKv) -> Option<coop_attn::AttnShape> {
+        let caps = self.coop.as_ref()?;
+        let on = !self.batch_invariant
+            && self.matmul == MatmulPath::Vec
+            && plan.pos.len() >= coop::MIN_TOKENS
+            && kc.ty == GgmlType::F16
+            && vc.ty == GgmlType::F16
+            && plan.alibi.is_none()
+            && plan.seq_len.is_none()
+            && plan.n_head_kv > 0
+            && plan.n_head.is_multiple_of(plan.n_head_kv);
+        let shape = on.then(|| coop_attn::shape(caps, plan.head_dim)).flatten()?;
+        let one_sequence = |b: &[u32]| b.iter().all(|&s| s == b[0]);
+        plan.seq.chunks(shape.bq() as usize).all(one_sequence).then_some(shape)
     }
 
     /// Picks the matmul kernel (tests, tuning).
@@ -1712,18 +1739,24 @@ impl Backend for GpuBackend {
             return;
         }
         let bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
-        let (kernel, bufs, groups): (fn(bool) -> Kernel, _, _) = match (split, chunks) {
-            (false, _) => (Kernel::Attention, bufs, groups),
-            // Every head's keys in one chunk: the split kernel writes the output itself.
-            (true, 1) => (Kernel::AttnDirect, bufs, groups),
-            (true, _) => {
-                let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
-                let part = self.scratch(&self.part, n, "kiln partials");
-                let g = [groups[0], groups[1], chunks];
-                self.run(Kernel::AttnPartial, &prm, &[&bufs[0], &bufs[1], &bufs[2], &part], g);
-                (Kernel::AttnCombine, vec![part, out.buf.clone()], groups)
-            }
-        };
+        let (kernel, bufs, groups): (AttnKernel, _, _) =
+            match (self.attention_tiles(plan, kc, vc), split, chunks) {
+                // A prompt chunk on the tensor cores: a workgroup per block of queries and head.
+                (Some(shape), ..) => {
+                    let g = [n_tok.div_ceil(shape.bq() as usize) as u32, plan.n_head as u32, 1];
+                    (Box::new(move |q| Kernel::AttnCoop(q, shape)), bufs, g)
+                }
+                (None, false, _) => (Box::new(Kernel::Attention), bufs, groups),
+                // Every head's keys in one chunk: the split kernel writes the output itself.
+                (None, true, 1) => (Box::new(Kernel::AttnDirect), bufs, groups),
+                (None, true, _) => {
+                    let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
+                    let part = self.scratch(&self.part, n, "kiln partials");
+                    let g = [groups[0], groups[1], chunks];
+                    self.run(Kernel::AttnPartial, &prm, &[&bufs[0], &bufs[1], &bufs[2], &part], g);
+                    (Box::new(Kernel::AttnCombine), vec![part, out.buf.clone()], groups)
+                }
+            };
         self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim });
     }
 

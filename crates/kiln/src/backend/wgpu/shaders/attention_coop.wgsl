@@ -1,0 +1,222 @@
+// Prompt attention on cooperative matrices (tensor cores), flash-attention style. A
+// workgroup takes BQ = 16 x NSG query tokens of one head, each of its NSG subgroups 16 of
+// them, their queries (f16, times each token's multiplier) held in HD / 16 tiles. Keys and
+// values go through workgroup memory in tiles of BK positions, f16 as the cache holds
+// them. Per tile a subgroup computes its 16 x BK scores S = Q·Kᵀ (16x16x16 f16 products
+// into f32), then an invocation per query row scales, soft-caps and masks them (the keys
+// first..last its token sees: causal, sliding window) and takes the online softmax's
+// weights P = exp(S - m), rounded to f16, which the values multiply into f32 accumulators
+// O += P·V held in registers. The reference max m is raised lazily: only where a tile's
+// scores pass it by more than RESCALE (the weights then stay below e^RESCALE, well within
+// f16) are a row's accumulators and sum rescaled, through workgroup memory, so most tiles
+// leave them in registers. coop_attn.rs writes the matrix statements out (`//QLOAD`,
+// `//OINIT`, `//QK`, `//RESCALE`, `//PV`, `//OUT`), on cooperative matrices or emulated.
+// Sums are f32 in the tensor cores' order and the weights f16: results differ from the
+// portable kernels by rounding, and a token's may depend on which tokens share its tile
+// (no batch invariance: `batch_invariant` keeps the portable kernels).
+// prm as attention.wgsl's (ALiBi and quantized caches stay on the portable kernels); a
+// workgroup's tokens belong to one sequence (mod.rs checks), whose block table is its
+// first token's. `attn_tail` (kernels.rs) is empty, or quantizes the output for the next
+// matmul.
+@group(0) @binding(0) var<storage, read> prm: array<u32>;
+@group(0) @binding(1) var<storage, read> qs: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> vc: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> ys: array<f32>;
+
+// A staged row: HD values and 8 of padding, in 4-value words (rows 16-byte aligned, as
+// the tile loads require; their rows fall in distinct banks).
+const SR: u32 = HD / 4u + 2u;
+// A row of weights: BK values and 8 of padding.
+const PR: u32 = BK / 4u + 2u;
+// How far a tile's scores may pass the reference max before the accumulators are
+// rescaled (the weights stay below e^8 ~ 2981, and the f32 sums lose nothing).
+const RESCALE: f32 = 8.0;
+
+// The queries (rows 0..BQ) until they are in registers, then each tile's keys (rows
+// 0..BK) and values (BK..2 BK).
+var<workgroup> kvs: array<vec4<f16>, KVR * SR>;
+// Per subgroup, and one more for subgroups past NSG (adapters running subgroups smaller
+// than their largest; their results are dropped): its 16 x BK scores in f32, each
+// accumulator tile on its way to a rescale or the output; its weights in f16; per query
+// row the reference max, the sum of weights and this tile's rescale factor.
+var<workgroup> ss: array<f32, (NSG + 1u) * 16u * BK>;
+var<workgroup> ps: array<vec4<f16>, (NSG + 1u) * 16u * PR>;
+var<workgroup> rm: array<f32, (NSG + 1u) * 16u>;
+var<workgroup> rl: array<f32, (NSG + 1u) * 16u>;
+var<workgroup> ra: array<f32, (NSG + 1u) * 16u>;
+// Zeros the accumulators start from.
+var<workgroup> zs: array<f32, 256>;
+// Whether some row of this tile raised its reference max.
+var<workgroup> raised: u32;
+
+// Four f16 values from two words (exact through f32).
+fn f16x4(a: u32, b: u32) -> vec4<f16> {
+    return vec4<f16>(vec4<f32>(unpack2x16float(a), unpack2x16float(b)));
+}
+
+// The subgroup's rows of a tile of keys from k0: scores scaled, soft-capped and masked in
+// place, each row's reference max raised where the tile passes it by more than RESCALE,
+// the weights to `ps` in f16, their sum into the row's.
+fn softmax_rows(k0: u32, t0: u32, so: u32, po: u32, ro: u32, sgi: u32, sgn: u32) {
+    let neg_inf = bitcast<f32>(0xff800000u);
+    let n_tok = prm[0];
+    let scale = pf(4u);
+    let cap = pf(10u);
+    for (var r = sgi; r < 16u; r = r + sgn) {
+        let ti = prm[6] + 4u * min(t0 + r, n_tok - 1u);
+        let last = prm[ti];
+        let first = prm[ti + 1u];
+        let row = so + r * BK;
+        var mx = neg_inf;
+        for (var c = 0u; c < BK; c = c + 1u) {
+            let p = k0 + c;
+            var s = neg_inf;
+            if p >= first && p <= last {
+                s = softcap_score(ss[row + c] * scale, cap);
+            }
+            ss[row + c] = s;
+            mx = max(mx, s);
+        }
+        var m = rm[ro + r];
+        var alpha = 1.0;
+        if mx > m + RESCALE {
+            // (The row's first keys: its accumulators are still zeros, nothing to rescale.)
+            if m > neg_inf {
+                alpha = exp(m - mx);
+                raised = 1u;
+            } else {
+                alpha = 0.0;
+            }
+            m = mx;
+            rm[ro + r] = m;
+        }
+        ra[ro + r] = alpha;
+        var l = 0.0;
+        for (var c = 0u; c < BK; c = c + 1u) {
+            let s = ss[row + c];
+            let w = f16(select(0.0, exp(s - m), s > neg_inf));
+            ps[po + r * PR + c / 4u][c % 4u] = w;
+            l = l + f32(w);
+        }
+        rl[ro + r] = rl[ro + r] * alpha + l;
+    }
+}
+
+// The accumulator tile in `ss` at so, each row times its rescale factor.
+fn rescale_tile(so: u32, ro: u32, sgi: u32, sgn: u32) {
+    for (var e = sgi; e < 256u; e = e + sgn) {
+        ss[so + e] = ss[so + e] * ra[ro + e / 16u];
+    }
+}
+
+// Accumulator tile j in `ss` at so to the output, each row divided by its sum (rows of
+// tokens tb.., past the batch or of subgroups past NSG not stored).
+fn out_tile(j: u32, so: u32, ro: u32, sgi: u32, sgn: u32, live: bool, tb: u32, h: u32) {
+    for (var e = sgi; e < 256u; e = e + sgn) {
+        let t = tb + e / 16u;
+        if live && t < prm[0] {
+            let l = rl[ro + e / 16u];
+            ys[(t * prm[1] + h) * HD + 16u * j + e % 16u] = ss[so + e] * select(0.0, 1.0 / l, l != 0.0);
+        }
+    }
+}
+
+@compute @workgroup_size(WGS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
+        @builtin(subgroup_id) sgid: u32, @builtin(subgroup_invocation_id) sgi: u32,
+        @builtin(subgroup_size) sgn: u32) {
+    let n_tok = prm[0];
+    let n_head = prm[1];
+    let h = wid.y;
+    let kvh = h / (n_head / prm[2]);
+    // A slot's 16-byte words, and a head's.
+    let slot_w = prm[2] * HD / 8u;
+    let head_w = HD / 8u;
+    let bs = prm[5];
+    let t0 = wid.x * BQ;
+    // This subgroup's rows. Where the adapter runs subgroups smaller than its largest (the
+    // workgroup is sized for that), the extra ones repeat the last rows into a slot of
+    // their own and store nothing: every subgroup runs the same matrix operations, in
+    // uniform control flow.
+    let sg = min(sgid, NSG - 1u);
+    let live = sgid < NSG;
+    let slot = select(NSG, sg, live);
+    let so = slot * 16u * BK;
+    let po = slot * 16u * PR;
+    let ro = slot * 16u;
+    let tb = t0 + 16u * sg;
+    // The keys any of the block's tokens sees, in its sequence's table.
+    var kmin = 0xffffffffu;
+    var kmax = 0u;
+    for (var i = 0u; i < BQ; i = i + 1u) {
+        let ti = prm[6] + 4u * min(t0 + i, n_tok - 1u);
+        kmax = max(kmax, prm[ti]);
+        kmin = min(kmin, prm[ti + 1u]);
+    }
+    let tab = prm[7] + prm[prm[6] + 4u * t0 + 2u];
+    // The queries to rows of `kvs` in f16 (tokens past the batch repeat its last), the
+    // rows' state, the zeros.
+    for (var i = li; i < BQ * HD / 4u; i = i + WGS) {
+        let r = i / (HD / 4u);
+        let t = min(t0 + r, n_tok - 1u);
+        let qm = pf(prm[6] + 4u * t + 3u);
+        kvs[r * SR + i % (HD / 4u)] = vec4<f16>(qs[(t * n_head + h) * (HD / 4u) + i % (HD / 4u)] * qm);
+    }
+    for (var i = li; i < (NSG + 1u) * 16u; i = i + WGS) {
+        rm[i] = bitcast<f32>(0xff800000u);
+        rl[i] = 0.0;
+    }
+    for (var i = li; i < 256u; i = i + WGS) {
+        zs[i] = 0.0;
+    }
+    workgroupBarrier();
+    let qb = 16u * sg * SR;
+//QLOAD
+//OINIT
+    // (The query rows are read before the first tile's keys replace them.)
+    workgroupBarrier();
+    for (var k0 = kmin; k0 <= kmax; k0 = k0 + BK) {
+        // The tile's keys and values, 16 bytes an invocation at a time (positions past
+        // kmax repeat it; their scores are masked).
+        for (var i = li; i < 2u * BK * head_w; i = i + WGS) {
+            let is_v = i >= BK * head_w;
+            let j = i % (BK * head_w);
+            let r = j / head_w;
+            let c = j % head_w;
+            let p = min(k0 + r, kmax);
+            let at = (prm[tab + p / bs] * bs + p % bs) * slot_w + kvh * head_w + c;
+            var w: vec4<u32>;
+            if is_v {
+                w = vc[at];
+            } else {
+                w = kc[at];
+            }
+            let row = select(r, BK + r, is_v);
+            kvs[row * SR + 2u * c] = f16x4(w.x, w.y);
+            kvs[row * SR + 2u * c + 1u] = f16x4(w.z, w.w);
+        }
+        if li == 0u {
+            raised = 0u;
+        }
+        workgroupBarrier();
+//QK
+        workgroupBarrier();
+        softmax_rows(k0, tb, so, po, ro, sgi, sgn);
+        if workgroupUniformLoad(&raised) != 0u {
+//RESCALE
+        }
+//PV
+        workgroupBarrier();
+    }
+//OUT
+    // The output quantized for the next matmul, a word an invocation (a quantization
+    // block is eight neighbouring invocations: HD / 4 and WGS are multiples of 8).
+    let nw = BQ * HD / 4u;
+    for (var i = 0u; i < nw; i = i + WGS) {
+        let idx = i + li;
+        let t = t0 + idx / (HD / 4u);
+        let w = (min(t, n_tok - 1u) * n_head + h) * (HD / 4u) + idx % (HD / 4u);
+        attn_tail(w, idx < nw && t < n_tok, li);
+    }
+}
