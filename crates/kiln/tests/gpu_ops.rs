@@ -851,18 +851,18 @@ fn moe_sum_fused_into_the_next_add_and_norm_matches_cpu() {
     }
 }
 
-/// A mixture of experts' routing of `n` tokens: the residual add and norm, the router (8
-/// experts, 3 a token) and the gate and up experts of `ty` reading the norm's output, through
-/// `moe_router` (`fused`) or the router's matmul and `moe_route` as two ops: the logits,
-/// ids, weights, gate and up outputs, the norm's output and the new residual.
+/// A mixture of experts' routing `r` (8 experts, 3 a token) of `n` tokens: the residual add
+/// and norm, the router and the gate and up experts of `ty` reading the norm's output,
+/// through `moe_router` (`fused`) or the router's matmul and `moe_route` as two ops: the
+/// logits, ids, weights, gate and up outputs, the norm's output and the new residual.
 fn router_then_experts<B: Backend>(
     b: &B,
     g: &Arc<GgufFile>,
+    r: &Routing,
     ty: GgmlType,
     n: usize,
     fused: bool,
 ) -> Vec<f32> {
-    let r = Routing { n_expert: 8, k: 3, gating: Gating::Softmax, norm: true, scale: 1.0 };
     let router = weight(b, g, "router");
     let ts: Vec<_> =
         ["gate", "up"].iter().map(|p| g.tensor(&format!("exps.{p}.{}", ty.name())).unwrap()).collect();
@@ -874,10 +874,10 @@ fn router_then_experts<B: Backend>(
     let (mut logits, mut ids, mut wts) =
         (b.alloc(n * 8).unwrap(), b.alloc(n * 3).unwrap(), b.alloc(n * 3).unwrap());
     if fused {
-        b.moe_router(&router, &ex[0], &h, n, &r, (&mut logits, &mut ids, &mut wts));
+        b.moe_router(&router, &ex[0], &h, n, r, (&mut logits, &mut ids, &mut wts));
     } else {
         b.matmul(&router, &h, n, &mut logits);
-        b.moe_route(&logits, n, &r, &mut ids, &mut wts);
+        b.moe_route(&logits, n, r, &mut ids, &mut wts);
     }
     let (mut go, mut uo) = (b.alloc(n * 3 * 32).unwrap(), b.alloc(n * 3 * 32).unwrap());
     let input = ExpertInput { x: &h, per_slot: false, ids: &ids, rows: n, k: 3 };
@@ -892,11 +892,14 @@ fn router_then_experts<B: Backend>(
     v
 }
 
-/// The norm before a mixture of experts' f32 router also quantizes its output for the
-/// experts (`moe_router`): one dispatch fewer than the router's matmul and `moe_route` as two
-/// ops (the expert matmul's quantize), the same bits, and the CPU's on the exact paths.
+/// `moe_router`: the norm before a mixture of experts' f32 router also quantizes its output
+/// for the experts, and on the vec path the router matmul routes its tokens as its last
+/// workgroup finishes (route.wgsl in the matmul): one dispatch fewer (the expert matmul's
+/// quantize), two on vec (and the route's), than the router's matmul and `moe_route` as two
+/// ops, the same bits, and the CPU's on the exact paths; softmax and sigmoid scores,
+/// normalized and scaled, one token and several (the vec matmul's token groups).
 #[test]
-fn the_router_takes_the_experts_quantize_into_the_norm() {
+fn the_router_takes_the_experts_quantize_and_the_route() {
     let g = model();
     let cpu = CpuBackend::new(2);
     let mut paths = Vec::new();
@@ -906,20 +909,25 @@ fn the_router_takes_the_experts_quantize_into_the_norm() {
             paths.push(gpu);
         }
     }
+    let routings = [
+        Routing { n_expert: 8, k: 3, gating: Gating::Softmax, norm: true, scale: 1.0 },
+        Routing { n_expert: 8, k: 3, gating: Gating::Sigmoid, norm: false, scale: 2.5 },
+    ];
     for gpu in paths {
-        for ty in EXPERT_TYPES {
-            for n in [1, 3] {
-                let what = format!("router then {ty} experts x{n} {:?}", gpu.matmul_path());
+        let vec = gpu.matmul_path() == MatmulPath::Vec;
+        for (r, ty) in routings.iter().zip(EXPERT_TYPES) {
+            for n in [1, 3, 11] {
+                let what = format!("router {:?} then {ty} experts x{n} {:?}", r.gating, gpu.matmul_path());
                 let d0 = gpu.counts().get().1;
-                let split = router_then_experts(&gpu, &g, ty, n, false);
+                let split = router_then_experts(&gpu, &g, r, ty, n, false);
                 let d1 = gpu.counts().get().1;
-                let fused = router_then_experts(&gpu, &g, ty, n, true);
+                let fused = router_then_experts(&gpu, &g, r, ty, n, true);
                 let d2 = gpu.counts().get().1;
                 assert_same_bits(&what, &fused, &split);
-                assert_eq!((d1 - d0) - (d2 - d1), 1, "{what}: dispatches {} then {}", d1 - d0, d2 - d1);
-                let c = router_then_experts(&cpu, &g, ty, n, true);
-                let tol = if gpu.matmul_path() == MatmulPath::Vec { 1e-11 } else { 0.0 };
-                against_cpu(&gpu, &what, &fused, &c, tol);
+                let saved = (d1 - d0) - (d2 - d1);
+                assert_eq!(saved, if vec { 2 } else { 1 }, "{what}: dispatches {} then {}", d1 - d0, d2 - d1);
+                let c = router_then_experts(&cpu, &g, r, ty, n, true);
+                against_cpu(&gpu, &what, &fused, &c, if vec { 1e-11 } else { 0.0 });
             }
         }
     }

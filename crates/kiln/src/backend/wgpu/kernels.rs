@@ -36,6 +36,50 @@ const IQ4NL_TABLE: &str =
     "var<private> kv_iq4nl: array<i32, 16> = array<i32, 16>(-127, -104, -83, -65, -49, -35, \
                            -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);\n";
 const MATMUL_ID_VEC: &str = include_str!("shaders/matmul_id_vec.wgsl");
+const ROUTE: &str = include_str!("shaders/route.wgsl");
+/// The router matmul's route tail (kernels.rs `Outs::route`): route.wgsl's accessors (its
+/// parameters after the matmul's, the logits the matmul's output, read atomically as
+/// stored), the ids, weights and the workgroups' counts bound at RI, RI + 1, RI + 2. Each
+/// workgroup's logits are released (storageBarrier) before it counts itself done; the
+/// last to count acquires them all and routes the tokens of its grid z (TT), then resets
+/// the count for the next dispatch. Needs a workgroup of MAX_EXPERTS invocations.
+const ROUTE_TAIL: &str = "@group(0) @binding(RI) var<storage, read_write> r_ids: array<f32>;
+@group(0) @binding(RJ) var<storage, read_write> r_w: array<f32>;
+@group(0) @binding(RK) var<storage, read_write> r_count: array<atomic<u32>>;
+var<workgroup> r_last: u32;
+
+fn route_prm(j: u32) -> u32 {
+    return prm[11u + j];
+}
+
+fn route_logit(i: u32) -> f32 {
+    return bitcast<f32>(atomicLoad(&ys[i]));
+}
+
+fn route_out(o: u32, id: f32, w: f32) {
+    r_ids[o] = id;
+    r_w[o] = w;
+}
+
+fn route_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
+    storageBarrier();
+    if li == 0u {
+        r_last = u32(atomicAdd(&r_count[wid.z], 1u) == nwg.x * nwg.y - 1u);
+    }
+    if workgroupUniformLoad(&r_last) == 0u {
+        return;
+    }
+    storageBarrier();
+    if li == 0u {
+        atomicStore(&r_count[wid.z], 0u);
+    }
+    for (var j = 0u; j < tt; j = j + 1u) {
+        route_token(t0 + j, li);
+    }
+}
+";
+/// The route tail's parameter words after the matmul's 11 (route.wgsl's route_prm).
+pub const ROUTE_WORDS: usize = 5;
 /// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of
 /// the grid's z, the weight's rows from prm[8].
 const VEC_DENSE: &str = "fn first_token(z: u32) -> u32 {
@@ -346,18 +390,21 @@ const DOT4_PLAIN: &str = "    var s = 0;
 /// A matmul's outputs: how many (1, or 2-3 for weights uploaded together: q/k/v,
 /// gate/up), whether each adds its bias vector as values are stored (q/k/v biases), and
 /// (vec path) whether q/k/v rows are stored with RoPE and the KV store (rope_epilogue.wgsl),
-/// and the wide-unit format (`vec_fast`) of the last output's rows where it is not the
-/// others' (Q4_K_M's Q6_K v under Q4_K q and k: `tail`, 0 where all share one).
+/// whether a mixture of experts' router logits are routed by the workgroup that finishes
+/// last (`route`: ROUTE_TAIL, route.wgsl; one output), and the wide-unit format
+/// (`vec_fast`) of the last output's rows where it is not the others' (Q4_K_M's Q6_K v
+/// under Q4_K q and k: `tail`, 0 where all share one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Outs {
     pub n: u8,
     pub bias: bool,
     pub rope: bool,
+    pub route: bool,
     pub tail: u8,
 }
 
-/// One output, no bias, RoPE or tail (the expert matmuls').
-const ONE_OUT: Outs = Outs { n: 1, bias: false, rope: false, tail: 0 };
+/// One output, no bias, RoPE, route or tail (the expert matmuls').
+pub const ONE_OUT: Outs = Outs { n: 1, bias: false, rope: false, route: false, tail: 0 };
 
 /// Where the vec matmul's activations come from: quantized rows bound at 2 (`Quantized`),
 /// or, in a decode step, made by every workgroup in its prologue from the op before
@@ -521,7 +568,7 @@ pub enum Kernel {
     /// matmul, its arithmetic and bandwidth (hardware GPUs).
     /// The count is of outputs (1, or 2: a gate and up in one buffer).
     MatmulIdVec(GgmlType, u8, VecShape),
-    /// The router's top-k per token (moe.wgsl).
+    /// The router's top-k per token (moe.wgsl's entry, route.wgsl).
     MoeRoute,
     /// The routing-weighted sum of each token's expert outputs.
     MoeSum,
@@ -746,7 +793,10 @@ fn matmul_store(outs: Outs, base: usize) -> String {
     // fused with the product before it).
     let value = |i: usize| if outs.bias { format!("nc(v) + bias{i}[c]") } else { "v".to_string() };
     let mut body = String::new();
-    if n == 1 {
+    if n == 1 && outs.route {
+        // Atomic words, which the route tail reads.
+        body.push_str("    let c = prm[5] + r;\n    atomicStore(&ys[t * prm[4] + c], bitcast<u32>(v));\n");
+    } else if n == 1 {
         // prm[4] columns from prm[5] (a part of a weight split by rows).
         body.push_str(&format!("    let c = prm[5] + r;\n    ys[t * prm[4] + c] = {};\n", value(0)));
     }
@@ -784,7 +834,7 @@ fn matmul_input(
     nt: usize,
     xv: usize,
     extras: usize,
-    rope: bool,
+    pp: usize,
     fast: bool,
     subgroups: bool,
 ) -> String {
@@ -803,7 +853,6 @@ fn matmul_input(
         }
         Input::Quantize(k) | Input::Norm(k) | Input::AddNorm(k) | Input::Glu(k) => k as usize,
     };
-    let pp = if rope { 18 } else { 11 };
     let nc = (k / 4).div_ceil(nt);
     let mut s =
         MATMUL_PROLOGUE.replace("XQW", &format!("{}u", Input::words(k))).replace("NCW", &format!("{nc}u"));
@@ -1017,6 +1066,16 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             } else {
                 s.push_str(VEC_DENSE);
             }
+            if outs.route {
+                s.push_str(
+                    &ROUTE_TAIL
+                        .replace("RI", &kc.to_string())
+                        .replace("RJ", &(kc + 1).to_string())
+                        .replace("RK", &(kc + 2).to_string()),
+                );
+            } else {
+                s.push_str("fn route_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {}\n");
+            }
             if outs.rope {
                 s.push_str(
                     &ROPE_EPILOGUE.replace("KC", &kc.to_string()).replace("VC", &(kc + 1).to_string()),
@@ -1039,11 +1098,27 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             } else {
                 s.push_str(&DOT_VEC.replace("WV", &wv.to_string()));
             }
-            s.push_str(&matmul_input(input, rg * npr, xv, extras, outs.rope, fast != 0, subgroups));
+            // The prologue's parameters after the RoPE store's or the route's.
+            let pp = if outs.rope {
+                18
+            } else if outs.route {
+                11 + ROUTE_WORDS
+            } else {
+                11
+            };
+            s.push_str(&matmul_input(input, rg * npr, xv, extras, pp, fast != 0, subgroups));
             s.push_str(if subgroups { ROW_SUM_SUBGROUP } else { ROW_SUM_TREE });
             if subgroups {
                 s.push_str(SUBGROUP_RUNS);
             }
+            let src = if outs.route {
+                src.replace(
+                    "@group(0) @binding(3) var<storage, read_write> ys: array<f32>;",
+                    "@group(0) @binding(3) var<storage, read_write> ys: array<atomic<u32>>;",
+                )
+            } else {
+                src.to_string()
+            };
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", npr * rg))
         }
         _ => src.to_string(),
@@ -1112,6 +1187,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     if src.contains("rope_pair(") {
         s.push_str(ROPE_CORE);
+    }
+    if src.contains("route_token(") || s.contains("route_token(") {
+        s.push_str(ROUTE);
     }
     if s.contains("exp_acc(")
         || src.contains("exp_acc(")

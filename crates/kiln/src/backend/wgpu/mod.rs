@@ -139,6 +139,9 @@ pub struct GpuBackend {
     kv_tmp: Mutex<Option<wgpu::Buffer>>,
     /// The query quantized for a quantized K cache's dot products (grown on demand).
     kv_q: Mutex<Option<wgpu::Buffer>>,
+    /// The router matmul's count of finished workgroups per token group (its route tail:
+    /// kernels.rs ROUTE_TAIL; zero between dispatches; grown on demand).
+    route_counts: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// GELU of every f16 value (the CPU's table, 128 KiB; glu.wgsl).
     gelu: wgpu::Buffer,
@@ -368,6 +371,7 @@ impl GpuBackend {
             coop_part: Mutex::new(None),
             kv_tmp: Mutex::new(None),
             kv_q: Mutex::new(None),
+            route_counts: Mutex::new(None),
             counts: Arc::default(),
             gelu,
             split_bytes,
@@ -892,7 +896,13 @@ impl GpuBackend {
             ];
             let last = ws[ws.len() - 1];
             let tail = if last.ty != w.ty { kernels::vec_fast(last.ty) as u8 } else { 0 };
-            let outs_n = kernels::Outs { n: outs.len() as u8, bias: !biases.is_empty(), rope: false, tail };
+            let outs_n = kernels::Outs {
+                n: outs.len() as u8,
+                bias: !biases.is_empty(),
+                rope: false,
+                route: false,
+                tail,
+            };
             // Both exact kernels give the same bits; for prompts of 32-value block formats
             // an invocation per row is faster on the H200 (pp512: smollm2 2.2x, 7B Q4_0
             // 1.3x; K formats 0.6x, so they keep the workgroup per row).
@@ -922,7 +932,7 @@ impl GpuBackend {
                     let bufs = vec![p.buf.clone(), input.2[0].clone(), part.clone()];
                     let kernel = Kernel::MatmulCoop(
                         w.ty,
-                        kernels::Outs { n: 1, bias: false, rope: false, tail: 0 },
+                        kernels::Outs { n: 1, bias: false, rope: false, route: false, tail: 0 },
                         cs.kernel_key(),
                     );
                     dispatches.push(Dispatch { kernel, prm: prm.clone(), bufs, groups: g });

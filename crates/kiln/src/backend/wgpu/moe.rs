@@ -1,6 +1,7 @@
-//! Mixture-of-experts ops on the GPU (moe.wgsl, matmul_id.wgsl, matmul_id_vec.wgsl), each
-//! with the CPU backend's arithmetic (the experts' matmuls on the vec path: the dense vec
-//! matmul's): the router's top-k, the experts' matmuls (each slot's expert read from the
+//! Mixture-of-experts ops on the GPU (moe.wgsl, route.wgsl, matmul_id.wgsl,
+//! matmul_id_vec.wgsl), each with the CPU backend's arithmetic (the experts' matmuls on the
+//! vec path: the dense vec matmul's): the router's top-k (on the vec path done by the
+//! router's matmul as it finishes), the experts' matmuls (each slot's expert read from the
 //! ids on the device: no host round trip; a slot's dot is the dense matmul's, so it does
 //! not depend on the slots sharing its expert), their weighted sum and a shared expert's
 //! sigmoid gate.
@@ -10,14 +11,14 @@ use std::sync::Arc;
 
 use ::wgpu;
 
-use super::kernels::{self, Kernel};
-use super::{grid, matrix_data, GpuBackend, GpuBuf, GpuWeight, MatmulPath};
+use super::kernels::{self, Input, Kernel};
+use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::GgmlType;
 
-/// The most experts a router may score (moe.wgsl's MAX_EXPERTS).
+/// The most experts a router may score (route.wgsl's MAX_EXPERTS: a workgroup's invocations).
 const MAX_EXPERTS: usize = 256;
 
 /// Slots per dispatch (the grid's z dimension, one slot each).
@@ -162,8 +163,41 @@ impl GpuBackend {
         }
         // (The router's f32 input leaves the activation scratch as it is.)
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
-        self.run_all(self.matmul_dispatches(&[router], &[], x, rows, &[&logits.buf]));
-        self.route(logits, rows, r, ids, weights);
+        let mut ds = self.matmul_dispatches(&[router], &[], x, rows, &[&logits.buf]);
+        // On the vec path the matmul routes its tokens as its last workgroup finishes (one
+        // dispatch): its workgroups of MAX_EXPERTS invocations (the route's), with as many
+        // rows as that takes (rows per workgroup leave each row's sums as they are).
+        let fused = match ds.as_slice() {
+            [Dispatch { kernel: Kernel::MatmulVec(_, outs, input, shape), .. }] => {
+                let nt = MAX_EXPERTS / shape.npr;
+                r.n_expert <= MAX_EXPERTS
+                    && outs.n == 1
+                    && !outs.bias
+                    && !outs.rope
+                    && MAX_EXPERTS.is_multiple_of(shape.npr)
+                    && (*input == Input::Quantized || self.prologue_fits(router.cols, nt * shape.npr))
+            }
+            _ => false,
+        };
+        if !fused {
+            self.run_all(ds);
+            self.route(logits, rows, r, ids, weights);
+            return;
+        }
+        let mut d = ds.remove(0);
+        let Kernel::MatmulVec(ty, outs, input, shape) = d.kernel else { unreachable!("matched above") };
+        let shape = kernels::VecShape { rg: MAX_EXPERTS / shape.npr, ..shape };
+        d.kernel = Kernel::MatmulVec(ty, kernels::Outs { route: true, ..outs }, input, shape);
+        let z = d.groups[2];
+        d.groups = grid(router.rows, shape.rg * shape.rr);
+        d.groups[2] = z;
+        // The route's words go at 11 (kernels.rs ROUTE_TAIL), the prologue's after them.
+        let prologue = d.prm.split_off(11);
+        d.prm.extend(self.route_prm(r));
+        d.prm.extend(prologue);
+        let counts = self.scratch(&self.route_counts, z as usize, "kiln route counts");
+        d.bufs.extend([ids.buf.clone(), weights.buf.clone(), counts]);
+        self.run_dispatch(d);
     }
 
     pub(super) fn moe_route_impl(
@@ -178,12 +212,18 @@ impl GpuBackend {
         self.route(logits, rows, r, ids, weights);
     }
 
-    fn route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
+    /// route.wgsl's parameters (its route_prm).
+    fn route_prm(&self, r: &Routing) -> [u32; kernels::ROUTE_WORDS] {
         let gating = match r.gating {
             Gating::Softmax => 0,
             Gating::Sigmoid => 1,
         };
-        let prm = [rows as u32, r.n_expert as u32, r.k as u32, gating, r.norm as u32, r.scale.to_bits()];
+        [r.n_expert as u32, r.k as u32, gating, r.norm as u32, r.scale.to_bits()]
+    }
+
+    fn route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
+        let mut prm = vec![rows as u32];
+        prm.extend(self.route_prm(r));
         // A workgroup per token.
         self.run(Kernel::MoeRoute, &prm, &[&logits.buf, &ids.buf, &weights.buf], grid(rows, 1));
     }

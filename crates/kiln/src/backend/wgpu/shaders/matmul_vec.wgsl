@@ -175,4 +175,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
+    // (A router's: its tokens routed by the last workgroup to finish; kernels.rs Outs.)
+    route_tail(wid, nwg, li, t0, tt);
 }
