@@ -147,6 +147,37 @@ mod gpu {
         }
     }
 
+    /// A Qwen3-MoE decode step on the vec path (hardware GPUs' default) records 10
+    /// dispatches per layer (docs/gpu.md lists them): the difference between qwen3moe-tiny
+    /// with 3 layers and with 2, a step of one token after a prompt.
+    #[test]
+    fn a_qwen3moe_decode_layer_on_the_vec_path_is_ten_dispatches() {
+        use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
+        let step = |n_layer: usize| {
+            let mut spec = synth::preset("qwen3moe-tiny").unwrap();
+            spec.n_layer = n_layer;
+            let mut counts = None;
+            let e =
+                load_with(spec.build().unwrap(), &format!("count{n_layer}"), Device::Gpu, |path, opts| {
+                    let mut gpu = GpuBackend::new(AdapterPolicy::AnyGpu)?;
+                    gpu.set_matmul_path(MatmulPath::Vec);
+                    counts = Some(gpu.counts());
+                    Engine::load_with_gpu(path, opts, gpu)
+                })
+                .unwrap();
+            let counts = counts.unwrap();
+            let r = e.runner();
+            let seq = r.new_seq();
+            let entry = |token| Entry { seq, token, output: true };
+            r.decode(&[entry(40), entry(41)], OutputKind::Logits).unwrap();
+            let d0 = counts.get().1;
+            r.decode(&[entry(42)], OutputKind::Logits).unwrap();
+            counts.get().1 - d0
+        };
+        let per_layer = step(3) - step(2);
+        assert_eq!(per_layer, 10, "{per_layer} dispatches per layer");
+    }
+
     /// The whole forward on the GPU against the CPU's: within gpu_models.rs's bars (the dense
     /// synthetic presets' logits differ in the last bits too, through ops other than the
     /// experts'; tests/gpu_mirror.rs checks the experts' ops bit for bit), the looser one on
