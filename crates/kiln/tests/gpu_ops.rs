@@ -116,8 +116,18 @@ fn model() -> Arc<GgufFile> {
             w.add_tensor(format!("exps.{part}.{}", ty.name()), ty, &[K as u64, 32, 8], data).unwrap();
         }
     }
+    // Down experts of 40 rows reading GLU rows of K.
+    for ty in DOWN_TYPES {
+        let v = rng.vec(8 * 40 * K);
+        let mut data = vec![0u8; ty.row_size(K).unwrap() * 8 * 40];
+        quant::quantize_row(ty, &v, &mut data).unwrap();
+        w.add_tensor(format!("exps.down.{}", ty.name()), ty, &[K as u64, 40, 8], data).unwrap();
+    }
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
 }
+
+/// The down experts' types: 32-value blocks, and wide units (Q4_0, Q4_K, Q6_K).
+const DOWN_TYPES: [GgmlType; 4] = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K];
 
 /// The expert tensors' types: activations quantized to Q8_0 blocks and to Q8_K superblocks.
 const EXPERT_TYPES: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_K];
@@ -928,6 +938,53 @@ fn the_router_takes_the_experts_quantize_and_the_route() {
                 assert_eq!(saved, if vec { 2 } else { 1 }, "{what}: dispatches {} then {}", d1 - d0, d2 - d1);
                 let c = router_then_experts(&cpu, &g, r, ty, n, true);
                 against_cpu(&gpu, &what, &fused, &c, if vec { 1e-11 } else { 0.0 });
+            }
+        }
+    }
+}
+
+/// A mixture of experts' GLU over `n` tokens' 3 slots (gate rows from the gate table, up
+/// from y; ids routed from the router's logits of x), then the down experts of `ty`
+/// reading each slot's row: the down output, then the GLU's.
+fn glu_then_down<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, act: Activation, n: usize) -> Vec<f32> {
+    let r = Routing { n_expert: 8, k: 3, gating: Gating::Softmax, norm: true, scale: 1.0 };
+    let down = b.load_experts(g, g.tensor(&format!("exps.down.{}", ty.name())).unwrap(), 8, &[40]).unwrap();
+    let x = input(b, g, "x", n, n * K);
+    let (mut logits, mut ids, mut wts) =
+        (b.alloc(n * 8).unwrap(), b.alloc(n * 3).unwrap(), b.alloc(n * 3).unwrap());
+    b.matmul(&weight(b, g, "router"), &x, n, &mut logits);
+    b.moe_route(&logits, n, &r, &mut ids, &mut wts);
+    let mut gate = input(b, g, "gate", n * 3, n * 3 * K);
+    let up = input(b, g, "y", n * 3, n * 3 * K);
+    b.glu(&mut gate, &up, act, n * 3 * K);
+    let mut y = b.alloc(n * 3 * 40).unwrap();
+    let input = ExpertInput { x: &gate, per_slot: true, ids: &ids, rows: n, k: 3 };
+    b.matmul_id(&[&down[0]], input, &mut [&mut y]);
+    let mut v = read(b, &y, n * 3 * 40);
+    v.extend(read(b, &gate, n * 3 * K));
+    v
+}
+
+/// On the vec path a decode step's down experts make each slot's GLU (and its quantize) in
+/// their prologue: one dispatch fewer, the same bits as the GLU's kernel before them
+/// (and its output stored all the same), within the vec path's NMSE of the CPU; a batch of
+/// tokens keeps the GLU's kernel.
+#[test]
+fn the_down_experts_make_the_glu_in_their_prologue() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    for mut gpu in vec_gpus() {
+        for ty in DOWN_TYPES {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                for n in [1, 3] {
+                    let what = format!("glu {act:?} then down {ty} x{n} on {}", gpu.name());
+                    let saved = prologue_saves(&mut gpu, &what, |b| glu_then_down(b, &g, ty, act, n));
+                    assert_eq!(saved, u64::from(n == 1), "{what}: {saved} dispatches saved");
+                    gpu.set_prologue_bytes(usize::MAX);
+                    let fused = glu_then_down(&gpu, &g, ty, act, n);
+                    let c = glu_then_down(&cpu, &g, ty, act, n);
+                    against_cpu(&gpu, &what, &fused, &c, 1e-10);
+                }
             }
         }
     }

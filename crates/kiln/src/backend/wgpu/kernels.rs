@@ -80,6 +80,8 @@ fn route_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
 ";
 /// The route tail's parameter words after the matmul's 11 (route.wgsl's route_prm).
 pub const ROUTE_WORDS: usize = 5;
+/// The expert matmuls' parameter words (expert_slots.wgsl); a prologue's follow them.
+pub const EXPERT_WORDS: usize = 15;
 /// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of
 /// the grid's z, the weight's rows from prm[8].
 const VEC_DENSE: &str = "fn first_token(z: u32) -> u32 {
@@ -91,6 +93,10 @@ fn first_row(t: u32) -> u32 {
 }
 
 fn x_row(t: u32) -> u32 {
+    return t;
+}
+
+fn in_row(t: u32) -> u32 {
     return t;
 }
 ";
@@ -290,8 +296,8 @@ fn x_keep(j: u32, v: vec4<f32>) {
 }";
 /// matmul_prologue.wgsl's ops: the word loads `in_a`, `in_b`, the op's input value
 /// `in_value`, `in_scale` over all of them, and `in_out`, the value quantized (stored too
-/// where `keep`). The norm (its input NORM_IN or NORM_ADD_IN; the weight at WN, its output
-/// at NO; prm[PP + 1, 2]: eps, weight length) ...
+/// where `keep`). The norm of a decode step's one row (its input NORM_IN or NORM_ADD_IN; the
+/// weight at WN, its output at NO; prm[PP + 1, 2]: eps, weight length) ...
 const PROLOGUE_NORM: &str = "@group(0) @binding(WN) var<storage, read> wn: array<f32>;
 @group(0) @binding(NO) var<storage, read_write> nout: array<vec4<f32>>;
 
@@ -325,23 +331,25 @@ fn in_out(j: u32, v: vec4<f32>, scale: f32, keep: bool) -> vec4<f32> {
     }
     return y;
 }";
-/// ... the GLU (gate bound at 2, up at UP, its output at GO; prm[PP + 1]: the act) ...
+/// ... the GLU of the row from word `in_w0` (an expert slot's; gate bound at 2, up at UP, its
+/// output at GO; prm[PP + 1, 2]: the act, the values of all rows, whose whole groups of 16
+/// take ggml's expf as the GLU kernel's do) ...
 const PROLOGUE_GLU: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
 @group(0) @binding(UP) var<storage, read> ups: array<vec4<f32>>;
 @group(0) @binding(GO) var<storage, read_write> gout: array<vec4<f32>>;
 
 fn in_a(j: u32) -> vec4<f32> {
-    return xs[j];
+    return xs[in_w0 + j];
 }
 
 fn in_b(j: u32) -> vec4<f32> {
-    return ups[j];
+    return ups[in_w0 + j];
 }
 
 fn in_value(j: u32, a: vec4<f32>, b: vec4<f32>) -> vec4<f32> {
     var v: vec4<f32>;
     for (var i = 0u; i < 4u; i = i + 1u) {
-        v[i] = glu_value(a[i], b[i], 4u * j + i, prm[1], prm[PP + 1u]);
+        v[i] = glu_value(a[i], b[i], 4u * (in_w0 + j) + i, prm[PP + 2u], prm[PP + 1u]);
     }
     return v;
 }
@@ -352,15 +360,15 @@ fn in_scale(v: array<vec4<f32>, NC>, li: u32, nw: u32) -> f32 {
 
 fn in_out(j: u32, v: vec4<f32>, scale: f32, keep: bool) -> vec4<f32> {
     if keep {
-        gout[j] = v;
+        gout[in_w0 + j] = v;
     }
     return v;
 }";
-/// ... or none (f32 values bound at 2).
+/// ... or none (f32 values bound at 2, the row from word `in_w0`).
 const PROLOGUE_QUANTIZE: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
 
 fn in_a(j: u32) -> vec4<f32> {
-    return xs[j];
+    return xs[in_w0 + j];
 }
 
 fn in_b(j: u32) -> vec4<f32> {
@@ -566,8 +574,9 @@ pub enum Kernel {
     MatmulId(GgmlType, bool),
     /// The same on the vec path (matmul_id_vec.wgsl): each slot's rows through the vec
     /// matmul, its arithmetic and bandwidth (hardware GPUs).
-    /// The count is of outputs (1, or 2: a gate and up in one buffer).
-    MatmulIdVec(GgmlType, u8, VecShape),
+    /// The count is of outputs (1, or 2: a gate and up in one buffer); the input as the
+    /// dense vec matmul's (a decode step's down projection makes each slot's GLU itself).
+    MatmulIdVec(GgmlType, u8, Input, VecShape),
     /// The router's top-k per token (moe.wgsl's entry, route.wgsl).
     MoeRoute,
     /// The routing-weighted sum of each token's expert outputs.
@@ -841,7 +850,8 @@ fn matmul_input(
     let k = match input {
         Input::Quantized => {
             let mut s = "@group(0) @binding(2) var<storage, read> xq: array<u32>;\n\
-                         fn prologue(li: u32, first: bool) {}\n"
+                         const PROLOGUE: bool = false;\n\
+                         fn prologue(li: u32, first: bool, row: u32) {}\n"
                 .to_string();
             if fast {
                 s.push_str(&format!(
@@ -1029,7 +1039,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::MatmulVec(..) | Kernel::MatmulIdVec(..) => {
             let (ty, outs, input, VecShape { rg, npr, rr, tt }) = match k {
                 Kernel::MatmulVec(ty, outs, input, shape) => (ty, outs, input, shape),
-                Kernel::MatmulIdVec(ty, n, shape) => (ty, Outs { n, ..ONE_OUT }, Input::Quantized, shape),
+                Kernel::MatmulIdVec(ty, n, input, shape) => (ty, Outs { n, ..ONE_OUT }, input, shape),
                 _ => unreachable!("matched above"),
             };
             s.push_str(&format!(
@@ -1051,9 +1061,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             let wv = xv + usize::from(bound);
             let extras = if fast == 0 { xv } else { wv + 1 };
             let kc = extras + input.extra_bindings();
-            // An expert matmul's ids are bound where a prologue's inputs would be.
+            // An expert matmul's ids are bound after the prologue's inputs.
             if let Kernel::MatmulIdVec(..) = k {
-                s.push_str(&EXPERT_SLOTS.replace("IDS", &extras.to_string()));
+                s.push_str(&EXPERT_SLOTS.replace("IDS", &kc.to_string()));
                 s.push_str(MATMUL_ID_VEC);
                 // Row r of slot s to its output: rows from prm[4] on to the second (bound at 4).
                 s.push_str(if outs.n == 1 {
@@ -1098,9 +1108,12 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             } else {
                 s.push_str(&DOT_VEC.replace("WV", &wv.to_string()));
             }
-            // The prologue's parameters after the RoPE store's or the route's.
+            // The prologue's parameters after the RoPE store's, the route's or the expert
+            // slots'.
             let pp = if outs.rope {
                 18
+            } else if matches!(k, Kernel::MatmulIdVec(..)) {
+                EXPERT_WORDS
             } else if outs.route {
                 11 + ROUTE_WORDS
             } else {

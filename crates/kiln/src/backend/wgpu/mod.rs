@@ -841,7 +841,7 @@ impl GpuBackend {
                     let taken = self.take_writer(x, n, bs);
                     // A decode step's (one token) only.
                     let made = if rows == 1 {
-                        self.prologue(&taken, &x.buf, mode, k, all_rows, shape)
+                        self.prologue(&taken, &x.buf, mode, k, all_rows, 1, shape)
                     } else {
                         None
                     };
@@ -1022,7 +1022,10 @@ impl GpuBackend {
     /// A decode matmul's (one token's) activations made in its own prologue (kernels.rs `Input`) from
     /// `taken` (the norm or GLU that writes `x`, held back) or from `x` itself, where the
     /// vec path runs, the workgroup memory has room, and the reads of the whole row by the
-    /// workgroups of its `n_rows` weight rows stay under `prologue_bytes`.
+    /// workgroups of its `n_rows` weight rows stay under `prologue_bytes`. `x` holds
+    /// `in_rows` rows of `k`, each workgroup reading one (an expert matmul's slots: a GLU
+    /// only); else one.
+    #[allow(clippy::too_many_arguments)]
     fn prologue(
         &self,
         taken: &Option<Pending>,
@@ -1030,6 +1033,7 @@ impl GpuBackend {
         mode: u32,
         k: usize,
         n_rows: usize,
+        in_rows: usize,
         shape: kernels::VecShape,
     ) -> Option<Prologue> {
         let nt = shape.rg * shape.npr;
@@ -1043,9 +1047,9 @@ impl GpuBackend {
         let reads = |per_value: usize| ok && n_groups * k * per_value <= self.prologue_bytes;
         let kk = k as u32;
         match taken {
-            None if reads(4) => Some((Input::Quantize(kk), vec![mode], vec![x.clone()])),
+            None if in_rows == 1 && reads(4) => Some((Input::Quantize(kk), vec![mode], vec![x.clone()])),
             Some(Pending::Norm { w, wlen, x: xin, add, eps, rows: 1, dim, out, moe: None })
-                if *dim == k && reads(if add.is_some() { 8 } else { 4 }) =>
+                if in_rows == 1 && *dim == k && reads(if add.is_some() { 8 } else { 4 }) =>
             {
                 let scale = add.as_ref().map_or(1.0, |a| a.1);
                 let prm = vec![mode, f(*eps), *wlen, f(scale)];
@@ -1059,9 +1063,9 @@ impl GpuBackend {
                 };
                 Some((input, prm, bufs))
             }
-            Some(Pending::Glu { gate, up, act, len, out }) if *len == k && reads(8) => Some((
+            Some(Pending::Glu { gate, up, act, len, out }) if *len == in_rows * k && reads(8) => Some((
                 Input::Glu(kk),
-                vec![mode, *act],
+                vec![mode, *act, *len as u32],
                 vec![gate.clone(), up.clone(), self.gelu.clone(), out.clone()],
             )),
             _ => None,

@@ -3,8 +3,9 @@
 //! vec path: the dense vec matmul's): the router's top-k (on the vec path done by the
 //! router's matmul as it finishes), the experts' matmuls (each slot's expert read from the
 //! ids on the device: no host round trip; a slot's dot is the dense matmul's, so it does
-//! not depend on the slots sharing its expert), their weighted sum and a shared expert's
-//! sigmoid gate.
+//! not depend on the slots sharing its expert; in a decode step on the vec path the down
+//! projection makes each slot's GLU in its prologue), their weighted sum and a shared
+//! expert's sigmoid gate.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use ::wgpu;
 
 use super::kernels::{self, Input, Kernel};
-use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath};
+use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath, Pending, Prologue};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -228,27 +229,42 @@ impl GpuBackend {
         self.run(Kernel::MoeRoute, &prm, &[&logits.buf, &ids.buf, &weights.buf], grid(rows, 1));
     }
 
-    /// `x` (`rows` rows of `k`) as the matmul of a weight of type `ty` reads it: quantized to
-    /// its dot type into the activation scratch (with the op that writes `x`, where it is
-    /// held back; not again where `held`, what the scratch holds, says it is there), or
-    /// itself; with the words where the block scales and sums start.
+    /// `x` (`rows` rows of `k`) as the matmul of `w` reads it: quantized to its dot type
+    /// into the activation scratch (with the op that writes `x`, where it is held back; not
+    /// again where `held`, what the scratch holds, says it is there), made in the vec
+    /// kernel's prologue where `prologue` (the vec shape; a decode step's down projection)
+    /// allows it and the op held back is the GLU, or `x` itself; as the kernel's input,
+    /// parameters and buffers, and the words where the block scales and sums start.
     fn expert_input(
         &self,
         x: &GpuBuf,
-        ty: GgmlType,
+        w: &GpuExperts,
         rows: usize,
-        k: usize,
         held: Option<&(wgpu::Buffer, u32, usize)>,
-    ) -> (wgpu::Buffer, u32, u32) {
-        let Some((mode, bs)) = super::dot_mode(ty) else {
-            return (x.buf.clone(), 0, 0);
+        prologue: Option<kernels::VecShape>,
+    ) -> (Prologue, u32, u32) {
+        let k = w.cols;
+        let Some((mode, bs)) = super::dot_mode(w.ty) else {
+            return ((Input::Quantized, Vec::new(), vec![x.buf.clone()]), 0, 0);
         };
         let act = self.act_buf(rows * k);
         if held.is_none_or(|(b, m, n)| *b != x.buf || *m != mode || *n != rows * k) {
-            self.run_quantize(self.take_writer(x, rows * k, bs), x, mode, rows, k, &act);
+            let taken = self.take_writer(x, rows * k, bs);
+            // Each workgroup makes its slot's row: the bounds are one slot's rows'.
+            let made = match (&taken, prologue) {
+                (Some(Pending::Glu { .. }), Some(shape)) => {
+                    self.prologue(&taken, &x.buf, mode, k, w.rows, rows, shape)
+                }
+                _ => None,
+            };
+            if let Some(p) = made {
+                let (xd, xs) = super::act_words(1, k, bs);
+                return (p, xd, xs);
+            }
+            self.run_quantize(taken, x, mode, rows, k, &act);
         }
         let (xd, xs) = super::act_words(rows, k, bs);
-        (act, xd, xs)
+        ((Input::Quantized, Vec::new(), vec![act]), xd, xs)
     }
 
     pub(super) fn matmul_id_impl(
@@ -287,18 +303,27 @@ impl GpuBackend {
             (ws, outs.iter().map(|o| vec![&o.buf]).collect())
         };
         for (w, outs) in ws.iter().zip(out_sets) {
+            // Each output's rows (its stride).
+            let out_rows = w.rows / outs.len();
+            // By the weight alone (a slot's sums are the same in any batch).
+            let mut shape = kernels::vec_shape_for(w.ty, out_rows, w.cols, self.npr_min);
+            // A decode step's (one token's) matmul of one weight, each slot's row its own
+            // (the down projection), may make its input in its prologue.
+            let prologue =
+                (path == MatmulPath::Vec && ws.len() == 1 && rows == 1 && per_slot).then_some(shape);
             // Quantized once for weights of one dot type (gate and up).
             let mode = super::dot_mode(w.ty);
             if input.is_none() || input_mode != mode {
-                input = Some(self.expert_input(x, w.ty, x_rows, w.cols, held.as_ref()));
+                input = Some(self.expert_input(x, w, x_rows, held.as_ref(), prologue));
                 input_mode = mode;
             }
-            let (xq, xd, xs) = input.as_ref().expect("set above");
+            let ((made, extra_prm, xbufs), xd, xs) = input.as_ref().expect("set above");
+            if *made != Input::Quantized {
+                shape = self.prologue_shape(shape, w.cols);
+            }
             for b in w.bufs.iter() {
                 for s0 in (0..n_slots).step_by(MAX_SLOTS) {
-                    // Each output's rows (its stride).
-                    let out_rows = w.rows / outs.len();
-                    let prm = [
+                    let prm: [u32; kernels::EXPERT_WORDS] = [
                         w.rows as u32,
                         w.cols as u32,
                         n_slots as u32,
@@ -320,26 +345,32 @@ impl GpuBackend {
                         MatmulPath::Exact => {
                             (Kernel::MatmulId(w.ty, true), grid(w.rows, super::kernels::EXACT_ROWS))
                         }
-                        MatmulPath::Vec => {
-                            // By the weight alone (a slot's sums are the same in any batch).
-                            let shape = kernels::vec_shape_for(w.ty, out_rows, w.cols, self.npr_min);
-                            (Kernel::MatmulIdVec(w.ty, outs.len() as u8, shape), grid(w.rows, shape.rg))
-                        }
+                        MatmulPath::Vec => (
+                            Kernel::MatmulIdVec(w.ty, outs.len() as u8, *made, shape),
+                            grid(w.rows, shape.rg),
+                        ),
                     };
                     g[2] = MAX_SLOTS.min(n_slots - s0) as u32;
                     if let Kernel::MatmulIdVec(..) = kernel {
-                        // Bindings (kernels.rs): as the dense vec matmul's with quantized
-                        // activations (wide units: those and the weights again as 16-byte
-                        // words), then the ids.
-                        let mut bufs = vec![&b.buf, xq];
+                        // Bindings (kernels.rs): as the dense vec matmul's (the weights, the
+                        // activations or the prologue's first input, the outputs, for wide
+                        // units the bound activations and the weights again as 16-byte words,
+                        // the prologue's other inputs), then the ids.
+                        let mut bufs = vec![&b.buf, &xbufs[0]];
                         bufs.extend(&outs);
                         if kernels::vec_fast(w.ty) != 0 {
-                            bufs.extend([xq, &b.buf]);
+                            if *made == Input::Quantized {
+                                bufs.push(&xbufs[0]);
+                            }
+                            bufs.push(&b.buf);
                         }
+                        bufs.extend(&xbufs[1..]);
                         bufs.push(&ids.buf);
+                        let mut prm = prm.to_vec();
+                        prm.extend(extra_prm);
                         self.run(kernel, &prm, &bufs, g);
                     } else {
-                        self.run(kernel, &prm, &[&b.buf, xq, outs[0], &ids.buf], g);
+                        self.run(kernel, &prm, &[&b.buf, &xbufs[0], outs[0], &ids.buf], g);
                     }
                 }
             }

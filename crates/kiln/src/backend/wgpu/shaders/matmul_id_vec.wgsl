@@ -12,7 +12,13 @@ fn first_row(s: u32) -> u32 {
     return slot_expert(s).x * prm[9] + prm[8];
 }
 
+// The slot's activation row: its own of the bound rows, or the one its workgroup's
+// prologue made (a decode step's down projection: the slot's GLU, kernels.rs Input).
 fn x_row(s: u32) -> u32 {
+    return select(slot_token(s), 0u, PROLOGUE);
+}
+
+fn in_row(s: u32) -> u32 {
     return slot_token(s);
 }
 

@@ -6,8 +6,9 @@
 // so results differ from the CPU's in the last bits (NMSE ~1e-14), but a (row, token)
 // pair's arithmetic never depends on the other rows or tokens: batch invariant.
 // Which rows and tokens a workgroup takes (kernels.rs VEC_DENSE): `first_token` of the
-// grid's z, `first_row` (the weight row its rows count from) and `x_row` (a token's
-// activation row); matmul_id_vec.wgsl's make a token an expert slot.
+// grid's z, `first_row` (the weight row its rows count from), `x_row` (a token's
+// activation row) and `in_row` (the row a prologue makes them from); matmul_id_vec.wgsl's
+// make a token an expert slot.
 // prm: n_rows, k, n_tok, row_size, out_stride, col0, x scales word, x sums word, first row
 // in the weight buffer, output row boundaries (kernels.rs matmul_store); with ROPE, those of
 // rope_epilogue.wgsl after them.
@@ -64,8 +65,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) li: u32 /*SG*/) {
     /*SGI*/
     let by_subgroup = rows_by_subgroup(li);
-    // The activations `xq` (kernels.rs Input): bound, or made here first.
-    prologue(li, wid.x == 0u && wid.y == 0u && wid.z == 0u);
+    // The activations `xq` (kernels.rs Input): bound, or made here first from the input
+    // row of the workgroup's token (or slot).
+    prologue(li, wid.x == 0u && wid.y == 0u, in_row(first_token(wid.z)));
     // Parameters loaded together, then a branch-free body per step, so each invocation
     // has all its loads in flight at once (decode is latency-bound, not just bandwidth).
     let n_rows = prm[0];
