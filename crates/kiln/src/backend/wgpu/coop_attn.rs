@@ -44,6 +44,12 @@ impl AttnShape {
     }
 }
 
+/// Whether hardware cooperative matrices take prompt attention. Off: on NVIDIA's Vulkan
+/// driver (H200) the kernel's outputs are NaN (tests/gpu_coop_attn.rs fails there), so
+/// hardware adapters keep the portable attention until that is found; the emulated kernel
+/// (software adapters, CI) stays tested.
+pub const ON_HARDWARE: bool = false;
+
 /// The shape for heads of `head_dim`: the first tile of keys whose workgroup the adapter
 /// can hold (memory, invocations; at most 256 of them for the quantizing tail,
 /// quantize_core.wgsl), else None: the portable kernels.
