@@ -330,31 +330,32 @@ fn tile_kernels_compile_for_cooperative_matrices() {
     ];
     for ty in TYPES {
         for &s in &shapes {
+            // The dense kernels with each output variant and their sum of splits, and the
+            // expert tiles (backend/wgpu/moe_coop.rs: one output or gate and up, k not split).
+            let mut each: Vec<Kernel> = Vec::new();
             for o in outs {
-                let kernel = Kernel::MatmulCoop(ty, o, s);
-                let reduce = Kernel::CoopReduce(o);
-                for (src, what) in [
-                    (kernels::assemble(kernel, true, true), format!("{kernel:?}")),
-                    (kernels::assemble(reduce, true, true), format!("{reduce:?}")),
-                ] {
-                    let module = naga::front::wgsl::parse_str(&src)
-                        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
-                    let mut v = naga::valid::Validator::new(
-                        naga::valid::ValidationFlags::all(),
-                        naga::valid::Capabilities::all(),
-                    );
-                    v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
-                    v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
-                    let info =
-                        v.validate(&module).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
-                    let opts = naga::back::spv::Options {
-                        lang_version: (1, 5),
-                        flags: naga::back::spv::WriterFlags::empty(),
-                        ..Default::default()
-                    };
-                    naga::back::spv::write_vec(&module, &info, &opts, None)
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
-                }
+                each.extend([Kernel::MatmulCoop(ty, o, s), Kernel::CoopReduce(o)]);
+            }
+            each.extend([1, 2].map(|n| Kernel::MatmulIdCoop(ty, n, CoopShape { ks: 1, ..s })));
+            for kernel in each {
+                let (src, what) = (kernels::assemble(kernel, true, true), format!("{kernel:?}"));
+                let module = naga::front::wgsl::parse_str(&src)
+                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
+                let mut v = naga::valid::Validator::new(
+                    naga::valid::ValidationFlags::all(),
+                    naga::valid::Capabilities::all(),
+                );
+                v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
+                v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
+                let info =
+                    v.validate(&module).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
+                let opts = naga::back::spv::Options {
+                    lang_version: (1, 5),
+                    flags: naga::back::spv::WriterFlags::empty(),
+                    ..Default::default()
+                };
+                naga::back::spv::write_vec(&module, &info, &opts, None)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
             }
         }
     }

@@ -66,10 +66,10 @@ impl CoopShape {
     fn wgs(self) -> u32 {
         self.nsg() * self.sg
     }
-    /// Workgroup memory in bytes: two stages of f16 rows (80 bytes each) and a result tile
-    /// per subgroup.
+    /// Workgroup memory in bytes: two stages of f16 rows (80 bytes each), a result tile
+    /// per subgroup and the workgroup's tile (16 bytes).
     pub fn storage(self) -> u32 {
-        2 * (self.bm() + self.bn()) * 80 + self.nsg() * 1024 + 256
+        2 * (self.bm() + self.bn()) * 80 + self.nsg() * 1024 + 256 + 16
     }
 }
 

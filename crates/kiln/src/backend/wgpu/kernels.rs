@@ -36,6 +36,7 @@ const IQ4NL_TABLE: &str =
     "var<private> kv_iq4nl: array<i32, 16> = array<i32, 16>(-127, -104, -83, -65, -49, -35, \
                            -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);\n";
 const MATMUL_ID_VEC: &str = include_str!("shaders/matmul_id_vec.wgsl");
+const MATMUL_ID_COOP: &str = include_str!("shaders/matmul_id_coop.wgsl");
 const ROUTE: &str = include_str!("shaders/route.wgsl");
 /// The router matmul's route tail (kernels.rs `Outs::route`): route.wgsl's accessors (its
 /// parameters after the matmul's, the logits the matmul's output, read atomically as
@@ -97,6 +98,16 @@ fn x_row(t: u32) -> u32 {
 }
 
 fn in_row(t: u32) -> u32 {
+    return t;
+}
+";
+/// The dense tile matmul's tiles (matmul_coop.wgsl): token tiles along the grid's x, row
+/// tiles along y, the weight's rows from prm[8], each token its own activation row.
+const COOP_DENSE: &str = "fn tile(wid: vec3<u32>) -> vec4<u32> {
+    return vec4<u32>(wid.x * BM, prm[2], prm[8], wid.y * BN);
+}
+
+fn x_row(t: u32) -> u32 {
     return t;
 }
 ";
@@ -506,6 +517,12 @@ pub enum Kernel {
     MatmulCoop(GgmlType, Outs, CoopShape),
     /// The sum of a tile matmul's k splits, stored to its outputs.
     CoopReduce(Outs),
+    /// A prompt's expert slots grouped by expert (expert_group.wgsl, moe_coop.rs).
+    ExpertGroup,
+    /// The tile matmul through experts, each workgroup one expert's tile of slots
+    /// (matmul_id_coop.wgsl); the count is of outputs (1, or 2: a gate and up in one
+    /// buffer). k is never split.
+    MatmulIdCoop(GgmlType, u8, CoopShape),
     /// The embedding lookup; `true`: the ids are read from a device buffer (bound third:
     /// the last greedy step's), not from the parameters.
     Embed(GgmlType, bool),
@@ -593,7 +610,8 @@ impl Kernel {
             Matmul(..) => (include_str!("shaders/matmul.wgsl"), "main"),
             MatmulRows(..) => (include_str!("shaders/matmul_rows.wgsl"), "main"),
             MatmulVec(..) | MatmulIdVec(..) => (include_str!("shaders/matmul_vec.wgsl"), "main"),
-            MatmulCoop(..) => (include_str!("shaders/matmul_coop.wgsl"), "main"),
+            MatmulCoop(..) | MatmulIdCoop(..) => (include_str!("shaders/matmul_coop.wgsl"), "main"),
+            ExpertGroup => (include_str!("shaders/expert_group.wgsl"), "main"),
             CoopReduce(_) => (include_str!("shaders/coop_reduce.wgsl"), "main"),
             Embed(..) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
@@ -899,7 +917,7 @@ fn matmul_input(
 pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     let (src, _) = k.source();
     let mut s = String::new();
-    if let Kernel::MatmulCoop(_, _, shape) = k {
+    if let Kernel::MatmulCoop(_, _, shape) | Kernel::MatmulIdCoop(_, _, shape) = k {
         s.push_str(super::coop::enables(shape));
     }
     if let Kernel::AttnCoop(_, shape) = k {
@@ -915,12 +933,18 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     | Kernel::MatmulRows(ty, _)
     | Kernel::MatmulVec(ty, ..)
     | Kernel::MatmulCoop(ty, ..)
+    | Kernel::MatmulIdCoop(ty, ..)
     | Kernel::MatmulId(ty, _)
     | Kernel::MatmulIdVec(ty, ..)
     | Kernel::Embed(ty, _) = k
     {
         // Fetch slots: one, or the tile matmul's rows per invocation.
-        let nq = if let Kernel::MatmulCoop(_, _, shape) = k { shape.rows_per_invocation() } else { 1 };
+        let nq = match k {
+            Kernel::MatmulCoop(_, _, shape) | Kernel::MatmulIdCoop(_, _, shape) => {
+                shape.rows_per_invocation()
+            }
+            _ => 1,
+        };
         let (name, words) = chunk_fn(ty);
         s.push_str(&format!("const RAW: u32 = {words}u;\nconst NQ: u32 = {nq}u;\n"));
         s.push_str(DEQUANT);
@@ -949,10 +973,22 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     match k {
         // A split's partial sums, [split][token][row], for CoopReduce.
-        Kernel::MatmulCoop(_, _, shape) if shape.ks > 1 => s.push_str(
-            "fn store(t: u32, r: u32, v: f32) {\n    ys[(g_split * prm[2] + t) * prm[0] + r] = v;\n}\n",
-        ),
-        Kernel::MatmulCoop(_, outs, _) => s.push_str(&matmul_store(outs, 3)),
+        Kernel::MatmulCoop(_, _, shape) if shape.ks > 1 => {
+            s.push_str(COOP_DENSE);
+            s.push_str(
+                "fn store(t: u32, r: u32, v: f32) {\n    ys[(g_split * prm[2] + t) * prm[0] + r] = v;\n}\n",
+            )
+        }
+        Kernel::MatmulCoop(_, outs, _) => {
+            s.push_str(COOP_DENSE);
+            s.push_str(&matmul_store(outs, 3));
+        }
+        // A slot's row to the output that holds it (matmul_store's, by slot), the slots'
+        // groups bound after the outputs.
+        Kernel::MatmulIdCoop(_, n, _) => {
+            s.push_str(&matmul_store(Outs { n, ..ONE_OUT }, 3).replace("fn store(", "fn store_slot("));
+            s.push_str(&MATMUL_ID_COOP.replace("GRP", &(3 + n as usize).to_string()));
+        }
         // Its outputs bound from 2 on (the partial sums at 1).
         Kernel::CoopReduce(outs) => s.push_str(&matmul_store(outs, 2)),
         _ => {}
@@ -1034,7 +1070,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             s.push_str(&format!("const RG: u32 = {EXACT_ROWS}u;\n"));
             src.replace("@workgroup_size(256)", &format!("@workgroup_size({})", 64 * EXACT_ROWS))
         }
-        Kernel::MatmulCoop(_, _, shape) => super::coop::source(shape, src),
+        Kernel::MatmulCoop(_, _, shape) | Kernel::MatmulIdCoop(_, _, shape) => {
+            super::coop::source(shape, src)
+        }
         Kernel::AttnCoop(_, shape) => super::coop_attn::source(shape, src),
         Kernel::MatmulVec(..) | Kernel::MatmulIdVec(..) => {
             let (ty, outs, input, VecShape { rg, npr, rr, tt }) = match k {

@@ -7,6 +7,7 @@ pub mod coop;
 pub mod coop_attn;
 pub mod kernels;
 mod moe;
+mod moe_coop;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -142,6 +143,9 @@ pub struct GpuBackend {
     /// The router matmul's count of finished workgroups per token group (its route tail:
     /// kernels.rs ROUTE_TAIL; zero between dispatches; grown on demand).
     route_counts: Mutex<Option<wgpu::Buffer>>,
+    /// A prompt's expert slots grouped by expert for the expert tiles (moe_coop.rs; grown
+    /// on demand).
+    expert_groups_buf: Mutex<Option<wgpu::Buffer>>,
     counts: Arc<OpCounts>,
     /// GELU of every f16 value (the CPU's table, 128 KiB; glu.wgsl).
     gelu: wgpu::Buffer,
@@ -372,6 +376,7 @@ impl GpuBackend {
             kv_tmp: Mutex::new(None),
             kv_q: Mutex::new(None),
             route_counts: Mutex::new(None),
+            expert_groups_buf: Mutex::new(None),
             counts: Arc::default(),
             gelu,
             split_bytes,

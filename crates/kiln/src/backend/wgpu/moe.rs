@@ -26,10 +26,10 @@ const MAX_EXPERTS: usize = 256;
 const MAX_SLOTS: usize = 65535;
 
 /// Whole experts of a 3-D tensor in one buffer: the buffer, its first expert, how many.
-struct ExpertBuf {
-    buf: wgpu::Buffer,
-    e0: usize,
-    n: usize,
+pub(super) struct ExpertBuf {
+    pub(super) buf: wgpu::Buffer,
+    pub(super) e0: usize,
+    pub(super) n: usize,
 }
 
 /// A stack of expert matrices of `rows × cols` on the device: rows `start..start + rows`
@@ -37,13 +37,13 @@ struct ExpertBuf {
 /// and up), in its GGUF block format (F16 where no kernel reads that format).
 #[derive(Clone)]
 pub struct GpuExperts {
-    bufs: Arc<Vec<ExpertBuf>>,
+    pub(super) bufs: Arc<Vec<ExpertBuf>>,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    row_size: usize,
-    stride: usize,
-    start: usize,
+    pub(super) row_size: usize,
+    pub(super) stride: usize,
+    pub(super) start: usize,
 }
 
 impl GpuBackend {
@@ -155,7 +155,7 @@ impl GpuBackend {
         let n = rows * experts.cols;
         let f32_router = super::dot_mode(router.ty).is_none()
             && self.coop_shape(router.ty, rows, router.rows, router.cols).is_none();
-        if let (true, Some((mode, bs))) = (f32_router, super::dot_mode(experts.ty)) {
+        if let (true, Some((mode, bs))) = (f32_router, self.expert_mode(experts, rows, r.k)) {
             if let Some(taken) = self.take_writer(x, n, bs) {
                 let act = self.act_buf(n);
                 self.run_quantize(Some(taken), x, mode, rows, experts.cols, &act);
@@ -278,6 +278,10 @@ impl GpuBackend {
         // forgotten: the scratch is reused.
         let held = self.act_src.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.op();
+        // Prompts on tiles, tokens grouped by expert (moe_coop.rs), where taken.
+        if self.matmul_id_tiles(ws, input, outs, held.as_ref()) {
+            return;
+        }
         let n_slots = rows * k;
         let x_rows = if per_slot { n_slots } else { rows };
         let path = self.matmul;

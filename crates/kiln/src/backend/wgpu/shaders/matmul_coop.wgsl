@@ -14,6 +14,9 @@
 // many tokens share its tile (no batch invariance: `batch_invariant` turns this path off).
 // prm: n_rows, k, n_tok, row_size, out_stride, col0, -, -, first row in the weight buffer,
 // output row boundaries (kernels.rs matmul_store).
+// A workgroup's tile comes from `tile` (kernels.rs COOP_DENSE: token tiles along x, row
+// tiles along y; matmul_id_coop.wgsl: an expert's next tile of slots), its tokens' rows of
+// activations from `x_row` and its results go out through `store`.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> xh: array<vec4<f16>>;
@@ -35,20 +38,29 @@ var<private> g_split: u32;
 // are in dequant.wgsl's `raw`, a slot per row).
 var<private> xst: array<vec4<f16>, NX>;
 
+// The tile's first row in the weight buffer, and the activation rows of this invocation's
+// NX token words.
+var<private> g_w0: u32;
+var<private> xrow: array<u32, NX>;
+
+// The workgroup's tile, read through workgroupUniformLoad: a function's result is not
+// uniform to the validator (its argument, the workgroup id, is not a builtin there), and
+// the matrix operations after the early exit need uniform control flow.
+var<workgroup> g_tile: vec4<u32>;
+
 // Issues the loads of chunk c of the tile's NW rows per invocation and its tokens, their
 // arithmetic left for `put`: invocations past the tile's rows or words repeat its last one,
-// rows past the weight's end its last row, tokens past the batch its last token (none of
-// those is stored).
-fn fetch(c: u32, li: u32, t0: u32, r0: u32) {
+// rows past the weight's end its last row, tokens past the tile's end its last token (none
+// of those is stored).
+fn fetch(c: u32, li: u32, r0: u32) {
     for (var q = 0u; q < NW; q = q + 1u) {
         let i = min(li + q * WGS, BN - 1u);
         let r = min(r0 + i, prm[0] - 1u);
-        fetch_chunk((prm[8] + r) * prm[3], c, q);
+        fetch_chunk((g_w0 + r) * prm[3], c, q);
     }
     for (var q = 0u; q < NX; q = q + 1u) {
         let i = min(li + q * WGS, 8u * BM - 1u);
-        let t = min(t0 + i / 8u, prm[2] - 1u);
-        xst[q] = xh[(t * prm[1] + 32u * c) / 4u + i % 8u];
+        xst[q] = xh[(xrow[q] * prm[1] + 32u * c) / 4u + i % 8u];
     }
 }
 
@@ -77,15 +89,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         @builtin(subgroup_id) sgid: u32, @builtin(subgroup_invocation_id) sgi: u32,
         @builtin(subgroup_size) sgn: u32) {
     let n_rows = prm[0];
-    let n_tok = prm[2];
+    // The tile: its tokens t0..n_tok, its weight rows from r0 (of the matrix, whose first
+    // row in the buffer is g_w0); none where an expert has no more slots.
+    if li == 0u {
+        g_tile = tile(wid);
+    }
+    let tl = workgroupUniformLoad(&g_tile);
+    let t0 = tl.x;
+    let n_tok = tl.y;
+    let r0 = tl.w;
+    if t0 >= n_tok {
+        return;
+    }
+    g_w0 = tl.z;
+    for (var q = 0u; q < NX; q = q + 1u) {
+        let i = min(li + q * WGS, 8u * BM - 1u);
+        xrow[q] = x_row(min(t0 + i / 8u, n_tok - 1u));
+    }
     // This workgroup's chunks of k: c0.. (ns of them).
     let nk = prm[1] / 32u;
     let per = (nk + n_splits() - 1u) / n_splits();
     let c0 = min(wid.z * per, nk - 1u);
     let ns = min(per, nk - min(wid.z * per, nk));
     g_split = wid.z;
-    let t0 = wid.x * BM;
-    let r0 = wid.y * BN;
     // This subgroup's block of the tile. Where the adapter runs subgroups smaller than its
     // largest (the workgroup is sized for that), the extra ones repeat the last block and
     // store nothing: every subgroup runs the same matrix operations, in uniform control flow.
@@ -96,7 +122,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = li; i < NSG * 256u; i = i + WGS) {
         cs[i] = 0.0;
     }
-    fetch(c0, li, t0, r0);
+    fetch(c0, li, r0);
     put(c0, 0u, li);
     workgroupBarrier();
 //INIT
@@ -105,7 +131,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // The next stage's loads, in flight during this stage's products (the last stage
         // loads itself again, unused).
         let cn = c0 + min(s + 1u, ns - 1u);
-        fetch(cn, li, t0, r0);
+        fetch(cn, li, r0);
         let xb = (cur * BM + bm) * SV;
         let wb = (cur * BN + bn) * SV;
 //MMA
