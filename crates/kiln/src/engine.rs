@@ -242,6 +242,41 @@ impl Backends {
     }
 }
 
+impl Backends {
+    /// An mmproj file's vision encoder on the engine's device: on a GPU, a backend beside the
+    /// model's on the same device (its pipelines built now on a hardware adapter, as the
+    /// model's are); on the CPU, a thread pool of its own. An encoder the GPU's kernels cannot
+    /// take (matrix rows not a multiple of 32 values) runs on the CPU instead
+    /// (`VisionEncoder::backend_name` says where).
+    fn load_vision(&self, g: Arc<GgufFile>, n_threads: usize) -> Result<crate::vision::VisionEncoder> {
+        let on_cpu = |g| crate::vision::VisionEncoder::load(g, Arc::new(CpuBackend::new(n_threads)));
+        match self {
+            #[cfg(feature = "gpu")]
+            Backends::Gpu(first) => {
+                let model_gpu = first.take();
+                let gpu = model_gpu.as_ref().map(GpuBackend::sibling).transpose();
+                first.set(model_gpu);
+                let gpu = match gpu? {
+                    Some(g) => g,
+                    None => GpuBackend::new(crate::backend::wgpu::AdapterPolicy::AnyGpu)?,
+                };
+                let software = gpu.is_software();
+                let gpu = Arc::new(gpu);
+                let enc = match crate::vision::VisionEncoder::load(g.clone(), gpu.clone()) {
+                    Ok(enc) => enc,
+                    Err(_) => return on_cpu(g),
+                };
+                if !software {
+                    enc.warm_up()?;
+                    gpu.save_pipeline_cache();
+                }
+                Ok(enc)
+            }
+            Backends::Cpu(_) => on_cpu(g),
+        }
+    }
+}
+
 /// Loads a model file onto the engine's backends (its label for progress).
 type LoadFn<'a> = dyn Fn(&Arc<GgufFile>, &str) -> Result<Box<dyn Runner>> + 'a;
 
@@ -380,10 +415,12 @@ impl Engine {
         // An encoder's micro-batch holds any input whole (every position sees the others).
         let n_ubatch = if cfg.causal { opts.n_batch.min(n_ctx) } else { opts.n_batch.max(n_ctx) };
         let prefix_blocks = opts.prefix_cache_tokens.map(|n| n / crate::kv::BLOCK_SIZE);
+        let backends = Backends::new(&opts, gpu, n_threads)?;
         let vision = match &opts.mmproj {
             Some(p) => {
                 let g = Arc::new(GgufFile::open(p)?);
-                let enc = crate::vision::VisionEncoder::load(g, Arc::new(CpuBackend::new(n_threads)))
+                let enc = backends
+                    .load_vision(g, n_threads)
                     .map_err(|e| KilnError::invalid(format!("{}: {e}", p.display())))?;
                 if enc.config().n_embd_out != cfg.n_embd {
                     return Err(KilnError::invalid(format!(
@@ -401,7 +438,6 @@ impl Engine {
         // images so (gemma3); a draft model, loaded alike, never reads image rows.
         let bidirectional_embd =
             vision.as_ref().is_some_and(|v| v.config().projector.rows_attend_bidirectionally());
-        let backends = Backends::new(&opts, gpu, n_threads)?;
         let load = |gguf: &Arc<GgufFile>, label: &str| -> Result<Box<dyn Runner>> {
             let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label));
             let runner: Box<dyn Runner> = match &backends {

@@ -488,6 +488,46 @@ pub trait Backend: Send + Sync + 'static {
         plan: &AttnPlan,
         out: &mut Self::Buf,
     );
+    /// Bidirectional attention of one whole sequence of `n` rows held in plain buffers (a
+    /// vision encoder's patches): each of `n_head` heads of `head_dim`, every query against
+    /// every key, no mask, scores scaled by `scale`. `kv` is scratch of at least `n` rows of
+    /// `n_head * head_dim` values each. By default K and V are stored to its slots `0..n` and
+    /// `attention` runs a non-causal plan over them; the CPU takes the arithmetic of llama.cpp's
+    /// CPU flash attention for such inputs instead (`cpu::attention::whole`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_whole(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        kv: (&mut Self::Kv, &mut Self::Kv),
+        n: usize,
+        (n_head, head_dim): (usize, usize),
+        scale: f32,
+        out: &mut Self::Buf,
+    ) {
+        let slots: Vec<u32> = (0..n as u32).collect();
+        self.kv_store(kv.0, kv.1, k, v, &slots, n_head * head_dim);
+        let block_size = crate::kv::BLOCK_SIZE;
+        let table: Vec<u32> = (0..n.div_ceil(block_size) as u32).collect();
+        let seq = vec![0u32; n];
+        let plan = AttnPlan {
+            pos: &slots,
+            seq: &seq,
+            tables: &[&table],
+            block_size,
+            n_head,
+            n_head_kv: n_head,
+            head_dim,
+            scale,
+            q_scale: &[],
+            softcap: 0.0,
+            window: None,
+            seq_len: Some(&[n as u32]),
+            alibi: None,
+        };
+        self.attention(q, kv.0, kv.1, &plan, out);
+    }
     /// Routes each of `rows` rows of router logits (`r.n_expert` wide): the chosen experts'
     /// ids to `ids` and their weights to `weights`, `r.k` per row, in routing order. Ids
     /// are stored as f32 (exact).

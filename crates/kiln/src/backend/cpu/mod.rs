@@ -12,8 +12,8 @@ mod kv_rows;
 mod moe;
 mod ops;
 pub use attention::{AttnArith, Blocks, Cache};
+pub(crate) use ops::gelu_table;
 pub use ops::rope_cache;
-pub(crate) use ops::{gelu, gelu_table, layer_norm, rms_norm};
 pub mod pool;
 mod vexp;
 mod weight;
@@ -245,6 +245,20 @@ impl Backend for CpuBackend {
 
     fn attention(&self, q: &Vec<f32>, kc: &KvBuf, vc: &KvBuf, plan: &AttnPlan, out: &mut Vec<f32>) {
         attention::attention(&self.pool, q, kv_rows::cache(kc), kv_rows::cache(vc), plan, self.attn, out);
+    }
+
+    fn attention_whole(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        _kv: (&mut KvBuf, &mut KvBuf),
+        n: usize,
+        (n_head, head_dim): (usize, usize),
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) {
+        attention::whole::attention(q, k, v, out, n, n_head, head_dim, scale, self.n_threads());
     }
 
     fn moe_route(

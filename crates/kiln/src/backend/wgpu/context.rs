@@ -15,7 +15,9 @@ pub enum AdapterPolicy {
     HardwareOnly,
 }
 
-/// A wgpu device with the limits and features the kernels were built for.
+/// A wgpu device with the limits and features the kernels were built for (cloned: the same
+/// device and queue).
+#[derive(Clone)]
 pub struct Context {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,

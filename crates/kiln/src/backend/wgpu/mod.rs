@@ -353,7 +353,24 @@ impl GpuBackend {
 
     /// Opens a device; `force_fallback` disables subgroup kernels even where supported.
     pub fn with_fallback(policy: AdapterPolicy, force_fallback: bool) -> Result<GpuBackend> {
-        let ctx = Context::new(policy, force_fallback)?;
+        Self::on(Context::new(policy, force_fallback)?)
+    }
+
+    /// A backend on the same device and queue with its own recorder and scratch, and this
+    /// one's settings (matmul path, tiles, batch invariance): a vision encoder beside its
+    /// language model, each recording its own steps.
+    pub fn sibling(&self) -> Result<GpuBackend> {
+        let mut b = Self::on(self.ctx.clone())?;
+        b.prologue_bytes = self.prologue_bytes;
+        b.split_bytes = self.split_bytes;
+        b.matmul = self.matmul;
+        b.coop = self.coop;
+        b.batch_invariant = self.batch_invariant;
+        b.shape_override = self.shape_override.clone();
+        Ok(b)
+    }
+
+    fn on(ctx: Context) -> Result<GpuBackend> {
         let split_bytes = ctx.max_binding.min(ctx.max_buffer);
         let matmul = MatmulPath::default_for(ctx.info.device_type == wgpu::DeviceType::Cpu);
         let rec = Mutex::new(Recorder::new(&ctx));

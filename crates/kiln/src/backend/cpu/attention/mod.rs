@@ -44,6 +44,7 @@ use half::f16;
 #[cfg(target_arch = "x86_64")]
 mod heads;
 mod quantized;
+pub(crate) mod whole;
 
 pub use quantized::{Blocks, Cache};
 

@@ -1,0 +1,305 @@
+//! Bidirectional attention of one whole sequence held in plain `[n, n_head * head_dim]`
+//! buffers (a vision encoder's patches: every query against every key, no mask, no cache),
+//! in the arithmetic of llama.cpp's CPU flash attention for such inputs: the CPU backend's
+//! `attention_whole`.
+
+use half::f16;
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Bidirectional attention: for each head, every one of the `n` queries against all `n`
+/// keys, softmax of `scale · q·k`, the weighted sum of values. `q`, `k`, `v` and `out` are
+/// `[n, n_head * head_dim]`. Queries, keys and values are rounded to f16 first, as llama.cpp's
+/// flash attention casts them. Below [`FA_TILE_Q`] patches the arithmetic is ggml's one-chunk
+/// path's ([`head_one_chunk`], llama.cpp's for so few queries); from there on sums are f32
+/// ([`head`]: llama.cpp's tiled path also keeps f32, in an order kiln does not copy). Heads are
+/// spread over `n_threads` threads; each row's arithmetic is the same whatever the split, and
+/// on every CPU tier: the AVX2 build of [`head`] vectorizes its lanes without reordering a
+/// sum, and the softmax's `expf` is libm's bits sixteen at a time (`backend::cpu::expf`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    n: usize,
+    n_head: usize,
+    head_dim: usize,
+    scale: f32,
+    n_threads: usize,
+) {
+    let head_fn = if n < FA_TILE_Q { head_one_chunk } else { simd_head() };
+    attention_with(q, k, v, out, (n, n_head, head_dim), scale, n_threads, head_fn)
+}
+
+/// Queries per tile of ggml's tiled CPU flash attention (`GGML_FA_TILE_Q`): with fewer
+/// queries llama.cpp takes its one-chunk path ([`head_one_chunk`]).
+const FA_TILE_Q: usize = 64;
+
+/// `ggml_vec_dot_f16` of two rows of f16 values (widened) on an AVX-512 build: four
+/// accumulators of sixteen lanes over whole steps of 64 (fused multiply-adds), summed as
+/// `GGML_F32x16_REDUCE`, then the leftovers one at a time in f64.
+fn dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    let np = n / 64 * 64;
+    let mut acc = [[0f32; 16]; 4];
+    for i0 in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                let i = i0 + 16 * j + l;
+                *a = x[i].mul_add(y[i], *a);
+            }
+        }
+    }
+    let r: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let h: [f32; 8] = std::array::from_fn(|l| r[l] + r[l + 8]);
+    let q: [f32; 4] = std::array::from_fn(|l| h[l] + h[l + 4]);
+    let mut sum = ((q[0] + q[2]) + (q[1] + q[3])) as f64;
+    for i in np..n {
+        sum += (x[i] * y[i]) as f64;
+    }
+    sum as f32
+}
+
+/// One head as ggml's one-chunk flash attention (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`)
+/// computes it with f16 K and V: per query, keys in order, the score `dot · scale`, an
+/// online softmax whose output accumulator is f16 (rounded after every rescale and every
+/// fused multiply-add), the sum of weights with an FMA, and the output scaled by `1 / sum`.
+/// `q`, `k`, `v` hold f16 values (widened).
+fn head_one_chunk(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f32, o: &mut [f32]) {
+    let r16 = |x: f32| f16::from_f32(x).to_f32();
+    let mut acc = vec![0f32; hd];
+    for i in 0..n {
+        let qi = &q[i * hd..(i + 1) * hd];
+        let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        for j in 0..n {
+            let s = dot_f16_ggml(&k[j * hd..(j + 1) * hd], qi) * scale;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                let old = m;
+                m = s;
+                ms = (old - m).exp();
+                acc.iter_mut().for_each(|a| *a = r16(*a * ms));
+            } else {
+                vs = (s - m).exp();
+            }
+            let vj = &v[j * hd..(j + 1) * hd];
+            acc.iter_mut().zip(vj).for_each(|(a, &x)| *a = r16(x.mul_add(vs, *a)));
+            sum = sum.mul_add(ms, vs);
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        o[i * hd..(i + 1) * hd].iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
+    }
+}
+
+/// One head's attention (`head`'s arguments, its `expf` chosen).
+type HeadFn = fn(&[f32], &[f32], &[f32], usize, usize, f32, &mut [f32]);
+
+/// `x[i] = expf(x[i])`: libm's bits, sixteen at a time where the CPU has AVX-512.
+fn expf_simd(x: &mut [f32]) {
+    crate::backend::cpu::expf::expf_slice(x)
+}
+
+/// [`head`] built for this CPU's vector units where kiln has a build for them.
+fn simd_head() -> HeadFn {
+    #[cfg(target_arch = "x86_64")]
+    if crate::quant::cpu_tier() >= crate::quant::CpuTier::Avx2 {
+        return |q, k, v, n, hd, scale, o| {
+            // SAFETY: the CPU has AVX2.
+            unsafe { head_avx2(q, k, v, n, hd, scale, o) }
+        };
+    }
+    |q, k, v, n, hd, scale, o| head(q, k, v, n, hd, scale, o, expf_simd)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_with(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    (n, n_head, head_dim): (usize, usize, usize),
+    scale: f32,
+    n_threads: usize,
+    head_fn: HeadFn,
+) {
+    let d = n_head * head_dim;
+    let r16 = |x: f32| f16::from_f32(x).to_f32();
+    // Per head, contiguous [n, head_dim] copies (f16-rounded).
+    let per_head = |src: &[f32]| -> Vec<Vec<f32>> {
+        (0..n_head)
+            .map(|h| {
+                (0..n)
+                    .flat_map(|j| {
+                        src[j * d + h * head_dim..j * d + (h + 1) * head_dim].iter().map(|&x| r16(x))
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let (qh, kh, vh) = (per_head(q), per_head(k), per_head(v));
+    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); n_head];
+    let threads = n_threads.clamp(1, n_head);
+    std::thread::scope(|s| {
+        for (t, chunk) in outs.chunks_mut(n_head.div_ceil(threads)).enumerate() {
+            let (qh, kh, vh) = (&qh, &kh, &vh);
+            s.spawn(move || {
+                let first = t * n_head.div_ceil(threads);
+                for (hi, o) in chunk.iter_mut().enumerate() {
+                    let h = first + hi;
+                    *o = vec![0f32; n * head_dim];
+                    head_fn(&qh[h], &kh[h], &vh[h], n, head_dim, scale, o);
+                }
+            });
+        }
+    });
+    for (h, o) in outs.iter().enumerate() {
+        for i in 0..n {
+            out[i * d + h * head_dim..i * d + (h + 1) * head_dim]
+                .copy_from_slice(&o[i * head_dim..(i + 1) * head_dim]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f32, o: &mut [f32]) {
+    head(q, k, v, n, hd, scale, o, expf_simd)
+}
+
+/// One head: `q`, `k`, `v` and `o` are `[n, hd]`, `o` zeroed; `exp` takes `expf` of a
+/// slice. Each value's arithmetic is written out in order (Rust neither fuses nor reorders
+/// float operations), so any build of it gives the same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    hd: usize,
+    scale: f32,
+    o: &mut [f32],
+    exp: fn(&mut [f32]),
+) {
+    let mut scores = vec![0f32; n];
+    for i in 0..n {
+        let qi = &q[i * hd..(i + 1) * hd];
+        let mut max = f32::NEG_INFINITY;
+        for (j, sc) in scores.iter_mut().enumerate() {
+            *sc = scale * dot(qi, &k[j * hd..(j + 1) * hd]);
+            max = max.max(*sc);
+        }
+        scores.iter_mut().for_each(|sc| *sc -= max);
+        exp(&mut scores);
+        let mut sum = 0f32;
+        for &sc in scores.iter() {
+            sum += sc;
+        }
+        let oi = &mut o[i * hd..(i + 1) * hd];
+        for (j, &p) in scores.iter().enumerate() {
+            let vj = &v[j * hd..(j + 1) * hd];
+            oi.iter_mut().zip(vj).for_each(|(o, v)| *o += p * v);
+        }
+        let inv = 1.0 / sum;
+        oi.iter_mut().for_each(|o| *o *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The attention of this CPU's tier gives the bits of the portable build with libm's
+    /// scalar `expf` (scores spread widely, so the softmax's `expf` meets large negative
+    /// arguments and underflow), on a head size with a tail past the 8-lane chunks and one
+    /// without, on one thread and two.
+    #[test]
+    fn simd_attention_equals_the_portable_build() {
+        let mut seed = 5u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        // From FA_TILE_Q patches up, where `attention` takes `head`.
+        for (n, n_head, hd) in [(67, 3, 64), (64, 2, 36)] {
+            let len = n * n_head * hd;
+            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+            );
+            let mut want = vec![0f32; len];
+            let scalar: super::HeadFn = |q, k, v, n, hd, scale, o| {
+                super::head(q, k, v, n, hd, scale, o, |x| x.iter_mut().for_each(|v| *v = v.exp()))
+            };
+            super::attention_with(&q, &k, &v, &mut want, (n, n_head, hd), 0.9, 1, scalar);
+            for threads in [1, 2] {
+                let mut got = vec![0f32; len];
+                super::attention(&q, &k, &v, &mut got, n, n_head, hd, 0.9, threads);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "n {n} heads {n_head} hd {hd} threads {threads}");
+            }
+            assert!(want.iter().all(|x| x.is_finite()) && want.iter().any(|&x| x != 0.0));
+        }
+    }
+
+    /// ggml's one-chunk arithmetic (below FA_TILE_Q patches) stays within f16 accumulation
+    /// error of the exact softmax-weighted sum of the same f16 values, on head sizes with
+    /// and without whole steps of 64, on one thread and two (the same bits).
+    #[test]
+    fn one_chunk_attention_is_attention() {
+        let mut seed = 9u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        };
+        let r16 = |x: f32| half::f16::from_f32(x).to_f32() as f64;
+        for (n, n_head, hd) in [(16, 4, 16), (63, 2, 80)] {
+            let d = n_head * hd;
+            let len = n * d;
+            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+            );
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut one = vec![0f32; len];
+            super::attention(&q, &k, &v, &mut one, n, n_head, hd, scale, 1);
+            let mut two = vec![0f32; len];
+            super::attention(&q, &k, &v, &mut two, n, n_head, hd, scale, 2);
+            assert_eq!(one, two);
+            for h in 0..n_head {
+                for i in 0..n {
+                    let at = |x: &[f32], j: usize, c: usize| r16(x[j * d + h * hd + c]);
+                    let s: Vec<f64> = (0..n)
+                        .map(|j| (0..hd).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() * scale as f64)
+                        .collect();
+                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let z: f64 = w.iter().sum();
+                    for c in 0..hd {
+                        let want = (0..n).map(|j| w[j] * at(&v, j, c)).sum::<f64>() / z;
+                        let got = one[i * d + h * hd + c] as f64;
+                        assert!(
+                            (got - want).abs() < 2e-2,
+                            "n {n} hd {hd} head {h} row {i} col {c}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
