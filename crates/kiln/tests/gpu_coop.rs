@@ -13,7 +13,7 @@ use half::f16;
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::wgpu::coop::{self, CoopCaps, CoopShape, Ops};
 use kiln::backend::wgpu::kernels::{self, Kernel, Outs};
-use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
+use kiln::backend::wgpu::GpuBackend;
 use kiln::backend::Backend;
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
@@ -38,6 +38,9 @@ const MAX_TOK: usize = 131;
 #[path = "common/rng.rs"]
 mod rng;
 use rng::{nmse, Rng};
+#[path = "common/tiles.rs"]
+mod tiles;
+use tiles::{gpu, tile_gpu};
 
 fn add_weight(w: &mut GgufWriter, rng: &mut Rng, name: &str, ty: GgmlType, rows: usize) {
     let v = rng.vec(rows * K);
@@ -69,30 +72,10 @@ fn model() -> Arc<GgufFile> {
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
 }
 
-fn gpu() -> GpuBackend {
-    let mut g = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false)
-        .expect("no Vulkan adapter: install mesa-vulkan-drivers (lavapipe) to run the GPU tests");
-    g.set_matmul_path(MatmulPath::Vec);
-    g
-}
-
-/// A GPU whose matmuls of `MIN_TOKENS`+ tokens run on tiles: real cooperative matrices where the
-/// adapter has them, else emulated ones.
-fn selecting_gpu() -> GpuBackend {
-    let mut g = gpu();
-    assert!(g.emulate_coop(), "{}: no f16 with subgroups, so no tile kernels to test", g.name());
-    eprintln!(
-        "tiles on {} ({})",
-        g.name(),
-        if g.has_coop_hardware() { "cooperative matrices" } else { "emulated" }
-    );
-    g
-}
-
 /// A GPU whose matmuls of any batch run on the tiles `coop::shape` picks (those of
 /// batches under `MIN_TOKENS` too: every shape is tested whatever the threshold).
-fn tile_gpu() -> GpuBackend {
-    let mut g = selecting_gpu();
+fn every_shape_gpu() -> GpuBackend {
+    let mut g = tile_gpu();
     let caps = g.coop_caps().expect("tiles");
     g.set_shape_choice(Some(Arc::new(move |tokens, rows, k| coop::shape(&caps, tokens, rows, k))));
     g
@@ -161,7 +144,7 @@ const TILE_VS_CPU_NMSE: f64 = 1e-4;
 fn tile_matmul_matches_its_f16_reference_and_the_cpu() {
     let g = model();
     let cpu = CpuBackend::new(2);
-    let gpu = tile_gpu();
+    let gpu = every_shape_gpu();
     // Each type at one batch size (all sizes over the types). Emulated tiles are slow on
     // software adapters: CI's tier takes three types.
     let full = full_tier(&gpu);
@@ -197,7 +180,7 @@ fn any_number_of_splits_of_k_adds_up() {
     let n = 20;
     let r = f16_reference(&g, name, n);
     for ks in [1u32, 3, 15] {
-        let mut gpu = tile_gpu();
+        let mut gpu = every_shape_gpu();
         let caps = gpu.coop_caps().expect("tiles");
         gpu.set_shape_choice(Some(Arc::new(move |tokens, rows, k| {
             coop::shape(&caps, tokens, rows, k).map(|s| CoopShape { ks, ..s })
@@ -242,7 +225,7 @@ fn weights_loaded_together_and_split_run_on_tiles() {
         }
         v
     };
-    let gpu = tile_gpu();
+    let gpu = every_shape_gpu();
     let groups = [(&["qkv.0", "qkv.1", "qkv.2"][..], true), (&["mix.0", "mix.1", "mix.2"][..], false)];
     // (Emulated tiles are slow: CI's tier takes the first group.)
     let n_groups = if full_tier(&gpu) { 2 } else { 1 };
@@ -253,7 +236,7 @@ fn weights_loaded_together_and_split_run_on_tiles() {
         eprintln!("{names:?}: tiles vs CPU {e:.1e}");
         assert!(e <= TILE_VS_CPU_NMSE, "{names:?} on {}: NMSE {e:e}", gpu.name());
     }
-    let mut split = tile_gpu();
+    let mut split = every_shape_gpu();
     let row_bytes = GgmlType::Q4_K.row_size(K).unwrap() as u64;
     split.set_max_binding(40 * row_bytes);
     let name = &format!("w.{}", GgmlType::Q4_K.name());
@@ -270,7 +253,7 @@ fn tiles_run_only_where_chosen_and_the_rest_stays_batch_invariant() {
     // miss), a single token's are not.
     let g = model();
     let name = &format!("w.{}", GgmlType::Q4_K.name());
-    let mut invariant = tile_gpu();
+    let mut invariant = every_shape_gpu();
     invariant.set_batch_invariant(true);
     let mut no_tiles = gpu();
     no_tiles.disable_coop();
@@ -289,7 +272,7 @@ fn tiles_run_only_where_chosen_and_the_rest_stays_batch_invariant() {
             );
         }
     }
-    let tiles = selecting_gpu();
+    let tiles = tile_gpu();
     for n in [coop_min_tokens() - 1, coop_min_tokens()] {
         let e = nmse(&matmul_out(&tiles, &g, name, n), &f16_reference(&g, name, n));
         assert_eq!(e <= TILE_NMSE, n >= coop_min_tokens(), "x{n}: NMSE {e:e} against the f16 reference");
@@ -339,23 +322,7 @@ fn tile_kernels_compile_for_cooperative_matrices() {
             each.extend([1, 2].map(|n| Kernel::MatmulIdCoop(ty, n, CoopShape { ks: 1, ..s })));
             for kernel in each {
                 let (src, what) = (kernels::assemble(kernel, true, true), format!("{kernel:?}"));
-                let module = naga::front::wgsl::parse_str(&src)
-                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
-                let mut v = naga::valid::Validator::new(
-                    naga::valid::ValidationFlags::all(),
-                    naga::valid::Capabilities::all(),
-                );
-                v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
-                v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
-                let info =
-                    v.validate(&module).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
-                let opts = naga::back::spv::Options {
-                    lang_version: (1, 5),
-                    flags: naga::back::spv::WriterFlags::empty(),
-                    ..Default::default()
-                };
-                naga::back::spv::write_vec(&module, &info, &opts, None)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                tiles::compiles_to_spirv(&src, &what);
             }
         }
     }

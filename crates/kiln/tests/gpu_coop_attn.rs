@@ -16,7 +16,7 @@ use kiln::backend::cpu::CpuBackend;
 use kiln::backend::wgpu::coop::{CoopCaps, Ops};
 use kiln::backend::wgpu::coop_attn;
 use kiln::backend::wgpu::kernels::{self, Kernel};
-use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, GpuKv, MatmulPath};
+use kiln::backend::wgpu::{GpuBackend, GpuKv};
 use kiln::backend::{AttnPlan, Backend};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
@@ -26,6 +26,9 @@ use kiln::AttnArith;
 #[path = "common/rng.rs"]
 mod rng;
 use rng::{nmse, Rng};
+#[path = "common/tiles.rs"]
+mod tiles;
+use tiles::{gpu, tile_gpu};
 
 mod support;
 
@@ -46,27 +49,6 @@ struct Case {
     prev: usize,
     n: usize,
     softcap: f32,
-}
-
-fn gpu() -> GpuBackend {
-    let mut g = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false)
-        .expect("no Vulkan adapter: install mesa-vulkan-drivers (lavapipe) to run the GPU tests");
-    g.set_matmul_path(MatmulPath::Vec);
-    g
-}
-
-/// A GPU whose prompt attention runs on tiles: real cooperative matrices where the adapter
-/// has them, else emulated ones.
-fn tile_gpu() -> GpuBackend {
-    let mut g = gpu();
-    assert!(g.emulate_coop(), "{}: no f16 with subgroups, so no tile kernels to test", g.name());
-    eprintln!(
-        "tiles on {} ({}): {:?}",
-        g.name(),
-        if g.has_coop_hardware() { "cooperative matrices" } else { "emulated" },
-        g.coop_caps()
-    );
-    g
 }
 
 fn read<B: Backend>(b: &B, buf: &B::Buf, n: usize) -> Vec<f32> {
@@ -275,23 +257,7 @@ fn tile_attention_compiles_for_cooperative_matrices() {
                 let k = Kernel::AttnCoop(tail, s);
                 let src = kernels::assemble(k, true, true);
                 let what = format!("{k:?}");
-                let module = naga::front::wgsl::parse_str(&src)
-                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
-                let mut v = naga::valid::Validator::new(
-                    naga::valid::ValidationFlags::all(),
-                    naga::valid::Capabilities::all(),
-                );
-                v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
-                v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
-                let info =
-                    v.validate(&module).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&src)));
-                let opts = naga::back::spv::Options {
-                    lang_version: (1, 5),
-                    flags: naga::back::spv::WriterFlags::empty(),
-                    ..Default::default()
-                };
-                naga::back::spv::write_vec(&module, &info, &opts, None)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                tiles::compiles_to_spirv(&src, &what);
             }
         }
         for hd in [8, 40, 256] {

@@ -5,6 +5,7 @@
 #![cfg(feature = "gpu")]
 
 mod support;
+use support::nmse;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -16,12 +17,6 @@ use kiln::gguf::{GgufFile, TensorInfo};
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
 use kiln::Result;
 use support::*;
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
 
 /// Per op: calls, worst NMSE, calls that were not bit-identical.
 type Stats = BTreeMap<String, (usize, f64, usize)>;

@@ -10,6 +10,8 @@
 #![cfg(feature = "gpu")]
 
 mod support;
+use support::nmse;
+use support::top2;
 
 use std::sync::Arc;
 
@@ -42,25 +44,6 @@ fn engine_with(m: &RealModel, device: Device, arith: AttnArith) -> Engine {
     let opts = EngineOptions::default().with_n_ctx(256).with_batch(64).with_threads(2).with_device(device);
     let opts = opts.with_attn_arith(arith);
     Engine::load(model(m.name).to_str().unwrap(), opts).unwrap()
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(1e-30)
-}
-
-/// Top token and its margin over the runner-up.
-fn top2(l: &[f32]) -> (u32, f32) {
-    let (mut i1, mut v1, mut v2) = (0, f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for (i, &v) in l.iter().enumerate() {
-        if v > v1 {
-            (v2, v1, i1) = (v1, v, i);
-        } else if v > v2 {
-            v2 = v;
-        }
-    }
-    (i1 as u32, v1 - v2)
 }
 
 fn parity(m: &RealModel, prompt: &str, steps: usize) {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use half::f16;
 use kiln::backend::cpu::CpuBackend;
-use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
+use kiln::backend::wgpu::GpuBackend;
 use kiln::backend::{Backend, ExpertInput};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
@@ -21,6 +21,9 @@ use kiln::quant::{self, GgmlType};
 #[path = "common/rng.rs"]
 mod rng;
 use rng::{nmse, Rng};
+#[path = "common/tiles.rs"]
+mod tiles;
+use tiles::{gpu, tile_gpu};
 
 /// Row length of every expert matrix (a K-quant block).
 const K: usize = 256;
@@ -93,26 +96,6 @@ fn model() -> Arc<GgufFile> {
         w.add_f32(format!("ids.{r:?}"), &[SLOTS as u64, MAX_TOK as u64], &expert_ids(r, MAX_TOK)).unwrap();
     }
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
-}
-
-fn gpu() -> GpuBackend {
-    let mut g = GpuBackend::with_fallback(AdapterPolicy::AnyGpu, false)
-        .expect("no Vulkan adapter: install mesa-vulkan-drivers (lavapipe) to run the GPU tests");
-    g.set_matmul_path(MatmulPath::Vec);
-    g
-}
-
-/// A GPU whose prompts run on tiles: real cooperative matrices where the adapter has them,
-/// else emulated ones.
-fn tile_gpu() -> GpuBackend {
-    let mut g = gpu();
-    assert!(g.emulate_coop(), "{}: no f16 with subgroups, so no tile kernels to test", g.name());
-    eprintln!(
-        "tiles on {} ({})",
-        g.name(),
-        if g.has_coop_hardware() { "cooperative matrices" } else { "emulated" }
-    );
-    g
 }
 
 /// Rows `0..n` of the F32 table `name` on `b`.

@@ -5,6 +5,7 @@
 #![cfg(feature = "gpu")]
 
 mod support;
+use support::nmse;
 
 use std::sync::Arc;
 
@@ -98,9 +99,4 @@ fn short_rows_summed_in_a_subgroup_are_the_trees_bits() {
         let same = bits[0].iter().zip(&bits[1]).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{ty}: the subgroup path's sums differ from the tree's");
     }
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
-    num / b.iter().map(|&y| (y as f64).powi(2)).sum::<f64>().max(1e-30)
 }

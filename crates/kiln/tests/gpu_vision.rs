@@ -6,6 +6,8 @@
 #![cfg(feature = "gpu")]
 
 mod support;
+use support::nmse;
+use support::top2;
 
 use std::sync::Arc;
 
@@ -39,12 +41,6 @@ fn encoder<B: Backend>(preset: &str, be: B) -> VisionEncoder {
 
 fn image(name: &str) -> RgbImage {
     RgbImage::open(fixtures().join("vision").join(name)).unwrap()
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(&x, &y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
-    num / den.max(1e-30)
 }
 
 #[test]
@@ -96,19 +92,6 @@ fn engine_with(device: Device, mmproj: &str) -> Engine {
     let opts = EngineOptions::default().with_n_ctx(256).with_threads(2).with_device(device);
     let opts = opts.with_mmproj(dir.join(mmproj));
     Engine::load(dir.join("lm.gguf").to_str().unwrap(), opts).unwrap()
-}
-
-/// Top token and its margin over the runner-up.
-fn top2(l: &[f32]) -> (u32, f32) {
-    let (mut i1, mut v1, mut v2) = (0, f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for (i, &v) in l.iter().enumerate() {
-        if v > v1 {
-            (v2, v1, i1) = (v1, v, i);
-        } else if v > v2 {
-            v2 = v;
-        }
-    }
-    (i1 as u32, v1 - v2)
 }
 
 #[test]

@@ -4,6 +4,11 @@
 
 use std::path::PathBuf;
 
+#[path = "../common/rng.rs"]
+mod rng;
+#[allow(unused_imports)]
+pub use rng::nmse;
+
 /// `KILN_FULL=1` runs the slow tier (the 1.5B model, long contexts).
 pub fn full() -> bool {
     std::env::var("KILN_FULL").is_ok_and(|v| v == "1")
@@ -191,4 +196,17 @@ impl Rng {
         let s: f32 = (0..4).map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32).sum();
         (s - 2.0) * 1.7 * scale
     }
+}
+
+/// Top token and its margin over the runner-up.
+pub fn top2(l: &[f32]) -> (u32, f32) {
+    let (mut i1, mut v1, mut v2) = (0, f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for (i, &v) in l.iter().enumerate() {
+        if v > v1 {
+            (v2, v1, i1) = (v1, v, i);
+        } else if v > v2 {
+            v2 = v;
+        }
+    }
+    (i1 as u32, v1 - v2)
 }
