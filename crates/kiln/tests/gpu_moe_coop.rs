@@ -18,9 +18,9 @@ use kiln::backend::{Backend, ExpertInput};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
 
-mod support;
 #[path = "common/rng.rs"]
 mod rng;
+mod support;
 use rng::{nmse, Rng};
 #[path = "common/tiles.rs"]
 mod tiles;
@@ -186,7 +186,8 @@ fn expert_tiles_match_their_f16_reference_and_the_cpu() {
     let g = model();
     let gpu = tile_gpu();
     let cpu = CpuBackend::new(2);
-    let cases = [(Routing::Sparse, 33), (Routing::Sparse, 100), (Routing::OneExpert, 100), (Routing::Sparse, 200)];
+    let cases =
+        [(Routing::Sparse, 33), (Routing::Sparse, 100), (Routing::OneExpert, 100), (Routing::Sparse, 200)];
     for ty in TYPES {
         // The fast tier: every case on Q4_K, the others' block loads at one tile shape
         // (each type and shape is a kernel of its own to compile, slow on software adapters).
@@ -317,7 +318,8 @@ fn moe_prompts_on_tiles_stay_close_to_the_cpu() {
     use kiln::model::synth;
     use kiln::model::{Entry, OutputKind};
     // (The fast tier: Qwen3-MoE's; olmoe's q/k norms over whole rows under KILN_FULL=1.)
-    let presets: &[&str] = if support::full() { &["qwen3moe-tiny", "olmoe-tiny"] } else { &["qwen3moe-tiny"] };
+    let presets: &[&str] =
+        if support::full() { &["qwen3moe-tiny", "olmoe-tiny"] } else { &["qwen3moe-tiny"] };
     for &preset in presets {
         let dir = std::env::temp_dir().join(format!("kiln-moe-coop-{}-{preset}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
