@@ -23,9 +23,7 @@ use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
 use kiln::quant::{self, GgmlType};
 use kiln::AttnArith;
 
-#[path = "common/rng.rs"]
-mod rng;
-use rng::{nmse, Rng};
+use support::rng::{nmse, Rng};
 #[path = "common/tiles.rs"]
 mod tiles;
 use tiles::{gpu, tile_gpu};

@@ -17,9 +17,7 @@ use kiln::engine::{Device, Engine, EngineOptions};
 use kiln::kv::{KvTypes, CACHE_TYPES};
 use kiln::quant::GgmlType;
 
-#[path = "common/rng.rs"]
-mod rng;
-use rng::{nmse, Rng};
+use support::rng::{nmse, Rng};
 
 /// The quantized cache types (every one of CACHE_TYPES but f16).
 fn quantized() -> Vec<GgmlType> {

@@ -18,10 +18,8 @@ use kiln::backend::{Backend, ExpertInput};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::quant::{self, GgmlType};
 
-#[path = "common/rng.rs"]
-mod rng;
 mod support;
-use rng::{nmse, Rng};
+use support::rng::{nmse, Rng};
 #[path = "common/tiles.rs"]
 mod tiles;
 use tiles::{gpu, tile_gpu};

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 #[path = "../common/rng.rs"]
-mod rng;
+pub mod rng;
 #[allow(unused_imports)]
 pub use rng::nmse;
 
