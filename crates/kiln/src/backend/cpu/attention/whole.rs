@@ -116,13 +116,41 @@ fn expf_simd(x: &mut [f32]) {
 /// [`head`] built for this CPU's vector units where kiln has a build for them.
 fn simd_head() -> HeadFn {
     #[cfg(target_arch = "x86_64")]
-    if crate::quant::cpu_tier() >= crate::quant::CpuTier::Avx2 {
-        return |q, k, v, n, hd, scale, o| {
-            // SAFETY: the CPU has AVX2.
-            unsafe { head_avx2(q, k, v, n, hd, scale, o) }
-        };
+    {
+        use crate::quant::{cpu_tier, CpuTier};
+        if cpu_tier() >= CpuTier::Avx512 {
+            return |q, k, v, n, hd, scale, o| {
+                // SAFETY: the CPU has AVX-512 F.
+                unsafe { head_avx512(q, k, v, n, hd, scale, o) }
+            };
+        }
+        if cpu_tier() >= CpuTier::Avx2 {
+            return |q, k, v, n, hd, scale, o| {
+                // SAFETY: the CPU has AVX2.
+                unsafe { head_avx2(q, k, v, n, hd, scale, o) }
+            };
+        }
     }
-    |q, k, v, n, hd, scale, o| head(q, k, v, n, hd, scale, o, expf_simd)
+    |q, k, v, n, hd, scale, o| {
+        head(q, v, n, hd, o, expf_simd, |qi, s| scores(qi, k, hd, scale, s), weighted_sum)
+    }
+}
+
+/// One query's scores against all keys, [`dot`] by [`dot`].
+fn scores(qi: &[f32], k: &[f32], hd: usize, scale: f32, scores: &mut [f32]) {
+    for (j, sc) in scores.iter_mut().enumerate() {
+        *sc = scale * dot(qi, &k[j * hd..(j + 1) * hd]);
+    }
+}
+
+/// `o += p_j · v_j` over the keys in order (`o` zeroed, `v` of rows of `o.len()`).
+#[inline(always)]
+fn weighted_sum(p: &[f32], v: &[f32], o: &mut [f32]) {
+    let hd = o.len();
+    for (j, &p) in p.iter().enumerate() {
+        let vj = &v[j * hd..(j + 1) * hd];
+        o.iter_mut().zip(vj).for_each(|(o, v)| *o += p * v);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -178,32 +206,130 @@ fn attention_with(
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f32, o: &mut [f32]) {
-    head(q, k, v, n, hd, scale, o, expf_simd)
+    head(q, v, n, hd, o, expf_simd, |qi, s| scores(qi, k, hd, scale, s), weighted_sum)
 }
 
-/// One head: `q`, `k`, `v` and `o` are `[n, hd]`, `o` zeroed; `exp` takes `expf` of a
-/// slice. Each value's arithmetic is written out in order (Rust neither fuses nor reorders
-/// float operations), so any build of it gives the same bits.
+/// [`head`] on AVX-512 registers, the same bits: sixteen keys' scores a vector
+/// ([`scores_avx512`]) and, for head sizes of whole 16-lane vectors up to 128, the weighted
+/// sum of values held in registers across the keys instead of in memory.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_avx512(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f32, o: &mut [f32]) {
+    let kt = keys_by_sixteen(k, n, hd);
+    let score_row = |qi: &[f32], s: &mut [f32]| {
+        // SAFETY: the CPU has AVX-512 F (this function's own feature).
+        unsafe { scores_avx512(qi, k, &kt, hd, scale, s) }
+    };
+    if hd % 16 == 0 && hd <= 128 {
+        head(q, v, n, hd, o, expf_simd, score_row, |p, v, o| {
+            // SAFETY: as above; o is whole vectors, at most eight.
+            unsafe { weighted_sum_avx512(p, v, o) }
+        })
+    } else {
+        head(q, v, n, hd, o, expf_simd, score_row, weighted_sum)
+    }
+}
+
+/// The keys of whole groups of sixteen, each group transposed (`[n / 16][hd][16]`): a
+/// value's sixteen keys side by side, for [`scores_avx512`].
+#[cfg(target_arch = "x86_64")]
+fn keys_by_sixteen(k: &[f32], n: usize, hd: usize) -> Vec<f32> {
+    let mut kt = vec![0f32; n / 16 * hd * 16];
+    for (g, block) in kt.chunks_exact_mut(hd * 16).enumerate() {
+        for key in 0..16 {
+            let row = &k[(16 * g + key) * hd..(16 * g + key + 1) * hd];
+            for (c, &x) in row.iter().enumerate() {
+                block[c * 16 + key] = x;
+            }
+        }
+    }
+    kt
+}
+
+/// One query's scores against all keys, sixteen keys a vector: lane `key` of accumulator
+/// `l` is [`dot`]'s lane `l` for that key, and the eight accumulators are summed in
+/// [`dot`]'s order, then its tail, so every score has [`dot`]'s bits (keys past the last
+/// group of sixteen take [`dot`] itself).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_avx512(qi: &[f32], k: &[f32], kt: &[f32], hd: usize, scale: f32, scores: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let np = hd / 8 * 8;
+    let groups = kt.len() / (hd * 16);
+    for (g, block) in kt.chunks_exact(hd * 16).enumerate() {
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for (q8, k8) in qi[..np].chunks_exact(8).zip(block.chunks_exact(128)) {
+            for l in 0..8 {
+                // SAFETY: k8 holds 128 values, lane l's sixteen from 16 l.
+                let kc = unsafe { _mm512_loadu_ps(k8.as_ptr().add(16 * l)) };
+                acc[l] = _mm512_add_ps(acc[l], _mm512_mul_ps(_mm512_set1_ps(q8[l]), kc));
+            }
+        }
+        let mut sum = _mm512_set1_ps(-0.0);
+        for a in acc {
+            sum = _mm512_add_ps(sum, a);
+        }
+        let mut s = [0f32; 16];
+        // SAFETY: s holds sixteen values.
+        unsafe { _mm512_storeu_ps(s.as_mut_ptr(), sum) };
+        for (key, s) in s.iter().enumerate() {
+            let j = 16 * g + key;
+            let tail: f32 = qi[np..].iter().zip(&k[j * hd + np..(j + 1) * hd]).map(|(x, y)| x * y).sum();
+            scores[j] = scale * (s + tail);
+        }
+    }
+    for (j, sc) in scores.iter_mut().enumerate().skip(16 * groups) {
+        *sc = scale * dot(qi, &k[j * hd..(j + 1) * hd]);
+    }
+}
+
+/// [`weighted_sum`] with `o` (whole 16-lane vectors, at most eight) held in registers
+/// across the keys: each value's sum in the same order, the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_sum_avx512(p: &[f32], v: &[f32], o: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let hd = o.len();
+    let nv = hd / 16;
+    let mut acc = [_mm512_setzero_ps(); 8];
+    for (j, &pj) in p.iter().enumerate() {
+        let pv = _mm512_set1_ps(pj);
+        let vj = &v[j * hd..(j + 1) * hd];
+        for (c, a) in acc.iter_mut().enumerate().take(nv) {
+            // SAFETY: vj holds nv whole vectors.
+            let x = unsafe { _mm512_loadu_ps(vj.as_ptr().add(16 * c)) };
+            *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
+        }
+    }
+    for (c, a) in acc.iter().enumerate().take(nv) {
+        // SAFETY: o holds nv whole vectors.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
+    }
+}
+
+/// One head: `q`, `v` and `o` are `[n, hd]`, `o` zeroed; `exp` takes `expf` of a slice;
+/// `score_row` writes a query's scores against every key, each `scale · dot` ([`scores`]),
+/// and `sum_row` a row of `o` from the weights ([`weighted_sum`]); the vector builds of both
+/// give the same bits. Each value's arithmetic is written out in order (Rust neither fuses
+/// nor reorders float operations), so any build of it gives the same bits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn head(
     q: &[f32],
-    k: &[f32],
     v: &[f32],
     n: usize,
     hd: usize,
-    scale: f32,
     o: &mut [f32],
     exp: fn(&mut [f32]),
+    score_row: impl Fn(&[f32], &mut [f32]),
+    sum_row: impl Fn(&[f32], &[f32], &mut [f32]),
 ) {
     let mut scores = vec![0f32; n];
     for i in 0..n {
         let qi = &q[i * hd..(i + 1) * hd];
-        let mut max = f32::NEG_INFINITY;
-        for (j, sc) in scores.iter_mut().enumerate() {
-            *sc = scale * dot(qi, &k[j * hd..(j + 1) * hd]);
-            max = max.max(*sc);
-        }
+        score_row(qi, &mut scores);
+        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &sc| m.max(sc));
         scores.iter_mut().for_each(|sc| *sc -= max);
         exp(&mut scores);
         let mut sum = 0f32;
@@ -211,10 +337,7 @@ fn head(
             sum += sc;
         }
         let oi = &mut o[i * hd..(i + 1) * hd];
-        for (j, &p) in scores.iter().enumerate() {
-            let vj = &v[j * hd..(j + 1) * hd];
-            oi.iter_mut().zip(vj).for_each(|(o, v)| *o += p * v);
-        }
+        sum_row(&scores, v, oi);
         let inv = 1.0 / sum;
         oi.iter_mut().for_each(|o| *o *= inv);
     }
@@ -243,7 +366,17 @@ mod tests {
             );
             let mut want = vec![0f32; len];
             let scalar: super::HeadFn = |q, k, v, n, hd, scale, o| {
-                super::head(q, k, v, n, hd, scale, o, |x| x.iter_mut().for_each(|v| *v = v.exp()))
+                let exp = |x: &mut [f32]| x.iter_mut().for_each(|v| *v = v.exp());
+                super::head(
+                    q,
+                    v,
+                    n,
+                    hd,
+                    o,
+                    exp,
+                    |qi, s| super::scores(qi, k, hd, scale, s),
+                    super::weighted_sum,
+                )
             };
             super::attention_with(&q, &k, &v, &mut want, (n, n_head, hd), 0.9, 1, scalar);
             for threads in [1, 2] {
