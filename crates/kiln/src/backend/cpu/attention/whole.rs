@@ -221,7 +221,7 @@ unsafe fn head_avx512(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scal
         // SAFETY: the CPU has AVX-512 F (this function's own feature).
         unsafe { scores_avx512(qi, k, &kt, hd, scale, s) }
     };
-    if hd % 16 == 0 && hd <= 128 {
+    if hd.is_multiple_of(16) && hd <= 128 {
         head(q, v, n, hd, o, expf_simd, score_row, |p, v, o| {
             // SAFETY: as above; o is whole vectors, at most eight.
             unsafe { weighted_sum_avx512(p, v, o) }
