@@ -210,8 +210,8 @@ unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale:
 }
 
 /// [`head`] on AVX-512 registers, the same bits: sixteen keys' scores a vector
-/// ([`scores_avx512`]) and, for head sizes of whole 16-lane vectors up to 128, the weighted
-/// sum of values held in registers across the keys instead of in memory.
+/// ([`scores_avx512`]) and, for head sizes up to 128, the weighted sum of values held in
+/// registers across the keys instead of in memory.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -221,9 +221,9 @@ unsafe fn head_avx512(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scal
         // SAFETY: the CPU has AVX-512 F (this function's own feature).
         unsafe { scores_avx512(qi, k, &kt, hd, scale, s) }
     };
-    if hd.is_multiple_of(16) && hd <= 128 {
+    if hd <= 128 {
         head(q, v, n, hd, o, expf_simd, score_row, |p, v, o| {
-            // SAFETY: as above; o is whole vectors, at most eight.
+            // SAFETY: as above; o fits eight vectors.
             unsafe { weighted_sum_avx512(p, v, o) }
         })
     } else {
@@ -284,27 +284,30 @@ unsafe fn scores_avx512(qi: &[f32], k: &[f32], kt: &[f32], hd: usize, scale: f32
     }
 }
 
-/// [`weighted_sum`] with `o` (whole 16-lane vectors, at most eight) held in registers
-/// across the keys: each value's sum in the same order, the same bits.
+/// [`weighted_sum`] with `o` (at most eight 16-lane vectors, the last one masked where
+/// `o.len()` is not a multiple of 16) held in registers across the keys: each value's sum
+/// in the same order, the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn weighted_sum_avx512(p: &[f32], v: &[f32], o: &mut [f32]) {
     use std::arch::x86_64::*;
     let hd = o.len();
-    let nv = hd / 16;
+    let nv = hd.div_ceil(16);
+    // Lanes of vector c inside the row.
+    let mask = |c: usize| -> __mmask16 { (((1u32 << (hd - 16 * c).min(16)) - 1) & 0xffff) as __mmask16 };
     let mut acc = [_mm512_setzero_ps(); 8];
     for (j, &pj) in p.iter().enumerate() {
         let pv = _mm512_set1_ps(pj);
         let vj = &v[j * hd..(j + 1) * hd];
         for (c, a) in acc.iter_mut().enumerate().take(nv) {
-            // SAFETY: vj holds nv whole vectors.
-            let x = unsafe { _mm512_loadu_ps(vj.as_ptr().add(16 * c)) };
+            // SAFETY: the mask keeps the load inside vj.
+            let x = unsafe { _mm512_maskz_loadu_ps(mask(c), vj.as_ptr().add(16 * c)) };
             *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
         }
     }
     for (c, a) in acc.iter().enumerate().take(nv) {
-        // SAFETY: o holds nv whole vectors.
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
+        // SAFETY: the mask keeps the store inside o.
+        unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr().add(16 * c), mask(c), *a) };
     }
 }
 
@@ -347,8 +350,9 @@ fn head(
 mod tests {
     /// The attention of this CPU's tier gives the bits of the portable build with libm's
     /// scalar `expf` (scores spread widely, so the softmax's `expf` meets large negative
-    /// arguments and underflow), on a head size with a tail past the 8-lane chunks and one
-    /// without, on one thread and two.
+    /// arguments and underflow), on head sizes with a tail past the 8-lane chunks, of whole
+    /// 16-lane vectors and between (SigLIP's 72), key counts past the last group of sixteen,
+    /// on one thread and two.
     #[test]
     fn simd_attention_equals_the_portable_build() {
         let mut seed = 5u64;
@@ -357,7 +361,7 @@ mod tests {
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
         };
         // From FA_TILE_Q patches up, where `attention` takes `head`.
-        for (n, n_head, hd) in [(67, 3, 64), (64, 2, 36)] {
+        for (n, n_head, hd) in [(67, 3, 64), (64, 2, 36), (70, 2, 72)] {
             let len = n * n_head * hd;
             let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
                 (0..len).map(|_| next()).collect(),
