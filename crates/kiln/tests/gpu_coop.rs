@@ -40,7 +40,7 @@ mod rng;
 use rng::{nmse, Rng};
 #[path = "common/tiles.rs"]
 mod tiles;
-use tiles::{gpu, tile_gpu};
+use tiles::{full_tier, gpu, tile_gpu};
 
 fn add_weight(w: &mut GgufWriter, rng: &mut Rng, name: &str, ty: GgmlType, rows: usize) {
     let v = rng.vec(rows * K);
@@ -280,10 +280,6 @@ fn tiles_run_only_where_chosen_and_the_rest_stays_batch_invariant() {
 }
 
 /// Every case: on real cooperative matrices, or with KILN_FULL=1.
-fn full_tier(gpu: &GpuBackend) -> bool {
-    gpu.has_coop_hardware() || std::env::var("KILN_FULL").is_ok_and(|v| v == "1")
-}
-
 fn coop_min_tokens() -> usize {
     kiln::backend::wgpu::coop::MIN_TOKENS
 }

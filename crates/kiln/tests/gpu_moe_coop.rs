@@ -22,7 +22,7 @@ mod support;
 use support::rng::{nmse, Rng};
 #[path = "common/tiles.rs"]
 mod tiles;
-use tiles::{gpu, tile_gpu};
+use tiles::{full_tier, gpu, tile_gpu};
 
 /// Row length of every expert matrix (a K-quant block).
 const K: usize = 256;
@@ -189,7 +189,7 @@ fn expert_tiles_match_their_f16_reference_and_the_cpu() {
     for ty in TYPES {
         // The fast tier: every case on Q4_K, the others' block loads at one tile shape
         // (each type and shape is a kernel of its own to compile, slow on software adapters).
-        let cases = if support::full() || ty == GgmlType::Q4_K { &cases[..] } else { &cases[1..2] };
+        let cases = if full_tier(&gpu) || ty == GgmlType::Q4_K { &cases[..] } else { &cases[1..2] };
         for &(r, n) in cases {
             let what = format!("{ty} {r:?} x{n}");
             let d = experts_out(&gpu, &g, ty, r, n);
@@ -315,9 +315,9 @@ fn moe_prompts_on_tiles_stay_close_to_the_cpu() {
     use kiln::engine::{Device, Engine, EngineOptions};
     use kiln::model::synth;
     use kiln::model::{Entry, OutputKind};
-    // (The fast tier: Qwen3-MoE's; olmoe's q/k norms over whole rows under KILN_FULL=1.)
+    // (The fast tier: Qwen3-MoE's; olmoe's q/k norms over whole rows in the full tier.)
     let presets: &[&str] =
-        if support::full() { &["qwen3moe-tiny", "olmoe-tiny"] } else { &["qwen3moe-tiny"] };
+        if full_tier(&gpu()) { &["qwen3moe-tiny", "olmoe-tiny"] } else { &["qwen3moe-tiny"] };
     for &preset in presets {
         let dir = std::env::temp_dir().join(format!("kiln-moe-coop-{}-{preset}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -1,7 +1,7 @@
-//! The tile (cooperative-matrix) kernel tests' shared pieces: a GPU on the vec path, one whose
-//! tile kernels run (on real cooperative matrices where the adapter has them, else emulated),
-//! and the check that a kernel's WGSL validates and writes as SPIR-V, which is what an
-//! adapter with real cooperative matrices compiles.
+//! The tile (cooperative-matrix) kernel tests' shared pieces: a GPU on the vec path, one
+//! whose tile kernels run (on real cooperative matrices where the adapter has them, else
+//! emulated), which of the tests' tiers runs, and the check that a kernel's WGSL validates
+//! and writes as SPIR-V, which is what an adapter with real cooperative matrices compiles.
 #![allow(dead_code)]
 
 use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
@@ -25,6 +25,12 @@ pub fn tile_gpu() -> GpuBackend {
         g.coop_caps()
     );
     g
+}
+
+/// The slow tier of the tile tests: on real cooperative matrices (quick there), or with
+/// `KILN_FULL=1` (emulated tiles are slow on software adapters).
+pub fn full_tier(gpu: &GpuBackend) -> bool {
+    gpu.has_coop_hardware() || std::env::var("KILN_FULL").is_ok_and(|v| v == "1")
 }
 
 /// Panics, naming `what`, unless `src` parses, validates with subgroups and cooperative

@@ -131,9 +131,24 @@ fn simd_head() -> HeadFn {
             };
         }
     }
-    |q, k, v, n, hd, scale, o| {
-        head(q, v, n, hd, o, expf_simd, |qi, s| scores(qi, k, hd, scale, s), weighted_sum)
-    }
+    |q, k, v, n, hd, scale, o| head_plain(q, k, v, n, hd, scale, o, expf_simd)
+}
+
+/// [`head`] with the plain score and sum steps ([`scores`], [`weighted_sum`]): the portable
+/// build and the AVX2 one (which vectorizes their lanes).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn head_plain(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    hd: usize,
+    scale: f32,
+    o: &mut [f32],
+    exp: fn(&mut [f32]),
+) {
+    head(q, v, n, hd, o, exp, |qi, s| scores(qi, k, hd, scale, s), weighted_sum)
 }
 
 /// One query's scores against all keys, [`dot`] by [`dot`].
@@ -206,7 +221,7 @@ fn attention_with(
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f32, o: &mut [f32]) {
-    head(q, v, n, hd, o, expf_simd, |qi, s| scores(qi, k, hd, scale, s), weighted_sum)
+    head_plain(q, k, v, n, hd, scale, o, expf_simd)
 }
 
 /// [`head`] on AVX-512 registers, the same bits: sixteen keys' scores a vector
@@ -293,21 +308,22 @@ unsafe fn weighted_sum_avx512(p: &[f32], v: &[f32], o: &mut [f32]) {
     use std::arch::x86_64::*;
     let hd = o.len();
     let nv = hd.div_ceil(16);
-    // Lanes of vector c inside the row.
-    let mask = |c: usize| -> __mmask16 { (((1u32 << (hd - 16 * c).min(16)) - 1) & 0xffff) as __mmask16 };
+    // Lanes of each vector inside the row, worked out once.
+    let masks: [__mmask16; 8] =
+        std::array::from_fn(|c| (((1u32 << hd.saturating_sub(16 * c).min(16)) - 1) & 0xffff) as __mmask16);
     let mut acc = [_mm512_setzero_ps(); 8];
     for (j, &pj) in p.iter().enumerate() {
         let pv = _mm512_set1_ps(pj);
         let vj = &v[j * hd..(j + 1) * hd];
         for (c, a) in acc.iter_mut().enumerate().take(nv) {
             // SAFETY: the mask keeps the load inside vj.
-            let x = unsafe { _mm512_maskz_loadu_ps(mask(c), vj.as_ptr().add(16 * c)) };
+            let x = unsafe { _mm512_maskz_loadu_ps(masks[c], vj.as_ptr().add(16 * c)) };
             *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
         }
     }
     for (c, a) in acc.iter().enumerate().take(nv) {
         // SAFETY: the mask keeps the store inside o.
-        unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr().add(16 * c), mask(c), *a) };
+        unsafe { _mm512_mask_storeu_ps(o.as_mut_ptr().add(16 * c), masks[c], *a) };
     }
 }
 
@@ -370,17 +386,7 @@ mod tests {
             );
             let mut want = vec![0f32; len];
             let scalar: super::HeadFn = |q, k, v, n, hd, scale, o| {
-                let exp = |x: &mut [f32]| x.iter_mut().for_each(|v| *v = v.exp());
-                super::head(
-                    q,
-                    v,
-                    n,
-                    hd,
-                    o,
-                    exp,
-                    |qi, s| super::scores(qi, k, hd, scale, s),
-                    super::weighted_sum,
-                )
+                super::head_plain(q, k, v, n, hd, scale, o, |x| x.iter_mut().for_each(|v| *v = v.exp()))
             };
             super::attention_with(&q, &k, &v, &mut want, (n, n_head, hd), 0.9, 1, scalar);
             for threads in [1, 2] {
