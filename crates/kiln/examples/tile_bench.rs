@@ -7,7 +7,8 @@
 //! per (weight row × block) for decode (a row per call), rows of 1536 values;
 //! then the same for the interleaved layouts the CPU backend repacks Q4_K, Q5_0 and Q4_1 into
 //! (8 tokens per prefill call), to compare with the row-major lines above; and the F16
-//! matmul tiles (`F16Gemm`) per tier, 48 tokens and one.
+//! matmul tiles (`F16Gemm`) per tier, 48 tokens and one, and the encoders' AMX-BF16 kernel
+//! (`F16Amx`) where the CPU has it.
 
 #[cfg(target_arch = "x86_64")]
 fn main() {
@@ -119,6 +120,34 @@ fn f16(rows: usize, next: &mut impl FnMut() -> f32) {
             if sink.is_nan() { " NaN!" } else { "" }
         );
     }
+    // The encoders' AMX-BF16 kernel: panels made once, then as the FMA tiles above, and
+    // with each panel's layout counted in (a matmul lays out each panel once).
+    let Some(amx) = kiln::quant::f16_amx() else { return };
+    use kiln::quant::F16Amx;
+    let tl = F16Amx::tile_len(n);
+    let mut acts = vec![0u8; toks.div_ceil(16) * tl];
+    let x: Vec<f32> = a.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    for (j, dst) in acts.chunks_exact_mut(tl).enumerate() {
+        let t1 = (16 * (j + 1)).min(toks);
+        assert!(amx.token_tile(&x[16 * j * n..t1 * n], n, dst));
+    }
+    let mut panels = vec![0u8; rows.div_ceil(16) * tl];
+    let (mut gemm, mut with_panels) = (f64::MAX, f64::MAX);
+    for _ in 0..100 {
+        let t0 = Instant::now();
+        for (p, dst) in panels.chunks_exact_mut(tl).enumerate() {
+            assert!(amx.panel(&w[16 * p * wr..], wr, 16.min(rows - 16 * p), n, dst));
+        }
+        let t1 = Instant::now();
+        for p in panels.chunks_exact(tl) {
+            assert!(amx.dots(p, &acts, n, toks, |_, _, v| sink += v));
+        }
+        gemm = gemm.min(t1.elapsed().as_secs_f64() * 1e9 / (per * toks as f64));
+        with_panels = with_panels.min(t0.elapsed().as_secs_f64() * 1e9 / (per * toks as f64));
+    }
+    println!(
+        "F16 amx-bf16 (16 rows × 4×16 tokens): prefill {gemm:.3} ns, with panel layout {with_panels:.3} ns"
+    );
 }
 
 /// Q4_K interleaved eight rows (what the CPU backend repacks Q4_K into) against the

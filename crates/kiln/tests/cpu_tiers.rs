@@ -8,8 +8,8 @@
 use std::process::Command;
 
 use kiln::quant::{
-    cpu_tier, detected_cpu_tier, dot_f16_lanes, f16_gemm_for, quantize_activation, quantize_row,
-    round_f16_rows, tile_kernels_for, vec_dot, CpuTier, F16Gemm, GgmlType, TILE,
+    cpu_tier, detected_cpu_tier, dot_f16_lanes, f16_amx_for, f16_gemm_for, quantize_activation, quantize_row,
+    round_f16_rows, tile_kernels_for, vec_dot, CpuTier, F16Amx, F16Gemm, GgmlType, TILE,
 };
 
 const ALL: [CpuTier; 5] =
@@ -206,6 +206,113 @@ fn f16_gemm_equals_the_lane_reference() {
         if detected_cpu_tier() >= CpuTier::Avx2 {
             assert!(tested > 0);
         }
+    }
+}
+
+/// The encoders' AMX-BF16 F16 kernel: every (row, token) pair within 2⁻²⁰ of the sum of
+/// its |products| of ggml's f64-summed dot (exact products, f32 sums: measured ~2⁻²⁴), and
+/// the same bits whatever else shares its panel or token tiles (a token alone, in a batch,
+/// at another place; a row in a full or a partial panel).
+#[test]
+fn f16_amx_is_within_rounding_and_batch_invariant() {
+    let Some(amx) = f16_amx_for(CpuTier::Amx) else {
+        eprintln!("skipped: this CPU has no AMX-BF16");
+        return;
+    };
+    let mut rng = Rng(12);
+    let (rows, toks) = (21, 37);
+    for n in [32, 768, 3072 + 32] {
+        let tl = F16Amx::tile_len(n);
+        let mut w = vec![0u8; 2 * n * rows];
+        let mut a16 = vec![0u8; 2 * n * toks];
+        for r in 0..rows {
+            let x: Vec<f32> = (0..n).map(|_| rng.f()).collect();
+            quantize_row(GgmlType::F16, &x, &mut w[r * 2 * n..(r + 1) * 2 * n]).unwrap();
+        }
+        let x: Vec<f32> = (0..n * toks).map(|_| rng.f() * 100.0).collect();
+        for t in 0..toks {
+            quantize_activation(GgmlType::F16, &x[t * n..(t + 1) * n], &mut a16[t * 2 * n..(t + 1) * 2 * n])
+                .unwrap();
+        }
+        // Panels of 16 rows; token tiles of the tokens `t0..t1`.
+        let panels: Vec<Vec<u8>> = (0..rows.div_ceil(16))
+            .map(|p| {
+                let mut d = vec![0u8; tl];
+                assert!(amx.panel(&w[p * 16 * 2 * n..], 2 * n, 16.min(rows - 16 * p), n, &mut d));
+                d
+            })
+            .collect();
+        let acts = |t0: usize, t1: usize| -> Vec<u8> {
+            let mut d = vec![0u8; (t1 - t0).div_ceil(16) * tl];
+            for (j, dst) in d.chunks_exact_mut(tl).enumerate() {
+                let (a, b) = (t0 + 16 * j, (t0 + 16 * (j + 1)).min(t1));
+                assert!(amx.token_tile(&x[a * n..b * n], n, dst));
+            }
+            d
+        };
+        let run = |t0: usize, t1: usize| -> Vec<f32> {
+            let mut got = vec![f32::NAN; rows * toks];
+            let a = acts(t0, t1);
+            for (p, panel) in panels.iter().enumerate() {
+                assert!(amx.dots(panel, &a, n, t1 - t0, |t, r, v| {
+                    if 16 * p + r < rows {
+                        got[(16 * p + r) * toks + t0 + t] = v
+                    }
+                }));
+            }
+            got
+        };
+        let all = run(0, toks);
+        let mut worst = 0f64;
+        for r in 0..rows {
+            for t in 0..toks {
+                let wr = &w[r * 2 * n..][..2 * n];
+                let exact = vec_dot(GgmlType::F16, wr, &a16[t * 2 * n..][..2 * n], n) as f64;
+                let mut abs = vec![0f32; n];
+                kiln::quant::dequantize_row(GgmlType::F16, wr, &mut abs).unwrap();
+                let mut ys = vec![0f32; n];
+                kiln::quant::dequantize_row(GgmlType::F16, &a16[t * 2 * n..][..2 * n], &mut ys).unwrap();
+                let mag: f64 = abs.iter().zip(&ys).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                let got = all[r * toks + t] as f64;
+                assert!(
+                    (got - exact).abs() <= mag / (1 << 20) as f64,
+                    "n {n} row {r} token {t}: {got} vs {exact}"
+                );
+                worst = worst.max((got - exact).abs() / mag);
+            }
+        }
+        eprintln!("n {n}: worst error / sum of |products| {worst:.3e}");
+        // The same bits for tokens alone, in other batches and places.
+        for (t0, t1) in [(0, 1), (5, 6), (36, 37), (3, 20), (17, 37), (1, 34)] {
+            let part = run(t0, t1);
+            for r in 0..rows {
+                for t in t0..t1 {
+                    let (g, e) = (part[r * toks + t], all[r * toks + t]);
+                    assert_eq!(g.to_bits(), e.to_bits(), "n {n} tokens {t0}..{t1}: row {r} token {t}");
+                }
+            }
+        }
+        // A row in a partial panel: the same bits as in a full one.
+        let mut one = vec![0u8; tl];
+        assert!(amx.panel(&w[3 * 2 * n..], 2 * n, 1, n, &mut one));
+        let a = acts(0, toks);
+        assert!(amx.dots(&one, &a, n, toks, |t, r, v| if r == 0 {
+            assert_eq!(v.to_bits(), all[3 * toks + t].to_bits(), "n {n} partial panel: token {t}")
+        } else {
+            assert_eq!(v, 0.0, "rows past the panel's are zero")
+        }));
+        // Mis-sized input writes and calls nothing.
+        let never = |_: usize, _: usize, _: f32| panic!("called on mis-sized input");
+        assert!(!amx.dots(&panels[0][..tl - 1], &a, n, toks, never));
+        assert!(!amx.dots(&panels[0], &a[..a.len() - 1], n, toks, never));
+        assert!(!amx.dots(&panels[0], &a, n + 16, toks, never));
+        let mut d = vec![7u8; tl];
+        assert!(!amx.panel(&w, 2 * n, 17, n, &mut d));
+        assert!(!amx.panel(&w[..2 * n - 1], 2 * n, 1, n, &mut d));
+        assert!(!amx.token_tile(&x[..17 * n], n, &mut d));
+        assert!(!amx.token_tile(&x[..n + 1], n, &mut d));
+        assert!(!amx.token_tile(&x[..n], n, &mut d[..tl - 1]));
+        assert!(d.iter().all(|&b| b == 7));
     }
 }
 

@@ -291,6 +291,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Makes a weight usable by the kernels (zero-copy on CPU, an upload on GPU).
     fn load_weight(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Self::Weight>;
+    /// Marks `w` as an encoder's: it only ever multiplies whole inputs (every call holds all
+    /// of each input's tokens, never a decode step), so the backend may give it an
+    /// arithmetic that is faster on many tokens and keeps each row's result independent of
+    /// the batch, though not bit-equal to the one decoders' weights take (the CPU's AMX-BF16
+    /// F16 matmul). Default: nothing changes.
+    fn encoder_weight(&self, w: Self::Weight) -> Self::Weight {
+        w
+    }
     /// Loads weights a forward multiplies by one input (q/k/v; gate/up). A backend may place
     /// them together so `matmul_many` takes them in one kernel.
     fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<Self::Weight>> {

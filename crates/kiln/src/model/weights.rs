@@ -44,6 +44,15 @@ fn missing(name: &str) -> KilnError {
 }
 
 impl<B: Backend> Loader<'_, B> {
+    /// An encoder's weights are marked as such (`Backend::encoder_weight`).
+    fn mark(&self, w: B::Weight) -> B::Weight {
+        if self.cfg.causal {
+            w
+        } else {
+            self.backend.encoder_weight(w)
+        }
+    }
+
     /// Loads `name`, checking its shape is `[cols, rows]` (ggml order).
     pub fn get(&self, name: &str, cols: usize, rows: usize) -> Result<B::Weight> {
         self.opt(name, cols, rows)?.ok_or_else(|| missing(name))
@@ -51,7 +60,7 @@ impl<B: Backend> Loader<'_, B> {
 
     pub fn opt(&self, name: &str, cols: usize, rows: usize) -> Result<Option<B::Weight>> {
         match self.info(name, cols, rows)? {
-            Some(t) => self.backend.load_weight(self.g, t).map(Some),
+            Some(t) => self.backend.load_weight(self.g, t).map(|w| Some(self.mark(w))),
             None => Ok(None),
         }
     }
@@ -207,7 +216,8 @@ impl<B: Backend> Loader<'_, B> {
 
     fn load_together<const N: usize>(&self, ts: &[TensorInfo]) -> Result<[B::Weight; N]> {
         let refs: Vec<&TensorInfo> = ts.iter().collect();
-        let ws = self.backend.load_weights(self.g, &refs)?;
+        let ws: Vec<B::Weight> =
+            self.backend.load_weights(self.g, &refs)?.into_iter().map(|w| self.mark(w)).collect();
         ws.try_into().map_err(|_| KilnError::Backend("load_weights returned a wrong count".into()))
     }
 }

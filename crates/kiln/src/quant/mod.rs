@@ -26,9 +26,9 @@ pub use interleave::{Interleave, Q4K_X8_BLOCK, Q4K_X8_ROWS};
 pub use simd::{cpu_tier, detected_cpu_tier, vec_dot_f16, vec_dot_fn, vec_dot_fn_for, CpuTier};
 #[cfg(target_arch = "x86_64")]
 pub use simd::{
-    f16_gemm, f16_gemm_for, q4_k_x8_amx, q4_k_x8_amx_for, q4_k_x8_kernels, q4_k_x8_kernels_for, tile_kernels,
-    tile_kernels_for, x16_kernels, x16_kernels_for, F16Gemm, Q4kX8Amx, Q4kX8Kernels, TileKernels, X16Kernels,
-    TILE,
+    f16_amx, f16_amx_for, f16_gemm, f16_gemm_for, q4_k_x8_amx, q4_k_x8_amx_for, q4_k_x8_kernels,
+    q4_k_x8_kernels_for, tile_kernels, tile_kernels_for, x16_kernels, x16_kernels_for, F16Amx, F16Gemm,
+    Q4kX8Amx, Q4kX8Kernels, TileKernels, X16Kernels, TILE,
 };
 pub use types::{GgmlType, ALL_TYPES};
 

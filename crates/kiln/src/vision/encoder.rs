@@ -147,7 +147,10 @@ impl<B: Backend> Encoder<B> {
             }
             Ok(t)
         };
-        let matrix = |name: &str, rows: usize, cols: usize| be.load_weight(g, checked(name, rows, cols)?);
+        // The encoder's matrices are marked as such (`Backend::encoder_weight`).
+        let matrix = |name: &str, rows: usize, cols: usize| {
+            be.load_weight(g, checked(name, rows, cols)?).map(|w| be.encoder_weight(w))
+        };
         let vector = |name: &str, n: usize| -> Result<B::Weight> {
             let t = tensor(g, name)?;
             if t.n_elements() != n as u64 {
@@ -179,7 +182,7 @@ impl<B: Backend> Encoder<B> {
         // kernel), then a matmul of those pixel rows by the kernel converted to their type.
         // An F32 kernel is rounded to F16 here, once, a BF16 one widened; the pixels are
         // rounded by the F16 matmul.
-        let patch = match patch_t.ty {
+        let patch = be.encoder_weight(match patch_t.ty {
             GgmlType::F16 => be.load_weight(g, &patch_t)?,
             ty => {
                 let mut vals = vec![0f32; 3 * ps * ps * d];
@@ -187,7 +190,7 @@ impl<B: Backend> Encoder<B> {
                 let as_ty = if ty == GgmlType::BF16 { GgmlType::F32 } else { GgmlType::F16 };
                 typed_weight(&*be, &patch_t.name, as_ty, d, 3 * ps * ps, &vals)?
             }
-        };
+        });
         let patch_bias = opt_vector("v.patch_embd.bias", d)?;
         let pos_t = tensor(g, "v.position_embd.weight")?;
         if pos_t.n_elements() != (d * n_pos) as u64 {
@@ -210,6 +213,9 @@ impl<B: Backend> Encoder<B> {
             let ts = [tq?, tk?, tv?];
             let [wq, wk, wv]: [B::Weight; 3] = be
                 .load_weights(g, &ts)?
+                .into_iter()
+                .map(|w| be.encoder_weight(w))
+                .collect::<Vec<_>>()
                 .try_into()
                 .map_err(|_| KilnError::Backend("load_weights returned another count".into()))?;
             let bias = |s: &str| opt_vector(&n(&format!("{s}.bias")), d);
@@ -235,7 +241,10 @@ impl<B: Backend> Encoder<B> {
             }
             Projector::Gemma3 => {
                 let t = checked("mm.input_projection.weight", d, cfg.n_embd_out)?;
-                Head::Gemma3 { norm: vector("mm.soft_emb_norm.weight", d)?, proj: transposed(&*be, g, t)? }
+                Head::Gemma3 {
+                    norm: vector("mm.soft_emb_norm.weight", d)?,
+                    proj: be.encoder_weight(transposed(&*be, g, t)?),
+                }
             }
         };
         Ok(Encoder { be, patch, patch_bias, pos, blocks, post_ln, head, scratch: Mutex::new(None) })

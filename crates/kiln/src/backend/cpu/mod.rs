@@ -6,6 +6,8 @@ mod attention;
 mod expert_gemv;
 pub(crate) mod expf;
 #[cfg(target_arch = "x86_64")]
+mod f16_amx;
+#[cfg(target_arch = "x86_64")]
 mod interleaved;
 mod kv_buf;
 mod kv_rows;
@@ -40,6 +42,8 @@ pub struct CpuBackend {
     /// The arena of repacked weights of each file loaded (keyed by the file's address).
     arenas: std::sync::Mutex<std::collections::HashMap<usize, std::sync::Weak<arena::Arena>>>,
     attn: AttnArith,
+    /// Encoders' F16 matmuls on AMX-BF16 tiles where the CPU has them (the default).
+    encoder_amx: bool,
 }
 
 impl CpuBackend {
@@ -50,12 +54,21 @@ impl CpuBackend {
             act_buf: Default::default(),
             arenas: Default::default(),
             attn: AttnArith::default(),
+            encoder_amx: true,
         }
     }
 
     /// The attention's arithmetic (default [`AttnArith::Hybrid`]).
     pub fn with_attn_arith(mut self, arith: AttnArith) -> Self {
         self.attn = arith;
+        self
+    }
+
+    /// Whether encoders' F16 matmuls run on AMX-BF16 tiles where the CPU has them (the
+    /// default: about twice as fast, sums in the tile unit's order) or in tinyBLAS's order
+    /// as decoders' do (llama.cpp's bits; `KILN_CPU=avx512vnni` does the same for a process).
+    pub fn with_encoder_amx(mut self, on: bool) -> Self {
+        self.encoder_amx = on;
         self
     }
 
@@ -72,6 +85,7 @@ impl CpuBackend {
             act_buf: Default::default(),
             arenas: Default::default(),
             attn: self.attn,
+            encoder_amx: self.encoder_amx,
         }
     }
 
@@ -120,6 +134,11 @@ impl Backend for CpuBackend {
             });
         }
         CpuWeight::load(gguf, self.arena(gguf), t)
+    }
+
+    fn encoder_weight(&self, mut w: CpuWeight) -> CpuWeight {
+        w.encoder = self.encoder_amx;
+        w
     }
 
     fn load_experts(

@@ -278,6 +278,12 @@ pub fn matmul(
         return super::interleaved::matmul(pool, w, layout, packed, x, n_tok, out, act_buf);
     }
     let k = w.cols;
+    #[cfg(target_arch = "x86_64")]
+    if w.encoder && w.ty == GgmlType::F16 && quant::F16Amx::fits(k) {
+        if let Some(amx) = quant::f16_amx() {
+            return super::f16_amx::matmul(pool, amx, w, x, n_tok, out, act_buf);
+        }
+    }
     let form = PlainDot::of(w);
     #[cfg(target_arch = "x86_64")]
     if let Some(g) = form.f16 {

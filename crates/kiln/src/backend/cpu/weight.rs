@@ -40,6 +40,9 @@ pub struct CpuWeight {
     pub cols: usize,
     /// Bytes per row.
     pub row_size: usize,
+    /// An encoder's weight (`Backend::encoder_weight`), on a backend that runs those on
+    /// AMX-BF16 tiles where the CPU has them: it only ever multiplies whole inputs.
+    pub encoder: bool,
 }
 
 impl CpuWeight {
@@ -58,6 +61,7 @@ impl CpuWeight {
             rows,
             cols,
             row_size,
+            encoder: false,
         })
     }
 

@@ -26,7 +26,7 @@ use crate::quant::interleave::{Q4K_X8_BLOCK, Q4K_X8_LANES, Q4K_X8_ROWS};
 
 use super::{Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 /// Bytes of one 16×64 tile.
-const TILE_BYTES: usize = 1024;
+pub(super) const TILE_BYTES: usize = 1024;
 /// One superblock of one tile set (16 rows or 16 tokens): four 64-quant steps.
 const SB_TILES: usize = 4 * TILE_BYTES;
 /// The activations of one 16-token tile and one superblock: the quant tiles, the 16 `d`,
@@ -43,6 +43,11 @@ pub(super) fn available() -> bool {
 }
 
 /// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: 0 where the kernel grants it.
+/// Whether this CPU also has AMX-BF16 (CPUID.(7,0):EDX bit 22), beside [`available`].
+pub(super) fn has_bf16() -> bool {
+    __cpuid_count(7, 0).edx & (1 << 22) != 0
+}
+
 #[cfg(target_os = "linux")]
 fn request_tile_state() -> bool {
     const SYS_ARCH_PRCTL: usize = 158;
@@ -159,11 +164,11 @@ impl Q4kX8Amx {
 
 /// A 64-byte-aligned buffer for tile loads and stores.
 #[repr(C, align(64))]
-struct Aligned<const N: usize>([u8; N]);
+pub(super) struct Aligned<const N: usize>(pub [u8; N]);
 
-/// Palette 1, all eight tiles 16 rows of 64 bytes: 0-3 the sums (hi, lo of two token
-/// tiles), 4-5 the weights (hi, lo), 6-7 the two token tiles' activations.
-fn tile_config() -> Aligned<64> {
+/// Palette 1, all eight tiles 16 rows of 64 bytes (here: 0-3 the sums (hi, lo of two token
+/// tiles), 4-5 the weights (hi, lo), 6-7 the two token tiles' activations).
+pub(super) fn tile_config() -> Aligned<64> {
     let mut c = [0u8; 64];
     c[0] = 1;
     for t in 0..8 {

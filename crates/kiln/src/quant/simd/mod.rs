@@ -8,6 +8,8 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod f16_amx;
+#[cfg(target_arch = "x86_64")]
 mod f16_gemm;
 #[cfg(target_arch = "x86_64")]
 mod ktiles;
@@ -24,6 +26,8 @@ mod x16;
 
 #[cfg(target_arch = "x86_64")]
 pub use amx::Q4kX8Amx;
+#[cfg(target_arch = "x86_64")]
+pub use f16_amx::F16Amx;
 #[cfg(target_arch = "x86_64")]
 pub use f16_gemm::F16Gemm;
 #[cfg(target_arch = "x86_64")]
@@ -334,6 +338,19 @@ pub fn full_width_512() -> bool {
         let family = if base == 0xf { base + ((sig >> 20) & 0xff) } else { base };
         !(amd && family == 0x19)
     })
+}
+
+/// The AMX-BF16 F16 kernel for encoders' matmuls (`f16_amx.rs`), where this CPU (and
+/// `KILN_CPU`) allows it.
+#[cfg(target_arch = "x86_64")]
+pub fn f16_amx() -> Option<F16Amx> {
+    f16_amx::kernel(cpu_tier())
+}
+
+/// [`f16_amx`] for a given tier, capped at what the CPU supports (for tests).
+#[cfg(target_arch = "x86_64")]
+pub fn f16_amx_for(tier: CpuTier) -> Option<F16Amx> {
+    f16_amx::kernel(tier.min(detected_cpu_tier()))
 }
 
 /// The AMX Q4_K×8 prompt kernel, where this CPU (and `KILN_CPU`) allows it.
