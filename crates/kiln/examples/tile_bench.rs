@@ -132,6 +132,7 @@ fn f16(rows: usize, next: &mut impl FnMut() -> f32) {
         assert!(amx.token_tile(&x[16 * j * n..t1 * n], n, dst));
     }
     let mut panels = vec![0u8; rows.div_ceil(16) * tl];
+    let mut out = vec![0f32; toks * 16];
     let (mut gemm, mut with_panels) = (f64::MAX, f64::MAX);
     for _ in 0..100 {
         let t0 = Instant::now();
@@ -140,13 +141,15 @@ fn f16(rows: usize, next: &mut impl FnMut() -> f32) {
         }
         let t1 = Instant::now();
         for p in panels.chunks_exact(tl) {
-            assert!(amx.dots(p, &acts, n, toks, |_, _, v| sink += v));
+            assert!(amx.dots(p, &acts, n, toks, 16, &mut out, 16));
+            sink += out[0];
         }
         gemm = gemm.min(t1.elapsed().as_secs_f64() * 1e9 / (per * toks as f64));
         with_panels = with_panels.min(t0.elapsed().as_secs_f64() * 1e9 / (per * toks as f64));
     }
     println!(
-        "F16 amx-bf16 (16 rows × 4×16 tokens): prefill {gemm:.3} ns, with panel layout {with_panels:.3} ns"
+        "F16 amx-bf16 (16 rows × 4×16 tokens): prefill {gemm:.3} ns, with panel layout {with_panels:.3} ns{}",
+        if sink.is_nan() { " NaN!" } else { "" }
     );
 }
 

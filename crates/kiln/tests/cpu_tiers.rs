@@ -250,15 +250,19 @@ fn f16_amx_is_within_rounding_and_batch_invariant() {
             }
             d
         };
+        // [row][token], from the dots' [token][row].
         let run = |t0: usize, t1: usize| -> Vec<f32> {
             let mut got = vec![f32::NAN; rows * toks];
             let a = acts(t0, t1);
+            let mut o = vec![f32::NAN; (t1 - t0) * rows];
             for (p, panel) in panels.iter().enumerate() {
-                assert!(amx.dots(panel, &a, n, t1 - t0, |t, r, v| {
-                    if 16 * p + r < rows {
-                        got[(16 * p + r) * toks + t0 + t] = v
-                    }
-                }));
+                let nr = 16.min(rows - 16 * p);
+                assert!(amx.dots(panel, &a, n, t1 - t0, nr, &mut o[16 * p..], rows));
+            }
+            for t in t0..t1 {
+                for r in 0..rows {
+                    got[r * toks + t] = o[(t - t0) * rows + r];
+                }
             }
             got
         };
@@ -296,16 +300,21 @@ fn f16_amx_is_within_rounding_and_batch_invariant() {
         let mut one = vec![0u8; tl];
         assert!(amx.panel(&w[3 * 2 * n..], 2 * n, 1, n, &mut one));
         let a = acts(0, toks);
-        assert!(amx.dots(&one, &a, n, toks, |t, r, v| if r == 0 {
-            assert_eq!(v.to_bits(), all[3 * toks + t].to_bits(), "n {n} partial panel: token {t}")
-        } else {
-            assert_eq!(v, 0.0, "rows past the panel's are zero")
-        }));
-        // Mis-sized input writes and calls nothing.
-        let never = |_: usize, _: usize, _: f32| panic!("called on mis-sized input");
-        assert!(!amx.dots(&panels[0][..tl - 1], &a, n, toks, never));
-        assert!(!amx.dots(&panels[0], &a[..a.len() - 1], n, toks, never));
-        assert!(!amx.dots(&panels[0], &a, n + 16, toks, never));
+        let mut o = vec![f32::NAN; toks * 16];
+        assert!(amx.dots(&one, &a, n, toks, 16, &mut o, 16));
+        for t in 0..toks {
+            assert_eq!(o[t * 16].to_bits(), all[3 * toks + t].to_bits(), "n {n} partial panel: token {t}");
+            assert!(o[t * 16 + 1..][..15].iter().all(|&v| v == 0.0), "rows past the panel's are zero");
+        }
+        // Mis-sized input writes nothing.
+        let mut o = vec![7f32; toks * 16];
+        assert!(!amx.dots(&panels[0][..tl - 1], &a, n, toks, 16, &mut o, 16));
+        assert!(!amx.dots(&panels[0], &a[..a.len() - 1], n, toks, 16, &mut o, 16));
+        assert!(!amx.dots(&panels[0], &a, n + 16, toks, 16, &mut o, 16));
+        assert!(!amx.dots(&panels[0], &a, n, toks, 16, &mut o[..toks * 16 - 1], 16));
+        assert!(!amx.dots(&panels[0], &a, n, toks, 16, &mut o, 15));
+        assert!(!amx.dots(&panels[0], &a, n, toks, 17, &mut o, 17));
+        assert!(o.iter().all(|&v| v == 7.0));
         let mut d = vec![7u8; tl];
         assert!(!amx.panel(&w, 2 * n, 17, n, &mut d));
         assert!(!amx.panel(&w[..2 * n - 1], 2 * n, 1, n, &mut d));

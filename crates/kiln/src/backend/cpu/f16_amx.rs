@@ -74,12 +74,13 @@ pub(super) fn matmul(
                 let (t0, nt) = (b0 * F16Amx::TOKENS, (b1 * F16Amx::TOKENS).min(n_tok) - b0 * F16Amx::TOKENS);
                 for (p, panel) in ps.clone().zip(bytes.chunks_exact(tl)) {
                     let r0 = p * F16Amx::ROWS;
-                    let ok = amx.dots(panel, &acts[b0 * tl..b1 * tl], k, nt, |t, r, v| {
-                        if r0 + r < n {
-                            // SAFETY: element (t, r) is written by the task owning row r only.
-                            unsafe { *op.get().add((t0 + t) * n + r0 + r) = v }
-                        }
-                    });
+                    let rows = F16Amx::ROWS.min(n - r0);
+                    // SAFETY: the task owns rows r0..r0 + rows of every token's output row
+                    // (other tasks write other columns of the same rows, never these).
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(op.get().add(t0 * n + r0), (nt - 1) * n + rows)
+                    };
+                    let ok = amx.dots(panel, &acts[b0 * tl..b1 * tl], k, nt, rows, o, n);
                     assert!(ok, "dots of {k} values");
                 }
             }

@@ -277,6 +277,11 @@ impl Backend for CpuBackend {
         scale: f32,
         out: &mut Vec<f32>,
     ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(amx) = quant::f16_amx().filter(|_| self.encoder_amx) {
+            let shape = (n, n_head, head_dim);
+            return attention::whole_amx::attention(amx, q, k, v, out, shape, scale, self.n_threads());
+        }
         attention::whole::attention(q, k, v, out, n, n_head, head_dim, scale, self.n_threads());
     }
 

@@ -13,13 +13,14 @@
 //! llama.cpp's) by float rounding: about 5·10⁻⁸ of the sum of |products|.
 //!
 //! Every (row, token) pair is the same sequence of instructions whatever the tile, batch or
-//! blocking: per 32-value step, `hh`, `hl`, `lh`, `ll` into the pair's accumulator, steps
-//! in order. So a pair's bits do not depend on the other rows or tokens (batch invariance).
+//! blocking: per 32-value step, the four products of the halves into the pair's
+//! accumulator in one order, steps in order. So a pair's bits do not depend on the other rows or tokens (batch invariance).
 //!
-//! Layouts: a panel of 16 weight rows is `[step][hi | lo][row][32 bf16]` (a row's values in
-//! order: the A operand reads them as is); the activations of 16 tokens are
-//! `[step][hi | lo][pair][token][2 bf16]` (the B operand's pairs of values). Tokens and
-//! rows past the end are zero.
+//! Layouts: the activations of 16 tokens are `[step][hi | lo][token][32 bf16]` (a token's
+//! values in order: the A operand reads them as is); a panel of 16 weight rows is
+//! `[step][hi | lo][pair][row][2 bf16]` (the B operand's pairs of values), laid out once per
+//! matmul and read by every token tile. The sums come out `[token][row]`, a token's 16 rows
+//! side by side as the output holds them. Tokens and rows past the end are zero.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -67,6 +68,7 @@ impl F16Amx {
             && (rows == 0 || w.len() >= (rows - 1) * ws + 2 * k)
             && dst.len() >= Self::tile_len(k);
         if ok {
+            dst[..Self::tile_len(k)].fill(0);
             // SAFETY: the kernel is handed out only where AVX-512 BW is present; every
             // read lies in `w` and every write in `dst` (checked above).
             unsafe { panel(w.as_ptr(), ws, rows, k, dst.as_mut_ptr()) };
@@ -87,19 +89,28 @@ impl F16Amx {
         ok
     }
 
-    /// `put(t, r, dot(row r, token t))` for the 16 rows of `panel` and the tokens `0..n_tok`
-    /// of `acts` (consecutive token tiles). Returns false, calling nothing, if a size is off.
+    /// `out[t · ldo + r] = dot(row r, token t)` for the first `rows` rows of `panel` and the
+    /// tokens `0..n_tok` of `acts` (consecutive token tiles). Returns false, writing
+    /// nothing, if a size is off.
     pub fn dots(
         &self,
         panel: &[u8],
         acts: &[u8],
         k: usize,
         n_tok: usize,
-        mut put: impl FnMut(usize, usize, f32),
+        rows: usize,
+        out: &mut [f32],
+        ldo: usize,
     ) -> bool {
         let tl = Self::tile_len(k);
         let tiles = n_tok.div_ceil(Self::TOKENS);
-        if !Self::fits(k) || panel.len() < tl || acts.len() < tiles * tl {
+        let ok = Self::fits(k)
+            && panel.len() >= tl
+            && acts.len() >= tiles * tl
+            && rows <= Self::ROWS
+            && ldo >= rows
+            && (n_tok == 0 || out.len() >= (n_tok - 1) * ldo + rows);
+        if !ok {
             return false;
         }
         let mut c = Aligned::<{ GROUP * TILE_BYTES }>([0; GROUP * TILE_BYTES]);
@@ -109,16 +120,12 @@ impl F16Amx {
             // out; the panel holds k / 32 steps, `acts` `nt` tiles of them from `g0`, `c`
             // `nt` tiles.
             unsafe {
-                multiply(panel.as_ptr(), acts.as_ptr().add(g0 * tl), k / STEP, tl, nt, c.0.as_mut_ptr())
+                multiply(acts.as_ptr().add(g0 * tl), panel.as_ptr(), k / STEP, tl, nt, c.0.as_mut_ptr())
             };
             let c = bytemuck::cast_slice::<u8, f32>(&c.0);
-            for j in 0..nt {
-                let t0 = (g0 + j) * Self::TOKENS;
-                for t in t0..(t0 + Self::TOKENS).min(n_tok) {
-                    for r in 0..Self::ROWS {
-                        put(t, r, c[j * 256 + r * 16 + (t - t0)]);
-                    }
-                }
+            let t0 = g0 * Self::TOKENS;
+            for t in t0..(t0 + nt * Self::TOKENS).min(n_tok) {
+                out[t * ldo..][..rows].copy_from_slice(&c[(t - t0) * 16..][..rows]);
             }
         }
         true
@@ -156,30 +163,27 @@ unsafe fn step_halves(v0: __m512, v1: __m512) -> (__m512i, __m512i) {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn panel(w: *const u8, ws: usize, rows: usize, k: usize, dst: *mut u8) {
+    // Row r's pair i of a step goes to dword i * 16 + r of its tile.
+    let pairs = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(16),
+    );
     for s in 0..k / STEP {
         let at = dst.add(s * STEP_BYTES);
-        for r in 0..F16Amx::ROWS {
-            let (hi, lo) = if r < rows {
-                let p = w.add(r * ws + 2 * STEP * s);
-                let v0 = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
-                let v1 = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32) as *const __m256i));
-                step_halves(v0, v1)
-            } else {
-                (_mm512_setzero_si512(), _mm512_setzero_si512())
-            };
-            _mm512_storeu_si512(at.add(64 * r) as *mut __m512i, hi);
-            _mm512_storeu_si512(at.add(TILE_BYTES + 64 * r) as *mut __m512i, lo);
+        for r in 0..rows {
+            let p = w.add(r * ws + 2 * STEP * s);
+            let v0 = _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i));
+            let v1 = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32) as *const __m256i));
+            let (hi, lo) = step_halves(v0, v1);
+            let idx = _mm512_add_epi32(pairs, _mm512_set1_epi32(r as i32));
+            _mm512_i32scatter_epi32::<4>(at as *mut i32, idx, hi);
+            _mm512_i32scatter_epi32::<4>(at.add(TILE_BYTES) as *mut i32, idx, lo);
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn token_tile(x: *const f32, n: usize, k: usize, dst: *mut u8) {
-    // Token t's pair i of a step goes to dword i * 16 + t of its tile.
-    let rows = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(16),
-    );
     let round =
         |p: *const f32| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(p)));
     for s in 0..k / STEP {
@@ -191,16 +195,15 @@ unsafe fn token_tile(x: *const f32, n: usize, k: usize, dst: *mut u8) {
             } else {
                 (_mm512_setzero_si512(), _mm512_setzero_si512())
             };
-            let idx = _mm512_add_epi32(rows, _mm512_set1_epi32(t as i32));
-            _mm512_i32scatter_epi32::<4>(at as *mut i32, idx, hi);
-            _mm512_i32scatter_epi32::<4>(at.add(TILE_BYTES) as *mut i32, idx, lo);
+            _mm512_storeu_si512(at.add(64 * t) as *mut __m512i, hi);
+            _mm512_storeu_si512(at.add(TILE_BYTES + 64 * t) as *mut __m512i, lo);
         }
     }
 }
 
-/// One accumulator tile per token tile (`nt` ≤ 4): per step, the panel's hi and lo tiles
-/// against each token tile's, `hh`, `hl`, `lh`, `ll` in that order; the sums stored to `c`
-/// (`[tile][row][token]` f32).
+/// One accumulator tile per token tile (`nt` ≤ 4) at `a`: per step, each token tile's hi
+/// and lo tiles against the panel's, `hh`, `hl`, `lh`, `ll` in that order (token half
+/// first); the sums stored to `c` (`[tile][token][row]` f32).
 #[target_feature(enable = "avx512f")]
 unsafe fn multiply(a: *const u8, b: *const u8, steps: usize, tl: usize, nt: usize, c: *mut u8) {
     let cfg = tile_config();
@@ -210,14 +213,14 @@ unsafe fn multiply(a: *const u8, b: *const u8, steps: usize, tl: usize, nt: usiz
         ($j:literal, $s:ident) => {
             if $j < nt {
                 asm!(
-                    "tileloadd tmm6, [{bh} + {st}]",
-                    "tileloadd tmm7, [{bl} + {st}]",
-                    concat!("tdpbf16ps tmm", $j, ", tmm4, tmm6"),
-                    concat!("tdpbf16ps tmm", $j, ", tmm4, tmm7"),
-                    concat!("tdpbf16ps tmm", $j, ", tmm5, tmm6"),
-                    concat!("tdpbf16ps tmm", $j, ", tmm5, tmm7"),
-                    bh = in(reg) b.add($j * tl + $s * STEP_BYTES),
-                    bl = in(reg) b.add($j * tl + $s * STEP_BYTES + TILE_BYTES),
+                    "tileloadd tmm6, [{ah} + {st}]",
+                    "tileloadd tmm7, [{al} + {st}]",
+                    concat!("tdpbf16ps tmm", $j, ", tmm6, tmm4"),
+                    concat!("tdpbf16ps tmm", $j, ", tmm6, tmm5"),
+                    concat!("tdpbf16ps tmm", $j, ", tmm7, tmm4"),
+                    concat!("tdpbf16ps tmm", $j, ", tmm7, tmm5"),
+                    ah = in(reg) a.add($j * tl + $s * STEP_BYTES),
+                    al = in(reg) a.add($j * tl + $s * STEP_BYTES + TILE_BYTES),
                     st = in(reg) 64usize,
                     options(nostack, readonly),
                 );
@@ -226,10 +229,10 @@ unsafe fn multiply(a: *const u8, b: *const u8, steps: usize, tl: usize, nt: usiz
     }
     for s in 0..steps {
         asm!(
-            "tileloadd tmm4, [{ah} + {st}]",
-            "tileloadd tmm5, [{al} + {st}]",
-            ah = in(reg) a.add(s * STEP_BYTES),
-            al = in(reg) a.add(s * STEP_BYTES + TILE_BYTES),
+            "tileloadd tmm4, [{bh} + {st}]",
+            "tileloadd tmm5, [{bl} + {st}]",
+            bh = in(reg) b.add(s * STEP_BYTES),
+            bl = in(reg) b.add(s * STEP_BYTES + TILE_BYTES),
             st = in(reg) 64usize,
             options(nostack, readonly),
         );

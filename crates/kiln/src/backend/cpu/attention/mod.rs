@@ -45,6 +45,8 @@ use half::f16;
 mod heads;
 mod quantized;
 pub(crate) mod whole;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod whole_amx;
 
 pub use quantized::{Blocks, Cache};
 

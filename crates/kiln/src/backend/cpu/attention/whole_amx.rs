@@ -1,0 +1,214 @@
+//! Whole-sequence attention (vision encoders) on AMX-BF16 tiles, as two F16 matmuls a head
+//! (`quant::F16Amx`, exact products of F16 values, f32 sums): per block of 64 queries, the
+//! scores against every key (the keys as weight rows, the queries as token tiles), a softmax
+//! per query in f32 (libm's `expf`), then the weighted sum of the values (the values
+//! transposed as weight rows, the probabilities rounded to F16 as token tiles, as ggml's
+//! flash attention rounds them before its f16 accumulation), divided by the sum of those
+//! rounded probabilities. Queries, keys and values are F16-rounded as in `whole.rs`; rows
+//! shorter than a tile step are padded with zeros.
+//!
+//! Each query's scores, softmax and sum are one sequence of operations whatever the other
+//! queries, so a row does not depend on the batch; the bits differ from `whole.rs`'s (ggml's
+//! orders) by float rounding. Taken with the encoders' AMX matmuls
+//! (`CpuBackend::with_encoder_amx`).
+
+use crate::backend::cpu::expf::expf_slice;
+use crate::quant::{self, F16Amx, GgmlType};
+
+/// Queries per block: their scores against every key are held at once.
+const Q_BLOCK: usize = 64;
+
+/// Steps of a row of `n` values: `n` rounded up to whole tile steps.
+fn padded(n: usize) -> usize {
+    n.next_multiple_of(32)
+}
+
+/// Rows of `src` (`rows` of `n` f32, F16-valued, `stride` apart, from `at`) as F16 bytes,
+/// each padded with zeros to `padded(n)` values.
+fn f16_rows(src: &[f32], rows: usize, n: usize, stride: usize, at: usize) -> Vec<u8> {
+    let np = padded(n);
+    let mut out = vec![0u8; rows * np * 2];
+    for r in 0..rows {
+        let row = &src[at + r * stride..][..n];
+        quant::quantize_activation(GgmlType::F16, row, &mut out[r * np * 2..][..n * 2]).expect("F16 rows");
+    }
+    out
+}
+
+/// `src` with each value rounded to F16.
+fn rounded(src: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; src.len()];
+    quant::round_f16_rows(src, bytemuck::cast_slice_mut(&mut out));
+    out
+}
+
+/// Panels of 16 of the `rows` F16 rows of `bytes` (`padded(n)` values each).
+fn panels(amx: F16Amx, bytes: &[u8], rows: usize, n: usize) -> Vec<Vec<u8>> {
+    let (np, tl) = (padded(n), F16Amx::tile_len(padded(n)));
+    (0..rows.div_ceil(F16Amx::ROWS))
+        .map(|p| {
+            let mut d = vec![0u8; tl];
+            let r0 = p * F16Amx::ROWS;
+            let ok = amx.panel(&bytes[r0 * np * 2..], np * 2, F16Amx::ROWS.min(rows - r0), np, &mut d);
+            assert!(ok, "a panel of rows of {np} values");
+            d
+        })
+        .collect()
+}
+
+/// Token tiles of the `rows` rows of `x` (`padded(n)` f32 each).
+fn token_tiles(amx: F16Amx, x: &[f32], rows: usize, n: usize) -> Vec<u8> {
+    let (np, tl) = (padded(n), F16Amx::tile_len(padded(n)));
+    let tiles = rows.div_ceil(F16Amx::TOKENS);
+    let mut d = vec![0u8; tiles * tl];
+    for (j, dst) in d.chunks_exact_mut(tl).enumerate() {
+        let t1 = (F16Amx::TOKENS * (j + 1)).min(rows);
+        assert!(amx.token_tile(&x[F16Amx::TOKENS * j * np..t1 * np], np, dst), "a token tile");
+    }
+    d
+}
+
+/// `out[i, h·hd + c]` for every query `i` and head `h` (rows of `n_head · head_dim` values;
+/// `q` pre-scaled by nothing: `scale` multiplies the scores).
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    amx: F16Amx,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    (n, n_head, head_dim): (usize, usize, usize),
+    scale: f32,
+    n_threads: usize,
+) {
+    let d = n_head * head_dim;
+    let (q, k, v) = (rounded(&q[..n * d]), rounded(&k[..n * d]), rounded(&v[..n * d]));
+    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); n_head];
+    let per = n_head.div_ceil(n_threads.clamp(1, n_head));
+    std::thread::scope(|s| {
+        for (t, chunk) in outs.chunks_mut(per).enumerate() {
+            let (q, k, v) = (&q, &k, &v);
+            s.spawn(move || {
+                for (i, o) in chunk.iter_mut().enumerate() {
+                    *o = head(amx, q, k, v, (n, d, head_dim), t * per + i, scale);
+                }
+            });
+        }
+    });
+    for (h, o) in outs.iter().enumerate() {
+        for i in 0..n {
+            out[i * d + h * head_dim..][..head_dim].copy_from_slice(&o[i * head_dim..][..head_dim]);
+        }
+    }
+}
+
+/// Head `h`: `[n, head_dim]`.
+fn head(
+    amx: F16Amx,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (n, d, hd): (usize, usize, usize),
+    h: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let (hp, np) = (padded(hd), padded(n));
+    let key_panels = panels(amx, &f16_rows(k, n, hd, d, h * hd), n, hd);
+    // The values transposed: a row per dimension, over the keys.
+    let vt: Vec<f32> = (0..hd).flat_map(|c| (0..n).map(move |j| v[j * d + h * hd + c])).collect();
+    let value_panels = panels(amx, &f16_rows(&vt, hd, n, n, 0), hd, n);
+    let mut out = vec![0f32; n * hd];
+    let mut qs = vec![0f32; Q_BLOCK * hp];
+    let mut scores = vec![0f32; Q_BLOCK * np];
+    let mut probs = vec![0f32; Q_BLOCK * np];
+    let mut sums = [0f32; Q_BLOCK];
+    for q0 in (0..n).step_by(Q_BLOCK) {
+        let nq = Q_BLOCK.min(n - q0);
+        for i in 0..nq {
+            qs[i * hp..][..hd].copy_from_slice(&q[(q0 + i) * d + h * hd..][..hd]);
+        }
+        let tiles = token_tiles(amx, &qs, nq, hd);
+        for (p, panel) in key_panels.iter().enumerate() {
+            let j0 = p * F16Amx::ROWS;
+            let ok = amx.dots(panel, &tiles, hp, nq, F16Amx::ROWS.min(n - j0), &mut scores[j0..], np);
+            assert!(ok, "scores of rows of {hp} values");
+        }
+        for (i, sum) in sums.iter_mut().enumerate().take(nq) {
+            let row = &mut scores[i * np..][..n];
+            row.iter_mut().for_each(|s| *s *= scale);
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter_mut().for_each(|s| *s -= m);
+            expf_slice(row);
+            let p = &mut probs[i * np..][..n];
+            quant::round_f16_rows(row, bytemuck::cast_slice_mut(p));
+            *sum = p.iter().sum();
+        }
+        let tiles = token_tiles(amx, &probs, nq, n);
+        let o = &mut out[q0 * hd..];
+        for (p, panel) in value_panels.iter().enumerate() {
+            let c0 = p * F16Amx::ROWS;
+            let ok = amx.dots(panel, &tiles, np, nq, F16Amx::ROWS.min(hd - c0), &mut o[c0..], hd);
+            assert!(ok, "weighted sums of rows of {np} values");
+        }
+        for (t, sum) in sums.iter().enumerate().take(nq) {
+            o[t * hd..][..hd].iter_mut().for_each(|x| *x /= sum);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    /// Within the rounding of the probabilities to F16 of the exact softmax-weighted sum of
+    /// the same F16 values (f64), on head sizes of whole tile steps and padded ones
+    /// (SigLIP's 72), query counts over several blocks and key counts past the last panel;
+    /// the same bits on one thread and two.
+    #[test]
+    fn amx_attention_is_attention() {
+        let Some(amx) = crate::quant::f16_amx() else {
+            eprintln!("skipped: this CPU has no AMX-BF16");
+            return;
+        };
+        let mut seed = 3u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        };
+        let r16 = |x: f32| half::f16::from_f32(x).to_f32() as f64;
+        for (n, n_head, hd) in [(16, 2, 64), (130, 2, 72), (70, 3, 32)] {
+            let d = n_head * hd;
+            let len = n * d;
+            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+                (0..len).map(|_| next()).collect(),
+            );
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut one = vec![f32::NAN; len];
+            super::attention(amx, &q, &k, &v, &mut one, (n, n_head, hd), scale, 1);
+            let mut two = vec![f32::NAN; len];
+            super::attention(amx, &q, &k, &v, &mut two, (n, n_head, hd), scale, 2);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&one), bits(&two), "n {n} hd {hd}: one thread and two");
+            for h in 0..n_head {
+                for i in 0..n {
+                    let at = |x: &[f32], j: usize, c: usize| r16(x[j * d + h * hd + c]);
+                    let s: Vec<f64> = (0..n)
+                        .map(|j| (0..hd).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() * scale as f64)
+                        .collect();
+                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let z: f64 = w.iter().sum();
+                    for c in 0..hd {
+                        let want = (0..n).map(|j| w[j] * at(&v, j, c)).sum::<f64>() / z;
+                        let got = one[i * d + h * hd + c] as f64;
+                        assert!(
+                            (got - want).abs() < 2e-3,
+                            "n {n} hd {hd} head {h} row {i} col {c}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
