@@ -92,6 +92,7 @@ impl F16Amx {
     /// `out[t · ldo + r] = dot(row r, token t)` for the first `rows` rows of `panel` and the
     /// tokens `0..n_tok` of `acts` (consecutive token tiles). Returns false, writing
     /// nothing, if a size is off.
+    #[allow(clippy::too_many_arguments)]
     pub fn dots(
         &self,
         panel: &[u8],
