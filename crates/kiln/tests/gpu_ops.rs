@@ -884,7 +884,7 @@ fn router_then_experts<B: Backend>(
     let (mut logits, mut ids, mut wts) =
         (b.alloc(n * 8).unwrap(), b.alloc(n * 3).unwrap(), b.alloc(n * 3).unwrap());
     if fused {
-        b.moe_router(&router, &ex[0], &h, n, r, (&mut logits, &mut ids, &mut wts));
+        b.moe_router(&router, &ex[0], &h, n, r, None, (&mut logits, &mut ids, &mut wts));
     } else {
         b.matmul(&router, &h, n, &mut logits);
         b.moe_route(&logits, n, r, &mut ids, &mut wts);
@@ -938,6 +938,51 @@ fn the_router_takes_the_experts_quantize_and_the_route() {
                 assert_eq!(saved, if vec { 2 } else { 1 }, "{what}: dispatches {} then {}", d1 - d0, d2 - d1);
                 let c = router_then_experts(&cpu, &g, r, ty, n, true);
                 against_cpu(&gpu, &what, &fused, &c, if vec { 1e-11 } else { 0.0 });
+            }
+        }
+    }
+}
+
+/// `n` tokens' routing `r` of the logits in the "x" table's values, with the selection
+/// `bias` (or none): the ids, then the weights.
+fn route_out<B: Backend>(b: &B, g: &Arc<GgufFile>, r: &Routing, bias: Option<&[f32]>, n: usize) -> Vec<f32> {
+    let logits = input(b, g, "x", (n * r.n_expert).div_ceil(K), n * r.n_expert);
+    let (mut ids, mut wts) = (b.alloc(n * r.k).unwrap(), b.alloc(n * r.k).unwrap());
+    match bias {
+        Some(bias) => b.moe_route_biased(&logits, n, r, bias, &mut ids, &mut wts),
+        None => b.moe_route(&logits, n, r, &mut ids, &mut wts),
+    }
+    let mut v = read(b, &ids, n * r.k);
+    v.extend(read(b, &wts, n * r.k));
+    v
+}
+
+/// `moe_route_biased` (LFM2-MoE's `exp_probs_b`): the CPU's ids and weights bit for bit on
+/// a software adapter, with biases of either sign that change the choice of experts; a
+/// zero bias routes as `moe_route`.
+#[test]
+fn the_selection_bias_routes_as_on_the_cpu() {
+    let g = model();
+    let cpu = CpuBackend::new(2);
+    let routings = [
+        Routing { n_expert: 8, k: 3, gating: Gating::Sigmoid, norm: false, scale: 2.5 },
+        Routing { n_expert: 64, k: 6, gating: Gating::Sigmoid, norm: true, scale: 1.0 },
+    ];
+    for gpu in gpus() {
+        for r in &routings {
+            let bias: Vec<f32> = (0..r.n_expert).map(|e| ((e * 37 % 11) as f32 - 5.0) * 0.1).collect();
+            let zero = vec![0.0; r.n_expert];
+            for n in [1, 3, 11] {
+                let what = format!("biased route of {} experts x{n}", r.n_expert);
+                let c = route_out(&cpu, &g, r, Some(&bias), n);
+                assert_ne!(c, route_out(&cpu, &g, r, None, n), "{what}: the bias changes nothing");
+                against_cpu(&gpu, &what, &route_out(&gpu, &g, r, Some(&bias), n), &c, 0.0);
+                let unbiased = route_out(&gpu, &g, r, None, n);
+                assert_same_bits(
+                    &format!("{what}, zero bias"),
+                    &route_out(&gpu, &g, r, Some(&zero), n),
+                    &unbiased,
+                );
             }
         }
     }

@@ -2,6 +2,7 @@
 //! contains a model; the model code (`model::forward`) is written once against this trait.
 
 pub mod cpu;
+pub mod route;
 #[cfg(feature = "gpu")]
 pub mod wgpu;
 
@@ -547,10 +548,32 @@ pub trait Backend: Send + Sync + 'static {
         ids: &mut Self::Buf,
         weights: &mut Self::Buf,
     );
+    /// `moe_route` with an expert-selection bias (`exp_probs_b`: LFM2-MoE): each row's
+    /// experts are chosen by sigmoid score plus `bias[e]` (`r.n_expert` values) and weighted
+    /// by their scores alone. By default on the host, in the CPU backend's arithmetic
+    /// ([`route::route_biased`]): the logits read back, the ids and weights written.
+    fn moe_route_biased(
+        &self,
+        logits: &Self::Buf,
+        rows: usize,
+        r: &Routing,
+        bias: &[f32],
+        ids: &mut Self::Buf,
+        weights: &mut Self::Buf,
+    ) {
+        let mut l = vec![0.0; rows * r.n_expert];
+        self.read(logits, &mut l);
+        let (mut i, mut w) = (vec![0.0; rows * r.k], vec![0.0; rows * r.k]);
+        route::route_biased(&l, rows, r, bias, &mut i, &mut w);
+        self.write_rows(ids, &i);
+        self.write_rows(weights, &w);
+    }
     /// A mixture of experts' router on `rows` rows of `x`: `logits = x · routerᵀ`, then
-    /// `moe_route` of them into (logits, ids, weights). `experts` are the first that `x` goes
-    /// through, for a backend that prepares `x` for them as it makes it (the GPU quantizes
-    /// it with the norm that writes it).
+    /// `moe_route` of them (`moe_route_biased` where the layer has a selection `bias`) into
+    /// (logits, ids, weights). `experts` are the first that `x` goes through, for a backend
+    /// that prepares `x` for them as it makes it (the GPU quantizes it with the norm that
+    /// writes it).
+    #[allow(clippy::too_many_arguments)]
     fn moe_router(
         &self,
         router: &Self::Weight,
@@ -558,12 +581,16 @@ pub trait Backend: Send + Sync + 'static {
         x: &Self::Buf,
         rows: usize,
         r: &Routing,
+        bias: Option<&[f32]>,
         out: (&mut Self::Buf, &mut Self::Buf, &mut Self::Buf),
     ) {
         let _ = experts;
         let (logits, ids, weights) = out;
         self.matmul(router, x, rows, logits);
-        self.moe_route(logits, rows, r, ids, weights);
+        match bias {
+            None => self.moe_route(logits, rows, r, ids, weights),
+            Some(b) => self.moe_route_biased(logits, rows, r, b, ids, weights),
+        }
     }
     /// `outs[i][t * k + j] = x[t] · ws[i][ids[t * k + j]]ᵀ` for each of the input's `rows`
     /// tokens `t` and slots `j < k` (`x` row `t * k + j` where `per_slot`): experts of one

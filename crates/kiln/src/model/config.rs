@@ -109,6 +109,14 @@ impl ModelConfig {
                     [("expert_feed_forward_length", moe.n_ff)].into_iter().chain(shared).collect()
                 }
             };
+            // The biased route (`backend::route`) scores experts by sigmoid only.
+            if l.ffn.moe().is_some_and(|moe| moe.selection_bias && moe.routing.gating != Gating::Sigmoid) {
+                return Err(m.bad(
+                    "expert_gating_func",
+                    1,
+                    "an expert-selection bias needs sigmoid scores (2)",
+                ));
+            }
             for (key, n_ff) in widths {
                 if n_ff == 0 {
                     return match m.g.get(&m.key(key)) {
@@ -279,6 +287,17 @@ impl Meta<'_> {
             )));
         }
         Ok(Some(Routing { n_expert, k, gating, norm, scale: 1.0 }))
+    }
+
+    /// How the router scores experts (`expert_gating_func`, llama.cpp's enum: 1 softmax,
+    /// 2 sigmoid); `None` where the file does not say.
+    pub fn gating(&self) -> Result<Option<Gating>> {
+        Ok(match self.g.get_usize(&self.key("expert_gating_func"))? {
+            None => None,
+            Some(1) => Some(Gating::Softmax),
+            Some(2) => Some(Gating::Sigmoid),
+            Some(other) => return Err(self.bad("expert_gating_func", other, "1 (softmax) or 2 (sigmoid)")),
+        })
     }
 
     /// The file's `pooling_type` (llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last, 4 rank).

@@ -78,6 +78,15 @@ impl<B: Backend> Loader<'_, B> {
         Ok(Some(t))
     }
 
+    /// The vector `name` of `n` values, read to the host (`None` where the file lacks it).
+    pub fn host_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        let Some(t) = self.info(name, n, 1)? else { return Ok(None) };
+        let mut v = vec![0.0; n];
+        quant::dequantize_row(t.ty, self.g.tensor_data(t), &mut v)
+            .map_err(|e| KilnError::Tensor { name: name.into(), msg: e.to_string() })?;
+        Ok(Some(v))
+    }
+
     /// Weights of one input (q/k/v; gate/up), loaded together: `N` `(name, cols, rows)`.
     pub fn group<const N: usize>(&self, specs: [(String, usize, usize); N]) -> Result<[B::Weight; N]> {
         let mut ts = Vec::with_capacity(N);

@@ -40,7 +40,8 @@ const MATMUL_ID_COOP: &str = include_str!("shaders/matmul_id_coop.wgsl");
 const ROUTE: &str = include_str!("shaders/route.wgsl");
 /// The router matmul's route tail (kernels.rs `Outs::route`): route.wgsl's accessors (its
 /// parameters after the matmul's, the logits the matmul's output, read atomically as
-/// stored), the ids, weights and the workgroups' counts bound at RI, RI + 1, RI + 2. Each
+/// stored; no selection bias: a biased router is not fused), the ids, weights and the
+/// workgroups' counts bound at RI, RI + 1, RI + 2. Each
 /// workgroup's logits are released (storageBarrier) before it counts itself done; the
 /// last to count acquires them all and routes the tokens of its grid z (TT), then resets
 /// the count for the next dispatch. Needs a workgroup of MAX_EXPERTS invocations.
@@ -55,6 +56,10 @@ fn route_prm(j: u32) -> u32 {
 
 fn route_logit(i: u32) -> f32 {
     return bitcast<f32>(atomicLoad(&ys[i]));
+}
+
+fn route_bias(i: u32) -> f32 {
+    return 0.0;
 }
 
 fn route_out(o: u32, id: f32, w: f32) {
@@ -80,7 +85,7 @@ fn route_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
 }
 ";
 /// The route tail's parameter words after the matmul's 11 (route.wgsl's route_prm).
-pub const ROUTE_WORDS: usize = 5;
+pub const ROUTE_WORDS: usize = 6;
 /// The expert matmuls' parameter words (expert_slots.wgsl); a prologue's follow them.
 pub const EXPERT_WORDS: usize = 15;
 /// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of

@@ -1271,13 +1271,26 @@ impl Backend for GpuBackend {
         x: &GpuBuf,
         rows: usize,
         r: &Routing,
+        bias: Option<&[f32]>,
         out: (&mut GpuBuf, &mut GpuBuf, &mut GpuBuf),
     ) {
-        self.moe_router_impl(router, experts, x, rows, r, out);
+        self.moe_router_impl(router, experts, x, rows, r, bias, out);
     }
 
     fn moe_route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
-        self.moe_route_impl(logits, rows, r, ids, weights);
+        self.moe_route_impl(logits, rows, r, None, ids, weights);
+    }
+
+    fn moe_route_biased(
+        &self,
+        logits: &GpuBuf,
+        rows: usize,
+        r: &Routing,
+        bias: &[f32],
+        ids: &mut GpuBuf,
+        weights: &mut GpuBuf,
+    ) {
+        self.moe_route_impl(logits, rows, r, Some(bias), ids, weights);
     }
 
     fn matmul_id(&self, ws: &[&GpuExperts], input: ExpertInput<GpuBuf>, outs: &mut [&mut GpuBuf]) {

@@ -142,6 +142,7 @@ impl GpuBackend {
     /// op) that writes `x` is held back, that op also quantizes `x` for `experts` as it
     /// writes it, into the activation scratch, where the expert matmul finds it: one
     /// dispatch instead of a quantize of its own before the experts, the same bits.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_router_impl(
         &self,
         router: &GpuWeight,
@@ -149,6 +150,7 @@ impl GpuBackend {
         x: &GpuBuf,
         rows: usize,
         r: &Routing,
+        bias: Option<&[f32]>,
         (logits, ids, weights): (&mut GpuBuf, &mut GpuBuf, &mut GpuBuf),
     ) {
         self.op();
@@ -167,22 +169,24 @@ impl GpuBackend {
         let mut ds = self.matmul_dispatches(&[router], &[], x, rows, &[&logits.buf]);
         // On the vec path the matmul routes its tokens as its last workgroup finishes (one
         // dispatch): its workgroups of MAX_EXPERTS invocations (the route's), with as many
-        // rows as that takes (rows per workgroup leave each row's sums as they are).
-        let fused = match ds.as_slice() {
-            [Dispatch { kernel: Kernel::MatmulVec(_, outs, input, shape), .. }] => {
-                let nt = MAX_EXPERTS / shape.npr;
-                r.n_expert <= MAX_EXPERTS
-                    && outs.n == 1
-                    && !outs.bias
-                    && !outs.rope
-                    && MAX_EXPERTS.is_multiple_of(shape.npr)
-                    && (*input == Input::Quantized || self.prologue_fits(router.cols, nt * shape.npr))
-            }
-            _ => false,
-        };
+        // rows as that takes (rows per workgroup leave each row's sums as they are). A
+        // selection bias is routed by the route kernel, which reads it as parameters.
+        let fused = bias.is_none()
+            && match ds.as_slice() {
+                [Dispatch { kernel: Kernel::MatmulVec(_, outs, input, shape), .. }] => {
+                    let nt = MAX_EXPERTS / shape.npr;
+                    r.n_expert <= MAX_EXPERTS
+                        && outs.n == 1
+                        && !outs.bias
+                        && !outs.rope
+                        && MAX_EXPERTS.is_multiple_of(shape.npr)
+                        && (*input == Input::Quantized || self.prologue_fits(router.cols, nt * shape.npr))
+                }
+                _ => false,
+            };
         if !fused {
             self.run_all(ds);
-            self.route(logits, rows, r, ids, weights);
+            self.route(logits, rows, r, bias, ids, weights);
             return;
         }
         let mut d = ds.remove(0);
@@ -194,37 +198,50 @@ impl GpuBackend {
         d.groups[2] = z;
         // The route's words go at 11 (kernels.rs ROUTE_TAIL), the prologue's after them.
         let prologue = d.prm.split_off(11);
-        d.prm.extend(self.route_prm(r));
+        d.prm.extend(self.route_prm(r, false));
         d.prm.extend(prologue);
         let counts = self.scratch(&self.route_counts, z as usize, "kiln route counts");
         d.bufs.extend([ids.buf.clone(), weights.buf.clone(), counts]);
         self.run_dispatch(d);
     }
 
+    /// `Backend::moe_route`, or with a selection bias `moe_route_biased`.
     pub(super) fn moe_route_impl(
         &self,
         logits: &GpuBuf,
         rows: usize,
         r: &Routing,
+        bias: Option<&[f32]>,
         ids: &mut GpuBuf,
         weights: &mut GpuBuf,
     ) {
         self.op();
-        self.route(logits, rows, r, ids, weights);
+        self.route(logits, rows, r, bias, ids, weights);
     }
 
-    /// route.wgsl's parameters (its route_prm).
-    fn route_prm(&self, r: &Routing) -> [u32; kernels::ROUTE_WORDS] {
+    /// route.wgsl's parameters (its route_prm): `biased` where a selection bias follows.
+    fn route_prm(&self, r: &Routing, biased: bool) -> [u32; kernels::ROUTE_WORDS] {
         let gating = match r.gating {
             Gating::Softmax => 0,
             Gating::Sigmoid => 1,
         };
-        [r.n_expert as u32, r.k as u32, gating, r.norm as u32, r.scale.to_bits()]
+        [r.n_expert as u32, r.k as u32, gating, r.norm as u32, r.scale.to_bits(), biased as u32]
     }
 
-    fn route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
+    fn route(
+        &self,
+        logits: &GpuBuf,
+        rows: usize,
+        r: &Routing,
+        bias: Option<&[f32]>,
+        ids: &mut GpuBuf,
+        weights: &mut GpuBuf,
+    ) {
         let mut prm = vec![rows as u32];
-        prm.extend(self.route_prm(r));
+        prm.extend(self.route_prm(r, bias.is_some()));
+        if let Some(b) = bias {
+            prm.extend(b[..r.n_expert].iter().map(|v| v.to_bits()));
+        }
         // A workgroup per token.
         self.run(Kernel::MoeRoute, &prm, &[&logits.buf, &ids.buf, &weights.buf], grid(rows, 1));
     }

@@ -17,7 +17,10 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
         Some(routing) => {
             let shared = m.usize("expert_shared_feed_forward_length")?.filter(|&n| n > 0);
             let shared = shared.map(|n_ff| SharedExpert { n_ff, gated: false });
-            Ffn::Moe { norms: Norms::PRE, moe: Moe { routing, n_ff: h.n_ff, act: Activation::Silu, shared } }
+            Ffn::Moe {
+                norms: Norms::PRE,
+                moe: Moe { routing, n_ff: h.n_ff, act: Activation::Silu, shared, selection_bias: false },
+            }
         }
         None => Ffn::gated(Activation::Silu, h.n_ff),
     };

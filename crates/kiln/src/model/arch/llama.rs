@@ -14,7 +14,7 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
     let ffn = match m.routing(Gating::Softmax, true)? {
         Some(routing) => Ffn::Moe {
             norms: Norms::PRE,
-            moe: Moe { routing, n_ff: h.n_ff, act: Activation::Silu, shared: None },
+            moe: Moe { routing, n_ff: h.n_ff, act: Activation::Silu, shared: None, selection_bias: false },
         },
         None => Ffn::gated(Activation::Silu, h.n_ff),
     };

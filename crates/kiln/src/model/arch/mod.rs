@@ -12,6 +12,7 @@ mod gemma3;
 mod granite;
 mod jina_bert_v2;
 mod lfm2;
+mod lfm2moe;
 mod llama;
 mod mistral3;
 mod nomic_bert;
@@ -49,6 +50,7 @@ const ARCHS: &[(&str, Config)] = &[
     ("smollm3", smollm3::config),
     ("olmo2", olmo2::config),
     ("lfm2", lfm2::config),
+    ("lfm2moe", lfm2moe::config),
     ("bert", bert::config),
     ("nomic-bert", nomic_bert::config),
     ("jina-bert-v2", jina_bert_v2::config),

@@ -12,7 +12,7 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
     let routing = m
         .routing(Gating::Softmax, false)?
         .ok_or_else(|| KilnError::Metadata(format!("{} is missing", m.key("expert_count"))))?;
-    let moe = Moe { routing, n_ff: h.n_ff, act: Activation::Silu, shared: None };
+    let moe = Moe { routing, n_ff: h.n_ff, act: Activation::Silu, shared: None, selection_bias: false };
     let attn = Attention { qk_norm: QkNorm::Whole, ..Attention::new(h.rope_neox(), h.attn_scale) };
     let layer = Layer { mixer: attn.into(), ffn: Ffn::Moe { norms: Norms::PRE, moe } };
     Ok(h.config(m, |_| layer.clone()))

@@ -16,7 +16,7 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
     let n_ff = m.usize("expert_feed_forward_length")?.unwrap_or(h.n_ff / routing.k);
     let shared_ff = m.usize("expert_shared_feed_forward_length")?.unwrap_or(h.n_ff);
     let shared = Some(SharedExpert { n_ff: shared_ff, gated: true });
-    let moe = Moe { routing, n_ff, act: Activation::Silu, shared };
+    let moe = Moe { routing, n_ff, act: Activation::Silu, shared, selection_bias: false };
     let layer = Layer {
         mixer: Attention::new(h.rope_neox(), h.attn_scale).into(),
         ffn: Ffn::Moe { norms: Norms::PRE, moe },

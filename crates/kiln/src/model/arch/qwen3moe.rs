@@ -13,7 +13,7 @@ pub fn config(m: &Meta) -> Result<ModelConfig> {
         .routing(Gating::Softmax, true)?
         .ok_or_else(|| KilnError::Metadata(format!("{} is missing", m.key("expert_count"))))?;
     let n_ff = m.usize("expert_feed_forward_length")?.unwrap_or(h.n_ff / routing.k);
-    let moe = Moe { routing, n_ff, act: Activation::Silu, shared: None };
+    let moe = Moe { routing, n_ff, act: Activation::Silu, shared: None, selection_bias: false };
     let attn = Attention { qk_norm: QkNorm::PerHead, ..Attention::new(h.rope_neox(), h.attn_scale) };
     let layer = Layer { mixer: attn.into(), ffn: Ffn::Moe { norms: Norms::PRE, moe } };
     Ok(h.config(m, |_| layer.clone()))

@@ -3,7 +3,8 @@
 //! `ffn_{gate,up,down}_exps`, or a fused `ffn_gate_up_exps`) and their outputs are summed,
 //! weighted by the routing. A shared expert (`ffn_{gate,up,down}_shexp`) runs for every
 //! token and is added, scaled by its own sigmoid gate (`ffn_gate_inp_shexp`) where the
-//! architecture has one.
+//! architecture has one. An expert-selection bias (`exp_probs_b.bias`, `[n_expert]`)
+//! shifts which experts a token goes to without changing their weights (LFM2-MoE).
 
 use super::blk;
 use super::ffn::{self, Glu, GluScratch};
@@ -20,6 +21,9 @@ pub struct Moe {
     pub n_ff: usize,
     pub act: Activation,
     pub shared: Option<SharedExpert>,
+    /// The layer has an expert-selection bias (`exp_probs_b`): its experts are chosen by
+    /// score plus bias (`Backend::moe_route_biased`).
+    pub selection_bias: bool,
 }
 
 /// An expert every token goes through.
@@ -46,6 +50,9 @@ pub struct MoeWeights<B: Backend> {
     pub shared: Option<Glu<B::Weight>>,
     /// The shared expert's gate, `[n_embd]`.
     pub shared_gate: Option<B::Weight>,
+    /// The expert-selection bias, `n_expert` values on the host (the routing reads them as
+    /// parameters, as RoPE its frequency factors).
+    pub selection_bias: Option<Vec<f32>>,
 }
 
 impl<B: Backend> MoeWeights<B> {
@@ -74,6 +81,13 @@ impl<B: Backend> MoeWeights<B> {
                 (Some(Glu::load(l, il, "_shexp", s.n_ff, true)?), g)
             }
         };
+        let selection_bias = match m.selection_bias {
+            false => None,
+            true => Some(l.host_vector(&n("exp_probs_b.bias"), ne)?.ok_or_else(|| KilnError::Tensor {
+                name: n("exp_probs_b.bias"),
+                msg: "missing from the file".into(),
+            })?),
+        };
         Ok(MoeWeights {
             router: l.get(&n("ffn_gate_inp.weight"), d, ne)?,
             gate,
@@ -81,6 +95,7 @@ impl<B: Backend> MoeWeights<B> {
             down,
             shared,
             shared_gate,
+            selection_bias,
         })
     }
 }
@@ -129,7 +144,8 @@ pub fn forward<B: Backend>(
 ) {
     let r = &m.routing;
     let d = b.weight_shape(&w.router).1;
-    b.moe_router(&w.router, &w.gate, x, n, r, (&mut s.logits, &mut s.ids, &mut s.weights));
+    let bias = w.selection_bias.as_deref();
+    b.moe_router(&w.router, &w.gate, x, n, r, bias, (&mut s.logits, &mut s.ids, &mut s.weights));
     let input = ExpertInput { x, per_slot: false, ids: &s.ids, rows: n, k: r.k };
     b.matmul_id(&[&w.gate, &w.up], input, &mut [&mut s.gate, &mut s.up]);
     b.glu(&mut s.gate, &s.up, m.act, n * r.k * m.n_ff);

@@ -6,10 +6,15 @@
 @group(0) @binding(2) var<storage, read_write> b2: array<f32>;
 @group(0) @binding(3) var<storage, read_write> b3: array<f32>;
 
-// route: a token per workgroup (route.wgsl's route_token). prm: rows, then route_prm's.
+// route: a token per workgroup (route.wgsl's route_token). prm: rows, then route_prm's
+// six, then the expert-selection bias (n_expert f32 bits) where route_prm(5) says so.
 // b1 the router's logits, b2 the chosen ids (as f32), b3 their weights.
 fn route_prm(j: u32) -> u32 {
     return prm[1u + j];
+}
+
+fn route_bias(i: u32) -> f32 {
+    return bitcast<f32>(prm[7u + i]);
 }
 
 fn route_logit(i: u32) -> f32 {

@@ -33,10 +33,12 @@ fn ff_add1(s: vec2<f32>, v: f32) -> vec2<f32> {
 // groups and the libm tail summed in f64 in order, every value times 1 / sum; or each its
 // sigmoid), then the top k, highest first (the lowest index on ties: a tree of exact
 // comparisons), their weights divided by their f64 sum (at least the least normal f16)
-// where `norm`, then times `scale`. Every invocation reaches every barrier.
-// route_prm(0..5): n_expert, k, gating (0 softmax, 1 sigmoid), norm, scale; the logits
-// read by route_logit(i), slot o's id (as f32) and weight stored by route_out(o, id, w)
-// (the including kernel's).
+// where `norm`, then times `scale`. With an expert-selection bias the top k are chosen by
+// score plus route_bias(i) (f32 adds, as the CPU's), weighted by their scores alone.
+// Every invocation reaches every barrier.
+// route_prm(0..6): n_expert, k, gating (0 softmax, 1 sigmoid), norm, scale, biased; the
+// logits read by route_logit(i), the bias by route_bias(i), slot o's id (as f32) and
+// weight stored by route_out(o, id, w) (the including kernel's).
 fn route_token(t: u32, i: u32) {
     let n = route_prm(0u);
     let k = route_prm(1u);
@@ -84,13 +86,17 @@ fn route_token(t: u32, i: u32) {
         sp[i] = 1.0 / (1.0 + exp_acc(-x));
     }
     workgroupBarrier();
+    var sel = sp[i];
+    if route_prm(5u) == 1u && live {
+        sel = sel + route_bias(i);
+    }
+    var taken = !live;
     let o = t * k;
     for (var j = 0u; j < k; j = j + 1u) {
-        // Scores are >= 0: a taken one is set to -1. Experts that cannot be taken (taken,
-        // or past n) stand as (-1, 0): what the serial scan gives where none is left.
-        let ok = live && sp[i] > -1.0;
-        rv[i] = select(-1.0, sp[i], ok);
-        ri[i] = select(0u, i, ok);
+        // Experts that cannot be taken (taken, or past n) stand as (-inf, 0): what the
+        // serial scan gives where none is left.
+        rv[i] = select(sel, bitcast<f32>(0xff800000u), taken);
+        ri[i] = select(i, 0u, taken);
         workgroupBarrier();
         for (var s = MAX_EXPERTS / 2u; s > 0u; s = s >> 1u) {
             if i < s {
@@ -106,10 +112,10 @@ fn route_token(t: u32, i: u32) {
         let best = ri[0];
         if i == 0u {
             kid[j] = best;
-            kw[j] = rv[0];
+            kw[j] = sp[best];
         }
         if i == best {
-            sp[i] = -1.0;
+            taken = true;
         }
         workgroupBarrier();
     }
