@@ -117,6 +117,11 @@ pub struct SynthExperts {
     pub shared_ff: Option<usize>,
     /// The shared expert's sigmoid gate (`ffn_gate_inp_shexp`).
     pub shared_gate: bool,
+    /// An expert-selection bias per layer (`exp_probs_b.bias`, LFM2-MoE).
+    pub selection_bias: bool,
+    /// The first layers have a dense FFN instead (`leading_dense_block_count`; LFM2
+    /// layouts).
+    pub leading_dense: usize,
 }
 
 /// splitmix64: a reproducible stream of values, the same on every machine.
@@ -213,6 +218,9 @@ impl SynthSpec {
                 }
                 if let Some(n) = x.shared_ff {
                     w.set(a("expert_shared_feed_forward_length"), Value::U32(n as u32));
+                }
+                if x.leading_dense > 0 {
+                    w.set(a("leading_dense_block_count"), Value::U32(x.leading_dense as u32));
                 }
             }
             None => {
@@ -314,6 +322,10 @@ impl SynthSpec {
         self.matrix3(w, rng, &n("ffn_gate_exps.weight"), d, ff, ne, ty)?;
         self.matrix3(w, rng, &n("ffn_up_exps.weight"), d, ff, ne, ty)?;
         self.matrix3(w, rng, &n("ffn_down_exps.weight"), ff, d, ne, ty)?;
+        if x.selection_bias {
+            // About the spread of the sigmoid scores, so it moves the choice of experts.
+            self.vector(w, rng, &n("exp_probs_b.bias"), ne, 0.0, 0.5)?;
+        }
         if let Some(sf) = x.shared_ff {
             if x.shared_gate {
                 self.matrix(w, rng, &n("ffn_gate_inp_shexp.weight"), d, 1, GgmlType::F32, 1.0)?;
@@ -484,6 +496,8 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
         ff_key: false,
         shared_ff: None,
         shared_gate: false,
+        selection_bias: false,
+        leading_dense: 0,
     };
     // The architectures added with mixtures of experts and after: peaked predictions of
     // plain text (see `output_gain`, `printable_output`), 3 layers.
@@ -701,6 +715,21 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             metadata: vec![f("rope.freq_base", 1e6)],
             ..base.clone()
         },
+        // LFM2-8B-A1B's layout in small: a dense first layer, then experts routed by sigmoid
+        // scores plus a selection bias; attention in layers 1 and 3.
+        "lfm2moe-tiny" => SynthSpec {
+            arch: "lfm2moe".into(),
+            n_layer: 4,
+            layout: lfm2(vec![1, 3]),
+            experts: Some(SynthExperts {
+                ff_key: true,
+                selection_bias: true,
+                leading_dense: 1,
+                ..moe(8, 2, 32)
+            }),
+            metadata: vec![f("rope.freq_base", 1e6), u("expert_gating_func", 2)],
+            ..peaked
+        },
         "lfm2-350m" => SynthSpec {
             arch: "lfm2".into(),
             n_vocab: 65536,
@@ -860,6 +889,7 @@ pub const PRESETS: &[&str] = &[
     "mixtral-tiny",
     "olmoe-tiny",
     "granitemoe-tiny",
+    "lfm2moe-tiny",
     "bert-tiny",
     "bert-rerank-tiny",
     "nomic-bert-tiny",

@@ -1,6 +1,7 @@
 //! Synthetic models whose layers are not llama's: BERT-family encoders (with a WordPiece
 //! vocabulary, and optionally a reranker's classification head) and LFM2's hybrid of
-//! short convolutions and attention.
+//! short convolutions and attention (with experts past the leading dense layers:
+//! lfm2moe).
 
 use super::{Rng, SynthSpec};
 use crate::error::Result;
@@ -139,9 +140,14 @@ impl SynthSpec {
                 self.matrix(w, rng, &n("shortconv.out_proj.weight"), d, d, ty, 1.0)?;
             }
             self.vector(w, rng, &n("ffn_norm.weight"), d, 1.0, 0.1)?;
-            self.matrix(w, rng, &n("ffn_gate.weight"), d, ff, ty, 1.0)?;
-            self.matrix(w, rng, &n("ffn_up.weight"), d, ff, ty, 1.0)?;
-            self.matrix(w, rng, &n("ffn_down.weight"), ff, d, ty, 1.0)?;
+            match &self.experts {
+                Some(x) if il >= x.leading_dense => self.experts(w, rng, il, x)?,
+                _ => {
+                    self.matrix(w, rng, &n("ffn_gate.weight"), d, ff, ty, 1.0)?;
+                    self.matrix(w, rng, &n("ffn_up.weight"), d, ff, ty, 1.0)?;
+                    self.matrix(w, rng, &n("ffn_down.weight"), ff, d, ty, 1.0)?;
+                }
+            }
         }
         Ok(())
     }
