@@ -36,3 +36,34 @@ fn chat_mode_prompt_ids_equal_llama_tokenize_of_the_jinja2_render() {
     }
     assert!(checked >= 4);
 }
+
+/// `--chat-template NAME` renders the built-in format in place of the model's template (the
+/// prompt ids those of `kiln tokenize` of the render, special tokens parsed), as does
+/// `--chat-template-file` with a Jinja file; an unknown name exits 1 listing the names.
+#[test]
+fn chat_template_flag_replaces_the_models_template() {
+    let kiln = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap();
+    let json = |o: &std::process::Output| -> serde_json::Value {
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let ids = |text: &str| {
+        let o = kiln(&["tokenize", "-m", "smollm2-135m", "-p", text]);
+        json(&o)
+    };
+    let run = |extra: &[&str]| {
+        let o = kiln(
+            &[&["run", "-m", "smollm2-135m", "-t", "2", "-n", "0", "--json", "-p", "Hi"], extra].concat(),
+        );
+        json(&o)["prompt_ids"].clone()
+    };
+    assert_eq!(run(&["--chat-template", "vicuna"]), ids("USER: Hi\nASSISTANT:"));
+    let file = std::env::temp_dir().join(format!("kiln-template-{}.jinja", std::process::id()));
+    std::fs::write(&file, "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}").unwrap();
+    assert_eq!(run(&["--chat-template-file", file.to_str().unwrap()]), ids("<user>Hi"));
+    std::fs::remove_file(&file).ok();
+    let o = kiln(&["run", "-m", "smollm2-135m", "-n", "0", "--chat-template", "vicunna", "Hi"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("unknown chat template") && err.contains("vicuna-orca"), "{err}");
+}

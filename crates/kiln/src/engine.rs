@@ -99,6 +99,10 @@ pub struct EngineOptions {
     /// of llama.cpp's, not its bits). Off: tinyBLAS's order, as decoders' F16 matmuls and
     /// llama.cpp's CPU take it. On by default.
     pub encoder_amx: bool,
+    /// The chat template in place of the model file's (`--chat-template`): a Jinja source
+    /// or a built-in name (`chat::builtin`: llama.cpp's formats by their names), for models
+    /// whose file has none or a wrong one.
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineOptions {
@@ -119,6 +123,7 @@ impl Default for EngineOptions {
             gpu_profile: 0,
             mmproj: None,
             encoder_amx: true,
+            chat_template: None,
         }
     }
 }
@@ -153,6 +158,11 @@ impl EngineOptions {
     /// Where the model runs.
     pub fn with_device(mut self, d: Device) -> Self {
         self.device = d;
+        self
+    }
+    /// The chat template in place of the file's (see [`EngineOptions::chat_template`]).
+    pub fn with_chat_template(mut self, template: impl Into<String>) -> Self {
+        self.chat_template = Some(template.into());
         self
     }
     /// Encoders' F16 matmuls on AMX tiles where present (see [`EngineOptions::encoder_amx`]).
@@ -422,7 +432,10 @@ impl Engine {
                 cfg.n_vocab
             )));
         }
-        let template = ChatTemplate::from_gguf(&gguf)?;
+        let template = match &opts.chat_template {
+            Some(spec) => Some(ChatTemplate::from_spec(&gguf, spec)?),
+            None => ChatTemplate::from_gguf(&gguf)?,
+        };
         opts.spec.validate(n_ctx)?;
         if opts.spec.enabled() && cfg.is_recurrent() {
             // A rejected draft rolls the state back token by token; a recurrent model's

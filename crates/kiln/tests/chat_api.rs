@@ -116,6 +116,23 @@ fn chat_from_gguf() {
     assert!(e.to_string().contains("tokenizer.ggml.bos_token_id"), "{e}");
 }
 
+/// `--chat-template`: a built-in name or a Jinja source replaces the file's template (or
+/// gives one to a file without), with the file's BOS/EOS texts; anything else is an error
+/// listing the names.
+#[test]
+fn chat_from_spec() {
+    let src = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}";
+    for g in [gguf_with(None, 1, 2), gguf_with(Some(src), 1, 2)] {
+        let t = ChatTemplate::from_spec(&g, "vicuna").unwrap();
+        assert_eq!(t.render(&[Message::user("hi")], true, None).unwrap(), "USER: hi\nASSISTANT:");
+        let t = ChatTemplate::from_spec(&g, "{{ bos_token }}{{ messages[0].content }}").unwrap();
+        assert_eq!(t.render(&[Message::user("hi")], true, None).unwrap(), "<s>hi");
+        let e = ChatTemplate::from_spec(&g, "vicunna").unwrap_err().to_string();
+        assert!(e.contains("unknown chat template \"vicunna\"") && e.contains("chatml, llama2"), "{e}");
+        assert!(ChatTemplate::from_spec(&g, "{% if %}").is_err());
+    }
+}
+
 #[test]
 fn chat_errors_name_the_line() {
     let e = ChatTemplate::new("line one\n{% for m in messages %}\n{{ m.content }\n{% endfor %}", "", "")

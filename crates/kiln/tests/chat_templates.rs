@@ -105,3 +105,41 @@ fn chat_templates_match_jinja2() {
     assert!(failures.is_empty(), "{} of {total} renders differ from jinja2", failures.len());
     assert!(total >= 70 * 8, "fixtures look incomplete: {total}");
 }
+
+/// The built-in templates (`--chat-template NAME`) render as llama.cpp renders the same
+/// names (`llama_chat_apply_template`; fixtures from scripts/gen-builtin-template-fixtures),
+/// every name and every conversation, and the fixtures name every built-in.
+#[test]
+fn builtin_templates_match_llama_cpp() {
+    use kiln::chat::builtin::{builtin_template, BUILTIN_TEMPLATES};
+    use kiln::chat::Message;
+    let want = load("builtin_templates.json");
+    let want = want.as_object().unwrap();
+    assert_eq!(want.len(), BUILTIN_TEMPLATES.len(), "a fixture per built-in template");
+    let cases: [(&str, Vec<Message>, bool); 4] = [
+        (
+            "full",
+            vec![
+                Message::system("You are a helpful assistant"),
+                Message::user("Hello"),
+                Message::assistant("Hi there"),
+                Message::user("Who are you"),
+                Message::assistant("   I am an assistant   "),
+                Message::user("Another question"),
+            ],
+            true,
+        ),
+        ("image", vec![Message::user("Describe this image.\n<__media__>")], true),
+        ("done", vec![Message::user("Hello"), Message::assistant("Hi there")], false),
+        ("brief", vec![Message::system("Be brief."), Message::user("Hi")], true),
+    ];
+    for (name, renders) in want {
+        let src = builtin_template(name).unwrap_or_else(|| panic!("{name}: not built in"));
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        for (case, messages, add) in &cases {
+            let got = t.render(messages, *add, None).unwrap();
+            let want = renders[*case].as_str().unwrap();
+            assert!(got == want, "{name} {case}: {}", diff(want, &got));
+        }
+    }
+}

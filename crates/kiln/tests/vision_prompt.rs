@@ -205,6 +205,19 @@ fn gemma3_image_prompts_match_llama_cpp() {
     images_matter(&a, &b, 8);
 }
 
+/// gemma3-270m has no chat template: `--chat-template gemma` gives it llama.cpp's built-in
+/// gemma format, and the prompt, logits and greedy ids are those of llama-mtmd-cli's
+/// `--chat-template gemma` (the fixture's text chunks: the turn markers around the image).
+/// The base model's first answer token is a near-tie (blank lines or not), so the greedy
+/// ids stop there.
+#[test]
+fn gemma3_chat_template_by_name_matches_llama_cpp() {
+    let opts = EngineOptions::default().with_n_ctx(512).with_threads(2).with_encoder_amx(false);
+    let opts = opts.with_chat_template("gemma").with_mmproj(files().join("gemma3-tiny-mmproj.gguf"));
+    let e = Engine::load(model(GEMMA3.name).to_str().unwrap(), opts).unwrap();
+    check(&e, "test-1.stb.chat-template-gemma", "gemma3-tiny-mmproj", GEMMA3_BARS, GEMMA3.tau());
+}
+
 /// The same on the GPU backend (lavapipe in CI): the image step is the attention's
 /// non-causal plan there too.
 #[cfg(feature = "gpu")]

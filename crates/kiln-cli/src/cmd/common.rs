@@ -32,6 +32,13 @@ pub struct ModelArgs {
     /// A vision encoder for the model (llama.cpp's mmproj GGUF): images in run, chat, serve.
     #[arg(long, value_name = "FILE")]
     pub mmproj: Option<String>,
+    /// The chat template in place of the model's: a Jinja template, or one of llama.cpp's
+    /// built-in names (chatml, llama2, llama3, mistral-v7, gemma, vicuna, deepseek, smolvlm, ...).
+    #[arg(long = "chat-template", value_name = "NAME|JINJA", conflicts_with = "chat_template_file")]
+    pub chat_template: Option<String>,
+    /// The chat template in place of the model's, read from a Jinja file.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<String>,
     /// KV cache type of keys: f16, q8_0, q5_1, q5_0, q4_1, q4_0 or iq4_nl (also -ctk).
     #[arg(long = "cache-type-k", value_name = "TYPE", default_value = "f16", value_parser = kv_type)]
     pub cache_type_k: kiln::quant::GgmlType,
@@ -150,6 +157,14 @@ impl ModelArgs {
         }
         if let Some(m) = &self.mmproj {
             o = o.with_mmproj(m);
+        }
+        if let Some(t) = &self.chat_template {
+            o = o.with_chat_template(t);
+        }
+        if let Some(f) = &self.chat_template_file {
+            let src = std::fs::read_to_string(f)
+                .map_err(|e| KilnError::invalid(format!("--chat-template-file {f}: {e}")))?;
+            o = o.with_chat_template(src);
         }
         Ok(o.with_kv_types(self.cache_type_k, self.cache_type_v))
     }

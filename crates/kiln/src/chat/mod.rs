@@ -10,6 +10,7 @@
 //! assert_eq!(text, "<|user|>Hi</s>\n<|assistant|>");
 //! ```
 
+pub mod builtin;
 mod env;
 mod pyfmt;
 mod pymethods;
@@ -108,6 +109,31 @@ impl ChatTemplate {
         let Some(src) = g.get_str("tokenizer.chat_template")? else {
             return Ok(None);
         };
+        let (bos, eos) = Self::special_texts(g)?;
+        Ok(Some(ChatTemplate::new(src, &bos, &eos)?))
+    }
+
+    /// The template `spec` gives a model whose file is `g`, in place of the file's own
+    /// (`--chat-template`): a Jinja source, or the name of a built-in template
+    /// ([`builtin::BUILTIN_TEMPLATES`], llama.cpp's formats by the same names). Neither: an
+    /// error listing the names.
+    pub fn from_spec(g: &GgufFile, spec: &str) -> Result<Self> {
+        let src = match builtin::builtin_template(spec.trim()) {
+            Some(src) => src,
+            None if spec.contains("{{") || spec.contains("{%") => spec,
+            None => {
+                return Err(KilnError::invalid(format!(
+                    "unknown chat template {spec:?}: give a Jinja template or one of {}",
+                    builtin::builtin_names()
+                )))
+            }
+        };
+        let (bos, eos) = Self::special_texts(g)?;
+        ChatTemplate::new(src, &bos, &eos)
+    }
+
+    /// The texts of a file's BOS and EOS tokens (empty where it names none).
+    fn special_texts(g: &GgufFile) -> Result<(String, String)> {
         let tokens = match g.get_array("tokenizer.ggml.tokens")? {
             Some(Array::String(t)) => t.as_slice(),
             Some(_) => {
@@ -125,7 +151,7 @@ impl ChatTemplate {
         };
         let bos = token_text("tokenizer.ggml.bos_token_id")?;
         let eos = token_text("tokenizer.ggml.eos_token_id")?;
-        Ok(Some(ChatTemplate::new(src, &bos, &eos)?))
+        Ok((bos, eos))
     }
 
     /// Pins `strftime_now` to a Unix time (UTC) instead of the clock, for reproducible
