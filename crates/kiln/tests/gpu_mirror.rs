@@ -463,12 +463,14 @@ fn mirror_stats(
     Arc::try_unwrap(stats).expect("the runner is gone").into_inner().unwrap()
 }
 
-/// The synthetic mixtures of experts: the presets (F16 experts) and qwen2moe-tiny with 40
-/// experts of `types`.
+/// The synthetic mixtures of experts: the presets (F16 experts; lfm2moe-tiny's routed with
+/// a selection bias) and qwen2moe-tiny with 40 experts of `types`.
 fn moe_cases(types: &[kiln::quant::GgmlType]) -> Vec<(String, kiln::model::synth::SynthSpec)> {
     use kiln::model::synth;
     let mut cases = Vec::new();
-    for p in ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny"] {
+    for p in
+        ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny", "lfm2moe-tiny"]
+    {
         cases.push((p.to_string(), synth::preset(p).unwrap()));
     }
     for &ty in types {

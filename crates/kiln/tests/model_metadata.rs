@@ -68,7 +68,7 @@ fn every_bad_value_is_refused_naming_key_and_value() {
 }
 
 /// Mixtures of experts: each expert's width and a shared expert's are checked by their own
-/// keys, and every tiny preset (dense or not) loads.
+/// keys, lfm2moe's gating by its key, and every tiny preset (dense or not) loads.
 #[test]
 fn expert_widths_are_checked_and_every_tiny_preset_loads() {
     use kiln::model::synth::{preset, PRESETS};
@@ -84,6 +84,20 @@ fn expert_widths_are_checked_and_every_tiny_preset_loads() {
         let short = key.split_once('.').unwrap().1;
         let err = with(name, short).err().unwrap_or_else(|| panic!("{key} = 0 loaded")).to_string();
         assert!(err.contains(&format!("{key} = 0")), "{name}: {err}");
+    }
+    // lfm2moe's gating: llama.cpp's enum, and kiln's biased route scores by sigmoid (2).
+    for (v, why) in [(0, "1 (softmax) or 2 (sigmoid)"), (1, "needs sigmoid scores"), (3, "1 (softmax) or 2")]
+    {
+        let mut spec = preset("lfm2moe-tiny").unwrap();
+        spec.metadata.push(("expert_gating_func".into(), Value::U32(v)));
+        let err = ModelConfig::from_gguf(&GgufFile::from_bytes(spec.build().unwrap().to_bytes()).unwrap())
+            .err()
+            .unwrap_or_else(|| panic!("expert_gating_func = {v} loaded"))
+            .to_string();
+        assert!(
+            err.contains(&format!("lfm2moe.expert_gating_func = {v}")) && err.contains(why),
+            "{v}: {err}"
+        );
     }
     for name in PRESETS.iter().filter(|n| n.ends_with("-tiny")) {
         let spec = preset(name).unwrap();

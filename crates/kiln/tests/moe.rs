@@ -188,7 +188,14 @@ mod gpu {
     fn logits_match_the_cpu() {
         use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
         let software = GpuBackend::new(AdapterPolicy::AnyGpu).unwrap().is_software();
-        let presets = ["qwen3moe-tiny", "qwen2moe-tiny", "mixtral-tiny", "olmoe-tiny", "granitemoe-tiny"];
+        let presets = [
+            "qwen3moe-tiny",
+            "qwen2moe-tiny",
+            "mixtral-tiny",
+            "olmoe-tiny",
+            "granitemoe-tiny",
+            "lfm2moe-tiny",
+        ];
         let specs = presets.iter().map(|p| (p.to_string(), synth::preset(p).unwrap()));
         for (what, spec) in specs.chain([("qwen2moe q4_k".to_string(), q4_k_spec())]) {
             let cpu = load_on(spec.build().unwrap(), &what, Device::Cpu).unwrap();
@@ -254,6 +261,21 @@ fn expert_tensors_that_disagree_with_the_metadata_fail_to_load() {
     });
     load_error("qwen2moe-tiny", "shared gate", "blk.0.ffn_gate_inp_shexp.weight", |w| {
         assert!(w.remove_tensor("blk.0.ffn_gate_inp_shexp.weight"));
+    });
+    // lfm2moe-tiny: experts from layer 1 on, each MoE layer with a selection bias of 8.
+    load_error("lfm2moe-tiny", "no bias", "blk.2.exp_probs_b.bias", |w| {
+        assert!(w.remove_tensor("blk.2.exp_probs_b.bias"));
+    });
+    load_error("lfm2moe-tiny", "bias length", "blk.1.exp_probs_b.bias", |w| {
+        assert!(w.remove_tensor("blk.1.exp_probs_b.bias"));
+        w.add_f32("blk.1.exp_probs_b.bias", &[6], &[0.0; 6]).unwrap();
+    });
+    load_error("lfm2moe-tiny", "lfm2moe count", "blk.1.ffn_gate_exps.weight", |w| {
+        w.set("lfm2moe.expert_count", Value::U32(16));
+    });
+    // One more dense layer than the file has.
+    load_error("lfm2moe-tiny", "dense layers", "blk.1.ffn_down.weight", |w| {
+        w.set("lfm2moe.leading_dense_block_count", Value::U32(2));
     });
     // A 2-D tensor where the experts' 3-D one belongs.
     load_error("mixtral-tiny", "2-D", "blk.0.ffn_up_exps.weight", |w| {

@@ -1,7 +1,7 @@
 //! Architectures and features with no real model at hand (qwen3 q/k norms, granite
 //! multipliers, llama-3 rope_freqs, YaRN, gemma3's sliding window, qwen2 biases, the
 //! mixtures of experts, phi3, gemma2, olmo2, smollm3, mistral3, LFM2's short
-//! convolutions), checked on synthetic models against llama.cpp on the same files
+//! convolutions and LFM2-MoE's biased routing), checked on synthetic models against llama.cpp on the same files
 //! (`scripts/gen-synth-fixtures` regenerates the fixtures; they record llama.cpp's
 //! version): next-token logits after a prompt, and for the peaked presets greedy ids and
 //! perplexity on a text the model wrote.
@@ -177,6 +177,7 @@ synth_tests! {
     smollm3_nope_layers: "smollm3-tiny";
     mistral3_temperature: "mistral3-tiny";
     lfm2_short_conv: "lfm2-tiny";
+    lfm2moe_selection_bias: "lfm2moe-tiny";
 }
 
 /// The mixtures of experts on the GPU (lavapipe in CI): the same bars against llama.cpp.
@@ -195,8 +196,9 @@ fn perplexity_matches_llama_cpp() {
     }
 }
 
-/// The perplexity fixtures see the experts: routing each token to its top expert only, or
-/// dropping the shared expert, moves the perplexity by more than 5%.
+/// The perplexity fixtures see the experts: routing each token to its top expert only,
+/// dropping the shared expert, or routing without the selection bias, moves the perplexity
+/// by more than 5%.
 #[test]
 fn perplexity_depends_on_the_routing() {
     let moved = |preset: &str, tag: &str, edit: &dyn Fn(&mut GgufWriter)| {
@@ -205,15 +207,26 @@ fn perplexity_depends_on_the_routing() {
         eprintln!("{preset}: perplexity {full:.3}, {tag} {cut:.3}");
         assert!((cut / full - 1.0).abs() > 0.05, "{preset}: {tag} moved perplexity {full} -> {cut}");
     };
-    for (preset, arch) in
-        [("qwen3moe-tiny", "qwen3moe"), ("qwen2moe-tiny", "qwen2moe"), ("olmoe-tiny", "olmoe")]
-    {
+    for (preset, arch) in [
+        ("qwen3moe-tiny", "qwen3moe"),
+        ("qwen2moe-tiny", "qwen2moe"),
+        ("olmoe-tiny", "olmoe"),
+        ("lfm2moe-tiny", "lfm2moe"),
+    ] {
         moved(preset, "top-1", &|w| {
             w.set(format!("{arch}.expert_used_count"), Value::U32(1));
         });
     }
     moved("granitemoe-tiny", "no shared expert", &|w| {
         w.set("granitemoe.expert_shared_feed_forward_length", Value::U32(0));
+    });
+    // lfm2moe-tiny: experts in layers 1 to 3 of 4.
+    moved("lfm2moe-tiny", "no selection bias", &|w| {
+        for il in 1..4 {
+            let name = format!("blk.{il}.exp_probs_b.bias");
+            assert!(w.remove_tensor(&name));
+            w.add_f32(&name, &[8], &[0.0; 8]).unwrap();
+        }
     });
 }
 
