@@ -286,29 +286,15 @@ impl Backend for Mirror {
         logits: &Self::Buf,
         rows: usize,
         r: &Routing,
+        bias: Option<&[f32]>,
         ids: &mut Self::Buf,
         w: &mut Self::Buf,
     ) {
         self.sync(logits);
-        self.cpu.moe_route(&logits.0, rows, r, &mut ids.0, &mut w.0);
-        self.gpu.moe_route(&logits.1, rows, r, &mut ids.1, &mut w.1);
+        self.cpu.moe_route(&logits.0, rows, r, bias, &mut ids.0, &mut w.0);
+        self.gpu.moe_route(&logits.1, rows, r, bias, &mut ids.1, &mut w.1);
         self.check("moe_route ids", ids, rows * r.k);
         self.check("moe_route weights", w, rows * r.k);
-    }
-    fn moe_route_biased(
-        &self,
-        logits: &Self::Buf,
-        rows: usize,
-        r: &Routing,
-        bias: &[f32],
-        ids: &mut Self::Buf,
-        w: &mut Self::Buf,
-    ) {
-        self.sync(logits);
-        self.cpu.moe_route_biased(&logits.0, rows, r, bias, &mut ids.0, &mut w.0);
-        self.gpu.moe_route_biased(&logits.1, rows, r, bias, &mut ids.1, &mut w.1);
-        self.check("moe_route_biased ids", ids, rows * r.k);
-        self.check("moe_route_biased weights", w, rows * r.k);
     }
     fn matmul_id(&self, ws: &[&Self::Experts], input: ExpertInput<Self::Buf>, outs: &mut [&mut Self::Buf]) {
         let ExpertInput { x, per_slot, ids, rows, k } = input;

@@ -356,12 +356,11 @@ fn weights_loaded_together_match_the_cpu_in_one_kernel() {
                     // Input upload (embed), quantize, one matmul per run of one type
                     // (the mixed group's third weight is its own run, but on the vec
                     // path, whose kernel takes a last weight of another K format), biases
-                    // added in it; a vec decode step's runs quantize in their prologue
-                    // (F16's input is rounded, not quantized: no prologue).
+                    // added in it (batch invariance: no decode prologue quantizes for them,
+                    // decode_matmul_prologues_match_the_separate_kernels tests those).
                     let dispatches = gpu.counts().get().1 - before;
                     let runs = if count == 3 && path != MatmulPath::Vec { kernels } else { 1 };
-                    let prologue = path == MatmulPath::Vec && n == 1 && group != "grp.F16";
-                    let expected = 1 + u64::from(!prologue) + runs;
+                    let expected = 2 + runs;
                     assert_eq!(dispatches, expected, "{what}: {dispatches} dispatches");
                 }
             }
@@ -481,8 +480,11 @@ fn plain_matmul_out<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, n: usize
 }
 
 /// `run` with the decode matmuls' prologues allowed, then with none: the same bits; returns
-/// the dispatches the prologues saved.
+/// the dispatches the prologues saved. Prologues are a default-mode feature (batch
+/// invariance leaves them off), so both runs are outside it.
 fn prologue_saves(gpu: &mut GpuBackend, what: &str, run: impl Fn(&GpuBackend) -> Vec<f32>) -> u64 {
+    let invariant = gpu.batch_invariant();
+    gpu.set_batch_invariant(false);
     gpu.set_prologue_bytes(usize::MAX);
     let d0 = gpu.counts().get().1;
     let fused = run(gpu);
@@ -490,6 +492,7 @@ fn prologue_saves(gpu: &mut GpuBackend, what: &str, run: impl Fn(&GpuBackend) ->
     gpu.set_prologue_bytes(0);
     let split = run(gpu);
     assert_same_bits(what, &fused, &split);
+    gpu.set_batch_invariant(invariant);
     (gpu.counts().get().1 - d1) - (d1 - d0)
 }
 
@@ -887,7 +890,7 @@ fn router_then_experts<B: Backend>(
         b.moe_router(&router, &ex[0], &h, n, r, None, (&mut logits, &mut ids, &mut wts));
     } else {
         b.matmul(&router, &h, n, &mut logits);
-        b.moe_route(&logits, n, r, &mut ids, &mut wts);
+        b.moe_route(&logits, n, r, None, &mut ids, &mut wts);
     }
     let (mut go, mut uo) = (b.alloc(n * 3 * 32).unwrap(), b.alloc(n * 3 * 32).unwrap());
     let input = ExpertInput { x: &h, per_slot: false, ids: &ids, rows: n, k: 3 };
@@ -948,16 +951,13 @@ fn the_router_takes_the_experts_quantize_and_the_route() {
 fn route_out<B: Backend>(b: &B, g: &Arc<GgufFile>, r: &Routing, bias: Option<&[f32]>, n: usize) -> Vec<f32> {
     let logits = input(b, g, "x", (n * r.n_expert).div_ceil(K), n * r.n_expert);
     let (mut ids, mut wts) = (b.alloc(n * r.k).unwrap(), b.alloc(n * r.k).unwrap());
-    match bias {
-        Some(bias) => b.moe_route_biased(&logits, n, r, bias, &mut ids, &mut wts),
-        None => b.moe_route(&logits, n, r, &mut ids, &mut wts),
-    }
+    b.moe_route(&logits, n, r, bias, &mut ids, &mut wts);
     let mut v = read(b, &ids, n * r.k);
     v.extend(read(b, &wts, n * r.k));
     v
 }
 
-/// `moe_route_biased` (LFM2-MoE's `exp_probs_b`): the CPU's ids and weights bit for bit on
+/// `moe_route` with a selection bias (LFM2-MoE's `exp_probs_b`): the CPU's ids and weights bit for bit on
 /// a software adapter, with biases of either sign that change the choice of experts; a
 /// zero bias routes as `moe_route`.
 #[test]
@@ -998,7 +998,7 @@ fn glu_then_down<B: Backend>(b: &B, g: &Arc<GgufFile>, ty: GgmlType, act: Activa
     let (mut logits, mut ids, mut wts) =
         (b.alloc(n * 8).unwrap(), b.alloc(n * 3).unwrap(), b.alloc(n * 3).unwrap());
     b.matmul(&weight(b, g, "router"), &x, n, &mut logits);
-    b.moe_route(&logits, n, &r, &mut ids, &mut wts);
+    b.moe_route(&logits, n, &r, None, &mut ids, &mut wts);
     let mut gate = input(b, g, "gate", n * 3, n * 3 * K);
     let up = input(b, g, "y", n * 3, n * 3 * K);
     b.glu(&mut gate, &up, act, n * 3 * K);

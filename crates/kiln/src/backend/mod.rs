@@ -2,7 +2,6 @@
 //! contains a model; the model code (`model::forward`) is written once against this trait.
 
 pub mod cpu;
-pub mod route;
 #[cfg(feature = "gpu")]
 pub mod wgpu;
 
@@ -539,37 +538,21 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Routes each of `rows` rows of router logits (`r.n_expert` wide): the chosen experts'
     /// ids to `ids` and their weights to `weights`, `r.k` per row, in routing order. Ids
-    /// are stored as f32 (exact).
+    /// are stored as f32 (exact). With an expert-selection `bias` (`exp_probs_b`:
+    /// LFM2-MoE; `r.n_expert` values, sigmoid gating) the experts are chosen by score plus
+    /// bias and weighted by their scores alone.
+    #[allow(clippy::too_many_arguments)]
     fn moe_route(
         &self,
         logits: &Self::Buf,
         rows: usize,
         r: &Routing,
+        bias: Option<&[f32]>,
         ids: &mut Self::Buf,
         weights: &mut Self::Buf,
     );
-    /// `moe_route` with an expert-selection bias (`exp_probs_b`: LFM2-MoE): each row's
-    /// experts are chosen by sigmoid score plus `bias[e]` (`r.n_expert` values) and weighted
-    /// by their scores alone. By default on the host, in the CPU backend's arithmetic
-    /// ([`route::route_biased`]): the logits read back, the ids and weights written.
-    fn moe_route_biased(
-        &self,
-        logits: &Self::Buf,
-        rows: usize,
-        r: &Routing,
-        bias: &[f32],
-        ids: &mut Self::Buf,
-        weights: &mut Self::Buf,
-    ) {
-        let mut l = vec![0.0; rows * r.n_expert];
-        self.read(logits, &mut l);
-        let (mut i, mut w) = (vec![0.0; rows * r.k], vec![0.0; rows * r.k]);
-        route::route_biased(&l, rows, r, bias, &mut i, &mut w);
-        self.write_rows(ids, &i);
-        self.write_rows(weights, &w);
-    }
     /// A mixture of experts' router on `rows` rows of `x`: `logits = x · routerᵀ`, then
-    /// `moe_route` of them (`moe_route_biased` where the layer has a selection `bias`) into
+    /// `moe_route` of them (with the layer's selection `bias`, if any) into
     /// (logits, ids, weights). `experts` are the first that `x` goes through, for a backend
     /// that prepares `x` for them as it makes it (the GPU quantizes it with the norm that
     /// writes it).
@@ -587,10 +570,7 @@ pub trait Backend: Send + Sync + 'static {
         let _ = experts;
         let (logits, ids, weights) = out;
         self.matmul(router, x, rows, logits);
-        match bias {
-            None => self.moe_route(logits, rows, r, ids, weights),
-            Some(b) => self.moe_route_biased(logits, rows, r, b, ids, weights),
-        }
+        self.moe_route(logits, rows, r, bias, ids, weights);
     }
     /// `outs[i][t * k + j] = x[t] · ws[i][ids[t * k + j]]ᵀ` for each of the input's `rows`
     /// tokens `t` and slots `j < k` (`x` row `t * k + j` where `per_slot`): experts of one

@@ -290,10 +290,11 @@ impl Backend for CpuBackend {
         logits: &Vec<f32>,
         rows: usize,
         r: &Routing,
+        bias: Option<&[f32]>,
         ids: &mut Vec<f32>,
         weights: &mut Vec<f32>,
     ) {
-        moe::route(logits, rows, r, ids, weights);
+        moe::route(logits, rows, r, bias, ids, weights);
     }
 
     fn matmul_id(&self, ws: &[&CpuExperts], input: ExpertInput<Vec<f32>>, outs: &mut [&mut Vec<f32>]) {

@@ -87,15 +87,24 @@ fn softmax(x: &[f32], y: &mut [f32]) {
     y.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// Routes one row: the top `r.k` experts' ids and weights, as `Backend::moe_route` says.
-pub fn route_row(logits: &[f32], r: &Routing, probs: &mut [f32], ids: &mut [f32], weights: &mut [f32]) {
+/// Routes one row: the top `r.k` experts' ids and weights, as `Backend::moe_route` says
+/// (chosen by score plus `bias` where there is one, weighted by score alone).
+pub fn route_row(
+    logits: &[f32],
+    r: &Routing,
+    bias: Option<&[f32]>,
+    probs: &mut [f32],
+    ids: &mut [f32],
+    weights: &mut [f32],
+) {
     match r.gating {
         Gating::Softmax => softmax(logits, probs),
         Gating::Sigmoid => probs.iter_mut().zip(logits).for_each(|(p, &x)| *p = 1.0 / (1.0 + (-x).exp())),
     }
-    // Top k by score, highest first, the lowest index on ties (a stable descending sort).
+    let key = |e: u32| probs[e as usize] + bias.map_or(0.0, |b| b[e as usize]);
+    // Top k by key, highest first, the lowest index on ties (a stable descending sort).
     let mut order: Vec<u32> = (0..r.n_expert as u32).collect();
-    order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]));
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
     for j in 0..r.k {
         ids[j] = order[j] as f32;
         weights[j] = probs[order[j] as usize];
@@ -111,13 +120,21 @@ pub fn route_row(logits: &[f32], r: &Routing, probs: &mut [f32], ids: &mut [f32]
     }
 }
 
-pub(super) fn route(logits: &[f32], rows: usize, r: &Routing, ids: &mut [f32], weights: &mut [f32]) {
+pub(super) fn route(
+    logits: &[f32],
+    rows: usize,
+    r: &Routing,
+    bias: Option<&[f32]>,
+    ids: &mut [f32],
+    weights: &mut [f32],
+) {
     let mut probs = vec![0f32; r.n_expert];
     for t in 0..rows {
         let (a, b) = (t * r.k, (t + 1) * r.k);
         route_row(
             &logits[t * r.n_expert..(t + 1) * r.n_expert],
             r,
+            bias,
             &mut probs,
             &mut ids[a..b],
             &mut weights[a..b],
@@ -215,20 +232,42 @@ mod tests {
         let r = Routing { n_expert: 5, k: 2, gating: Gating::Softmax, norm: true, scale: 1.0 };
         let logits = [0.1, 2.0, -1.0, 2.0, 1.5];
         let (mut p, mut ids, mut w) = ([0f32; 5], [0f32; 2], [0f32; 2]);
-        route_row(&logits, &r, &mut p, &mut ids, &mut w);
+        route_row(&logits, &r, None, &mut p, &mut ids, &mut w);
         // Ties go to the lower index first.
         assert_eq!(ids, [1.0, 3.0]);
         assert_eq!(w, [0.5, 0.5]);
         let r = Routing { norm: false, scale: 2.0, k: 3, ..r };
         let (mut ids, mut w) = ([0f32; 3], [0f32; 3]);
-        route_row(&logits, &r, &mut p, &mut ids, &mut w);
+        route_row(&logits, &r, None, &mut p, &mut ids, &mut w);
         assert_eq!(ids, [1.0, 3.0, 4.0]);
         let total: f32 = p.iter().sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert_eq!(w[2], 2.0 * p[4]);
         let r = Routing { gating: Gating::Sigmoid, ..r };
-        route_row(&logits, &r, &mut p, &mut ids, &mut w);
+        route_row(&logits, &r, None, &mut p, &mut ids, &mut w);
         assert_eq!(w[0], 2.0 / (1.0 + (-2.0f32).exp()));
+    }
+
+    /// An expert-selection bias (LFM2-MoE's `exp_probs_b`) picks the experts; the sigmoid
+    /// scores alone weight them.
+    #[test]
+    fn the_bias_picks_the_experts_and_the_scores_weight_them() {
+        let r = Routing { n_expert: 4, k: 2, gating: Gating::Sigmoid, norm: false, scale: 1.0 };
+        let logits = [2.0, 1.0, 0.0, -1.0];
+        let s = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let (mut p, mut ids, mut w) = ([0f32; 4], [0f32; 2], [0f32; 2]);
+        route_row(&logits, &r, Some(&[0.0; 4]), &mut p, &mut ids, &mut w);
+        assert_eq!((ids, w), ([0.0, 1.0], [s(2.0), s(1.0)]));
+        // A bias lifts expert 3 over 1 and a negative one drops expert 0; the weights stay
+        // the sigmoid scores, normalized to sum to one.
+        let r = Routing { norm: true, ..r };
+        route_row(&logits, &r, Some(&[-1.0, 0.0, 0.5, 0.9]), &mut p, &mut ids, &mut w);
+        assert_eq!(ids, [3.0, 2.0]);
+        let sum = s(-1.0) + s(0.0);
+        assert!((w[0] - s(-1.0) / sum).abs() < 1e-6 && (w[1] - s(0.0) / sum).abs() < 1e-6, "{w:?}");
+        // Ties go to the lower index.
+        route_row(&[0.0; 4], &r, Some(&[0.0; 4]), &mut p, &mut ids, &mut w);
+        assert_eq!((ids, w), ([0.0, 1.0], [0.5, 0.5]));
     }
 
     #[test]

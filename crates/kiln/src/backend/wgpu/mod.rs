@@ -577,6 +577,11 @@ impl GpuBackend {
         self.batch_invariant = on;
     }
 
+    /// Whether every matmul stays on the batch-invariant paths (`set_batch_invariant`).
+    pub fn batch_invariant(&self) -> bool {
+        self.batch_invariant
+    }
+
     /// Whether the tile matmul on cooperative matrices is available (and not turned off).
     pub fn has_coop(&self) -> bool {
         self.coop.is_some()
@@ -1061,7 +1066,12 @@ impl GpuBackend {
     ) -> Option<Prologue> {
         let nt = shape.rg * shape.npr;
         let n_groups = n_rows.div_ceil(shape.rg);
-        let ok = self.matmul == MatmulPath::Vec
+        // Not under batch invariance: on NVIDIA's Vulkan driver a prologue's norm came out a
+        // few last bits from the norm kernel's that a step of several tokens runs (1-token
+        // steps against 2-, 7- and 48-token ones, dense and MoE models alike; none without
+        // prologues), so a decode step would not match the same tokens in a batch.
+        let ok = !self.batch_invariant
+            && self.matmul == MatmulPath::Vec
             // Quantized (F16's rounded activations stay a dispatch of their own).
             && mode != 2
             && nt.is_multiple_of(64)
@@ -1277,20 +1287,16 @@ impl Backend for GpuBackend {
         self.moe_router_impl(router, experts, x, rows, r, bias, out);
     }
 
-    fn moe_route(&self, logits: &GpuBuf, rows: usize, r: &Routing, ids: &mut GpuBuf, weights: &mut GpuBuf) {
-        self.moe_route_impl(logits, rows, r, None, ids, weights);
-    }
-
-    fn moe_route_biased(
+    fn moe_route(
         &self,
         logits: &GpuBuf,
         rows: usize,
         r: &Routing,
-        bias: &[f32],
+        bias: Option<&[f32]>,
         ids: &mut GpuBuf,
         weights: &mut GpuBuf,
     ) {
-        self.moe_route_impl(logits, rows, r, Some(bias), ids, weights);
+        self.moe_route_impl(logits, rows, r, bias, ids, weights);
     }
 
     fn matmul_id(&self, ws: &[&GpuExperts], input: ExpertInput<GpuBuf>, outs: &mut [&mut GpuBuf]) {

@@ -205,7 +205,7 @@ impl GpuBackend {
         self.run_dispatch(d);
     }
 
-    /// `Backend::moe_route`, or with a selection bias `moe_route_biased`.
+    /// `Backend::moe_route`, with or without a selection bias.
     pub(super) fn moe_route_impl(
         &self,
         logits: &GpuBuf,

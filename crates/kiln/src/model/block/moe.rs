@@ -22,7 +22,7 @@ pub struct Moe {
     pub act: Activation,
     pub shared: Option<SharedExpert>,
     /// The layer has an expert-selection bias (`exp_probs_b`): its experts are chosen by
-    /// score plus bias (`Backend::moe_route_biased`).
+    /// score plus bias (`Backend::moe_route`'s `bias`).
     pub selection_bias: bool,
 }
 
