@@ -87,9 +87,12 @@ fn files() -> &'static std::path::Path {
     })
 }
 
+/// The CPU engine's encoder in tinyBLAS's order (no AMX tiles), whose bits the GPU's
+/// kernels give on software adapters.
 fn engine_with(device: Device, mmproj: &str) -> Engine {
     let dir = files();
     let opts = EngineOptions::default().with_n_ctx(256).with_threads(2).with_device(device);
+    let opts = opts.with_encoder_amx(false);
     let opts = opts.with_mmproj(dir.join(mmproj));
     Engine::load(dir.join("lm.gguf").to_str().unwrap(), opts).unwrap()
 }

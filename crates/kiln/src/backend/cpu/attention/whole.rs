@@ -362,6 +362,36 @@ fn head(
     }
 }
 
+/// The tests' reference: the softmax-weighted sums of the F16-rounded values in f64, rows of
+/// `n_head · hd` as `attention` writes them.
+#[cfg(test)]
+pub(super) fn exact(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (n, n_head, hd): (usize, usize, usize),
+    scale: f32,
+) -> Vec<f64> {
+    let d = n_head * hd;
+    let r16 = |x: f32| f16::from_f32(x).to_f32() as f64;
+    let mut out = vec![0f64; n * d];
+    for h in 0..n_head {
+        let at = |x: &[f32], j: usize, c: usize| r16(x[j * d + h * hd + c]);
+        for i in 0..n {
+            let s: Vec<f64> = (0..n)
+                .map(|j| (0..hd).map(|c| at(q, i, c) * at(k, j, c)).sum::<f64>() * scale as f64)
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = w.iter().sum();
+            for c in 0..hd {
+                out[i * d + h * hd + c] = (0..n).map(|j| w[j] * at(v, j, c)).sum::<f64>() / z;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     /// The attention of this CPU's tier gives the bits of the portable build with libm's
@@ -409,7 +439,6 @@ mod tests {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
         };
-        let r16 = |x: f32| half::f16::from_f32(x).to_f32() as f64;
         for (n, n_head, hd) in [(16, 4, 16), (63, 2, 80)] {
             let d = n_head * hd;
             let len = n * d;
@@ -424,24 +453,13 @@ mod tests {
             let mut two = vec![0f32; len];
             super::attention(&q, &k, &v, &mut two, n, n_head, hd, scale, 2);
             assert_eq!(one, two);
-            for h in 0..n_head {
-                for i in 0..n {
-                    let at = |x: &[f32], j: usize, c: usize| r16(x[j * d + h * hd + c]);
-                    let s: Vec<f64> = (0..n)
-                        .map(|j| (0..hd).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() * scale as f64)
-                        .collect();
-                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                    let z: f64 = w.iter().sum();
-                    for c in 0..hd {
-                        let want = (0..n).map(|j| w[j] * at(&v, j, c)).sum::<f64>() / z;
-                        let got = one[i * d + h * hd + c] as f64;
-                        assert!(
-                            (got - want).abs() < 2e-2,
-                            "n {n} hd {hd} head {h} row {i} col {c}: {got} vs {want}"
-                        );
-                    }
-                }
+            let want = super::exact(&q, &k, &v, (n, n_head, hd), scale);
+            for (i, (&got, &want)) in one.iter().zip(&want).enumerate() {
+                let (row, h, c) = (i / d, i % d / hd, i % hd);
+                assert!(
+                    (got as f64 - want).abs() < 2e-2,
+                    "n {n} hd {hd} head {h} row {row} col {c}: {got} vs {want}"
+                );
             }
         }
     }

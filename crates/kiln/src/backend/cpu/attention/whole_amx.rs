@@ -174,7 +174,6 @@ mod tests {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
         };
-        let r16 = |x: f32| half::f16::from_f32(x).to_f32() as f64;
         for (n, n_head, hd) in [(16, 2, 64), (130, 2, 72), (70, 3, 32)] {
             let d = n_head * hd;
             let len = n * d;
@@ -190,24 +189,13 @@ mod tests {
             super::attention(amx, &q, &k, &v, &mut two, (n, n_head, hd), scale, 2);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&one), bits(&two), "n {n} hd {hd}: one thread and two");
-            for h in 0..n_head {
-                for i in 0..n {
-                    let at = |x: &[f32], j: usize, c: usize| r16(x[j * d + h * hd + c]);
-                    let s: Vec<f64> = (0..n)
-                        .map(|j| (0..hd).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() * scale as f64)
-                        .collect();
-                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                    let z: f64 = w.iter().sum();
-                    for c in 0..hd {
-                        let want = (0..n).map(|j| w[j] * at(&v, j, c)).sum::<f64>() / z;
-                        let got = one[i * d + h * hd + c] as f64;
-                        assert!(
-                            (got - want).abs() < 2e-3,
-                            "n {n} hd {hd} head {h} row {i} col {c}: {got} vs {want}"
-                        );
-                    }
-                }
+            let want = super::super::whole::exact(&q, &k, &v, (n, n_head, hd), scale);
+            for (i, (&got, &want)) in one.iter().zip(&want).enumerate() {
+                let (row, h, c) = (i / d, i % d / hd, i % hd);
+                assert!(
+                    (got as f64 - want).abs() < 2e-3,
+                    "n {n} hd {hd} head {h} row {row} col {c}: {got} vs {want}"
+                );
             }
         }
     }
