@@ -392,6 +392,18 @@ pub(super) fn exact(
     out
 }
 
+/// The tests' inputs: q, k and v of `len` values each, uniform in ±`amp`/2 from `seed`.
+#[cfg(test)]
+pub(super) fn random_qkv(seed: u64, len: usize, amp: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut seed = seed;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * amp
+    };
+    let mut v = || (0..len).map(|_| next()).collect::<Vec<f32>>();
+    (v(), v(), v())
+}
+
 #[cfg(test)]
 mod tests {
     /// The attention of this CPU's tier gives the bits of the portable build with libm's
@@ -401,19 +413,10 @@ mod tests {
     /// on one thread and two.
     #[test]
     fn simd_attention_equals_the_portable_build() {
-        let mut seed = 5u64;
-        let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
-        };
         // From FA_TILE_Q patches up, where `attention` takes `head`.
         for (n, n_head, hd) in [(67, 3, 64), (64, 2, 36), (70, 2, 72)] {
             let len = n * n_head * hd;
-            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-                (0..len).map(|_| next()).collect(),
-                (0..len).map(|_| next()).collect(),
-                (0..len).map(|_| next()).collect(),
-            );
+            let (q, k, v) = super::random_qkv(5 + len as u64, len, 8.0);
             let mut want = vec![0f32; len];
             let scalar: super::HeadFn = |q, k, v, n, hd, scale, o| {
                 super::head_plain(q, k, v, n, hd, scale, o, |x| x.iter_mut().for_each(|v| *v = v.exp()))
@@ -434,19 +437,10 @@ mod tests {
     /// and without whole steps of 64, on one thread and two (the same bits).
     #[test]
     fn one_chunk_attention_is_attention() {
-        let mut seed = 9u64;
-        let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        };
         for (n, n_head, hd) in [(16, 4, 16), (63, 2, 80)] {
             let d = n_head * hd;
             let len = n * d;
-            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-                (0..len).map(|_| next()).collect(),
-                (0..len).map(|_| next()).collect(),
-                (0..len).map(|_| next()).collect(),
-            );
+            let (q, k, v) = super::random_qkv(9 + len as u64, len, 4.0);
             let scale = 1.0 / (hd as f32).sqrt();
             let mut one = vec![0f32; len];
             super::attention(&q, &k, &v, &mut one, n, n_head, hd, scale, 1);

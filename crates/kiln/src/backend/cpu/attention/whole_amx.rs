@@ -169,19 +169,10 @@ mod tests {
             eprintln!("skipped: this CPU has no AMX-BF16");
             return;
         };
-        let mut seed = 3u64;
-        let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        };
         for (n, n_head, hd) in [(16, 2, 64), (130, 2, 72), (70, 3, 32)] {
             let d = n_head * hd;
             let len = n * d;
-            let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-                (0..len).map(|_| next()).collect(),
-                (0..len).map(|_| next()).collect(),
-                (0..len).map(|_| next()).collect(),
-            );
+            let (q, k, v) = super::super::whole::random_qkv(3 + len as u64, len, 4.0);
             let scale = 1.0 / (hd as f32).sqrt();
             let mut one = vec![f32::NAN; len];
             super::attention(amx, &q, &k, &v, &mut one, (n, n_head, hd), scale, 1);
