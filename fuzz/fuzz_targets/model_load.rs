@@ -15,11 +15,20 @@ use kiln::model::synth::{preset, SynthSpec};
 use kiln::model::{Entry, Model, ModelRunner, OutputKind, Runner};
 use libfuzzer_sys::fuzz_target;
 
-const PRESETS: [&str; 6] =
-    ["qwen3-tiny", "qwen2-tiny", "granite-tiny", "llama3-rope-freqs-tiny", "llama-yarn-tiny", "gemma3-tiny"];
+const PRESETS: [&str; 9] = [
+    "qwen3-tiny",
+    "qwen2-tiny",
+    "granite-tiny",
+    "llama3-rope-freqs-tiny",
+    "llama-yarn-tiny",
+    "gemma3-tiny",
+    "qwen2moe-tiny",
+    "lfm2-tiny",
+    "lfm2moe-tiny",
+];
 
 /// Keys an edit may overwrite: `{arch}.` + these, then the global ones.
-const ARCH_KEYS: [&str; 22] = [
+const ARCH_KEYS: [&str; 29] = [
     "block_count",
     "embedding_length",
     "feed_forward_length",
@@ -42,8 +51,15 @@ const ARCH_KEYS: [&str; 22] = [
     "logit_scale",
     "final_logit_softcapping",
     "vocab_size",
+    "expert_count",
+    "expert_used_count",
+    "expert_feed_forward_length",
+    "expert_gating_func",
+    "expert_weights_norm",
+    "leading_dense_block_count",
+    "shortconv.l_cache",
 ];
-const ARCHES: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma3", "granite", "lfm2"];
+const ARCHES: [&str; 8] = ["llama", "qwen2", "qwen3", "gemma3", "granite", "lfm2", "qwen2moe", "lfm2moe"];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, edits)) = data.split_first() else { return };
