@@ -278,9 +278,9 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(amx) = quant::f16_amx().filter(|_| self.encoder_amx) {
+        if self.encoder_amx && quant::f16_amx().is_some() {
             let shape = (n, n_head, head_dim);
-            return attention::whole_amx::attention(amx, q, k, v, out, shape, scale, self.n_threads());
+            return attention::whole_amx::attention(q, k, v, out, shape, scale, self.n_threads());
         }
         attention::whole::attention(q, k, v, out, n, n_head, head_dim, scale, self.n_threads());
     }

@@ -106,7 +106,7 @@ fn head_one_chunk(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f
 }
 
 /// One head's attention (`head`'s arguments, its `expf` chosen).
-type HeadFn = fn(&[f32], &[f32], &[f32], usize, usize, f32, &mut [f32]);
+pub(super) type HeadFn = fn(&[f32], &[f32], &[f32], usize, usize, f32, &mut [f32]);
 
 /// `x[i] = expf(x[i])`: libm's bits, sixteen at a time where the CPU has AVX-512.
 fn expf_simd(x: &mut [f32]) {
@@ -169,7 +169,7 @@ fn weighted_sum(p: &[f32], v: &[f32], o: &mut [f32]) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attention_with(
+pub(super) fn attention_with(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -180,16 +180,17 @@ fn attention_with(
     head_fn: HeadFn,
 ) {
     let d = n_head * head_dim;
-    let r16 = |x: f32| f16::from_f32(x).to_f32();
-    // Per head, contiguous [n, head_dim] copies (f16-rounded).
+    // Per head, contiguous [n, head_dim] copies, f16-rounded (as the F16 quantizer rounds).
     let per_head = |src: &[f32]| -> Vec<Vec<f32>> {
         (0..n_head)
             .map(|h| {
-                (0..n)
-                    .flat_map(|j| {
-                        src[j * d + h * head_dim..j * d + (h + 1) * head_dim].iter().map(|&x| r16(x))
-                    })
-                    .collect()
+                let mut raw = Vec::with_capacity(n * head_dim);
+                for j in 0..n {
+                    raw.extend_from_slice(&src[j * d + h * head_dim..][..head_dim]);
+                }
+                let mut head = vec![0f32; n * head_dim];
+                crate::quant::round_f16_rows(&raw, bytemuck::cast_slice_mut(&mut head));
+                head
             })
             .collect()
     };

@@ -35,13 +35,6 @@ fn f16_rows(src: &[f32], rows: usize, n: usize, stride: usize, at: usize) -> Vec
     out
 }
 
-/// `src` with each value rounded to F16.
-fn rounded(src: &[f32]) -> Vec<f32> {
-    let mut out = vec![0f32; src.len()];
-    quant::round_f16_rows(src, bytemuck::cast_slice_mut(&mut out));
-    out
-}
-
 /// Panels of 16 of the `rows` F16 rows of `bytes` (`padded(n)` values each).
 fn panels(amx: F16Amx, bytes: &[u8], rows: usize, n: usize) -> Vec<Vec<u8>> {
     let (np, tl) = (padded(n), F16Amx::tile_len(padded(n)));
@@ -69,55 +62,28 @@ fn token_tiles(amx: F16Amx, x: &[f32], rows: usize, n: usize) -> Vec<u8> {
 }
 
 /// `out[i, h·hd + c]` for every query `i` and head `h` (rows of `n_head · head_dim` values;
-/// `q` pre-scaled by nothing: `scale` multiplies the scores).
-#[allow(clippy::too_many_arguments)]
+/// `scale` multiplies the scores): `whole.rs`'s per-head split with this file's head.
 pub fn attention(
-    amx: F16Amx,
     q: &[f32],
     k: &[f32],
     v: &[f32],
     out: &mut [f32],
-    (n, n_head, head_dim): (usize, usize, usize),
+    shape: (usize, usize, usize),
     scale: f32,
     n_threads: usize,
 ) {
-    let d = n_head * head_dim;
-    let (q, k, v) = (rounded(&q[..n * d]), rounded(&k[..n * d]), rounded(&v[..n * d]));
-    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); n_head];
-    let per = n_head.div_ceil(n_threads.clamp(1, n_head));
-    std::thread::scope(|s| {
-        for (t, chunk) in outs.chunks_mut(per).enumerate() {
-            let (q, k, v) = (&q, &k, &v);
-            s.spawn(move || {
-                for (i, o) in chunk.iter_mut().enumerate() {
-                    *o = head(amx, q, k, v, (n, d, head_dim), t * per + i, scale);
-                }
-            });
-        }
-    });
-    for (h, o) in outs.iter().enumerate() {
-        for i in 0..n {
-            out[i * d + h * head_dim..][..head_dim].copy_from_slice(&o[i * head_dim..][..head_dim]);
-        }
-    }
+    super::whole::attention_with(q, k, v, out, shape, scale, n_threads, head)
 }
 
-/// Head `h`: `[n, head_dim]`.
-fn head(
-    amx: F16Amx,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    (n, d, hd): (usize, usize, usize),
-    h: usize,
-    scale: f32,
-) -> Vec<f32> {
+/// One head (`whole::HeadFn`): contiguous `[n, hd]` rows of F16 values to `out`. Only
+/// handed to `attention_with` where the CPU has the AMX kernel.
+fn head(q: &[f32], k: &[f32], v: &[f32], n: usize, hd: usize, scale: f32, out: &mut [f32]) {
+    let amx = quant::f16_amx().expect("the AMX attention runs where the CPU has AMX-BF16");
     let (hp, np) = (padded(hd), padded(n));
-    let key_panels = panels(amx, &f16_rows(k, n, hd, d, h * hd), n, hd);
+    let key_panels = panels(amx, &f16_rows(k, n, hd, hd, 0), n, hd);
     // The values transposed: a row per dimension, over the keys.
-    let vt: Vec<f32> = (0..hd).flat_map(|c| (0..n).map(move |j| v[j * d + h * hd + c])).collect();
+    let vt: Vec<f32> = (0..hd).flat_map(|c| (0..n).map(move |j| v[j * hd + c])).collect();
     let value_panels = panels(amx, &f16_rows(&vt, hd, n, n, 0), hd, n);
-    let mut out = vec![0f32; n * hd];
     let mut qs = vec![0f32; Q_BLOCK * hp];
     let mut scores = vec![0f32; Q_BLOCK * np];
     let mut probs = vec![0f32; Q_BLOCK * np];
@@ -125,7 +91,7 @@ fn head(
     for q0 in (0..n).step_by(Q_BLOCK) {
         let nq = Q_BLOCK.min(n - q0);
         for i in 0..nq {
-            qs[i * hp..][..hd].copy_from_slice(&q[(q0 + i) * d + h * hd..][..hd]);
+            qs[i * hp..][..hd].copy_from_slice(&q[(q0 + i) * hd..][..hd]);
         }
         let tiles = token_tiles(amx, &qs, nq, hd);
         for (p, panel) in key_panels.iter().enumerate() {
@@ -154,7 +120,6 @@ fn head(
             o[t * hd..][..hd].iter_mut().for_each(|x| *x /= sum);
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -165,19 +130,19 @@ mod tests {
     /// the same bits on one thread and two.
     #[test]
     fn amx_attention_is_attention() {
-        let Some(amx) = crate::quant::f16_amx() else {
+        if crate::quant::f16_amx().is_none() {
             eprintln!("skipped: this CPU has no AMX-BF16");
             return;
-        };
+        }
         for (n, n_head, hd) in [(16, 2, 64), (130, 2, 72), (70, 3, 32)] {
             let d = n_head * hd;
             let len = n * d;
             let (q, k, v) = super::super::whole::random_qkv(3 + len as u64, len, 4.0);
             let scale = 1.0 / (hd as f32).sqrt();
             let mut one = vec![f32::NAN; len];
-            super::attention(amx, &q, &k, &v, &mut one, (n, n_head, hd), scale, 1);
+            super::attention(&q, &k, &v, &mut one, (n, n_head, hd), scale, 1);
             let mut two = vec![f32::NAN; len];
-            super::attention(amx, &q, &k, &v, &mut two, (n, n_head, hd), scale, 2);
+            super::attention(&q, &k, &v, &mut two, (n, n_head, hd), scale, 2);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&one), bits(&two), "n {n} hd {hd}: one thread and two");
             let want = super::super::whole::exact(&q, &k, &v, (n, n_head, hd), scale);
