@@ -100,11 +100,14 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
                 }
             }
             let mut v = [0f32; TILE];
-            for r in 0..TILE {
-                tk.toks4(&w[r * wr..][..wr], &a, n, &mut v);
-                for t in 0..TILE {
-                    assert_eq!(v[t].to_bits(), got[r * TILE + t].to_bits(), "{ty} {tier:?} toks4");
+            for (r, nt) in (0..TILE).flat_map(|r| (1..=TILE).map(move |nt| (r, nt))) {
+                // The last nt tokens, so that a kernel reading past its count would be seen.
+                tk.toks(&w[r * wr..][..wr], &a[(TILE - nt) * ar..], n, nt, &mut v);
+                for t in 0..nt {
+                    let want = got[r * TILE + TILE - nt + t];
+                    assert_eq!(v[t].to_bits(), want.to_bits(), "{ty} {tier:?} toks {nt}");
                 }
+                assert!(v[nt..].iter().all(|x| x.is_nan()));
             }
             let mut v2 = [0f32; 2 * TILE];
             for r in [0, 2] {
@@ -124,6 +127,10 @@ fn tile_kernels_match_scalar_and_each_other_on_every_tier() {
             }
             // Mis-sized input gives NaN, not a read out of bounds.
             assert!(tk.one(&w[..wr - 1], &a[..ar], n).is_nan());
+            tk.toks(&w[..wr], &a[..3 * ar - 1], n, 3, &mut v);
+            assert!(v.iter().all(|x| x.is_nan()), "three tokens' activations too short");
+            tk.toks(&w[..wr], &a, n, TILE + 1, &mut v);
+            assert!(v.iter().all(|x| x.is_nan()), "more tokens than a tile");
             tk.rows2_toks4_strided(&w[..3 * wr - 1], 2 * wr, &a, n, &mut v2);
             assert!(v2.iter().all(|x| x.is_nan()));
             tk.rows2_toks4_strided(&w, wr - 1, &a, n, &mut v2);

@@ -223,7 +223,8 @@ impl PlainDot {
     /// `put(t, r, dot(w[r], act[t]))` for tokens `0..n_tok` and `rows` of the weight's
     /// bytes `wb` (`rs` a row, `k` columns), a row per call (the GEMV form: the weights
     /// stream from DRAM in one sequence, where rows side by side would be several streams
-    /// a core, each its own DRAM pages, which is markedly slower).
+    /// a core, each its own DRAM pages, which is markedly slower); each row meets every
+    /// token while it is in L1, so a few tokens read the weights once, not once each.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv(
         &self,
@@ -247,15 +248,18 @@ impl PlainDot {
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(tk) = self.tiles {
-            for t in 0..n_tok {
-                for r in rows.clone() {
-                    put(t, r, tk.one(&wb[r * rs..(r + 1) * rs], a(t), k));
+            let mut v = [0f32; quant::TILE];
+            for r in rows {
+                for t0 in (0..n_tok).step_by(quant::TILE) {
+                    let nt = (n_tok - t0).min(quant::TILE);
+                    tk.toks(&wb[r * rs..(r + 1) * rs], &act[t0 * self.act_row..], k, nt, &mut v);
+                    (0..nt).for_each(|t| put(t0 + t, r, v[t]));
                 }
             }
             return;
         }
-        for t in 0..n_tok {
-            for r in rows.clone() {
+        for r in rows {
+            for t in 0..n_tok {
                 put(t, r, (self.dot)(&wb[r * rs..(r + 1) * rs], a(t), k));
             }
         }
@@ -329,14 +333,15 @@ pub fn matmul(
                             tk.rows2_toks4(wr, act_at(t, TILE), k, &mut v2);
                             (0..2 * TILE).for_each(|i| put(t + i % TILE, r + i / TILE, v2[i]));
                         } else {
-                            tk.toks4(wr, act_at(t, TILE), k, &mut v);
+                            tk.toks(wr, act_at(t, TILE), k, TILE, &mut v);
                             (0..TILE).for_each(|i| put(t + i, r, v[i]));
                         }
                         t += TILE;
                     }
-                    for t in t..t1 {
+                    if t < t1 {
                         for i in 0..nr {
-                            put(t, r + i, tk.one(&wr[i * rs..(i + 1) * rs], act_at(t, 1), k));
+                            tk.toks(&wr[i * rs..(i + 1) * rs], act_at(t, t1 - t), k, t1 - t, &mut v);
+                            (0..t1 - t).for_each(|j| put(t + j, r + i, v[j]));
                         }
                     }
                     r += nr;

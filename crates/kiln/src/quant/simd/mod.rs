@@ -207,8 +207,9 @@ pub fn f16_gemm_for(tier: CpuTier) -> Option<F16Gemm> {
 type GroupCore = unsafe fn(x: *const u8, y: *const u8, ys: usize, nb: usize, out: *mut f32, os: usize);
 
 /// A group kernel file's entry points: `core::<T, VNNI, ..>` compiled for the AVX2 and the
-/// AVX-512 VNNI tiers, and `cores::<..>(tier)`, its cores for 1, 2, 4 and 8 tokens there
-/// (`..`: the file's own const parameters, if any, e.g. `group_cores!(Q41: bool)`).
+/// AVX-512 VNNI tiers, and `cores::<..>(tier)`, its cores for each count of 1 to 8 tokens
+/// there, so that a call of any size reads and unpacks each weight block once (`..`: the
+/// file's own const parameters, if any, e.g. `group_cores!(Q41: bool)`).
 macro_rules! group_cores {
     ($($p:ident: $t:ty),*) => {
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -235,49 +236,23 @@ macro_rules! group_cores {
             core::<T, true $(, $p)*>(x, y, ys, nb, out, os)
         }
 
-        fn cores<$(const $p: $t),*>(tier: super::CpuTier) -> Option<[super::GroupCore; 4]> {
+        fn cores<$(const $p: $t),*>(tier: super::CpuTier) -> Option<[super::GroupCore; 8]> {
             use super::CpuTier;
             match tier {
                 CpuTier::Scalar => None,
-                CpuTier::Avx2 | CpuTier::Avx512 => {
-                    Some([avx2::<1 $(, $p)*>, avx2::<2 $(, $p)*>, avx2::<4 $(, $p)*>, avx2::<8 $(, $p)*>])
-                }
-                CpuTier::Avx512Vnni | CpuTier::Amx => {
-                    Some([vnni::<1 $(, $p)*>, vnni::<2 $(, $p)*>, vnni::<4 $(, $p)*>, vnni::<8 $(, $p)*>])
-                }
+                CpuTier::Avx2 | CpuTier::Avx512 => Some([
+                    avx2::<1 $(, $p)*>, avx2::<2 $(, $p)*>, avx2::<3 $(, $p)*>, avx2::<4 $(, $p)*>,
+                    avx2::<5 $(, $p)*>, avx2::<6 $(, $p)*>, avx2::<7 $(, $p)*>, avx2::<8 $(, $p)*>,
+                ]),
+                CpuTier::Avx512Vnni | CpuTier::Amx => Some([
+                    vnni::<1 $(, $p)*>, vnni::<2 $(, $p)*>, vnni::<3 $(, $p)*>, vnni::<4 $(, $p)*>,
+                    vnni::<5 $(, $p)*>, vnni::<6 $(, $p)*>, vnni::<7 $(, $p)*>, vnni::<8 $(, $p)*>,
+                ]),
             }
         }
     };
 }
 use group_cores;
-
-/// Runs `n_tok` tokens through the cores for 1, 2, 4 and 8 tokens, the widest first.
-///
-/// # Safety
-/// The cores' tier was detected on this CPU, and `w`, `a` (`ys` bytes per token) and `out`
-/// (`os` apart) hold every byte the cores read and write for `n_tok` tokens.
-#[allow(clippy::too_many_arguments)]
-unsafe fn by_token_width(
-    cores: &[GroupCore; 4],
-    w: &[u8],
-    a: &[u8],
-    ys: usize,
-    nb: usize,
-    n_tok: usize,
-    out: &mut [f32],
-    os: usize,
-) {
-    let mut t = 0;
-    for (c, width) in [(3, 8), (2, 4), (1, 2), (0, 1)] {
-        while n_tok - t >= width {
-            // SAFETY: the caller's contract covers tokens t..t + width.
-            unsafe {
-                (cores[c])(w.as_ptr(), a.as_ptr().add(t * ys), ys, nb, out.as_mut_ptr().add(t * os), os)
-            };
-            t += width;
-        }
-    }
-}
 
 /// A group kernel's `dots`: `out[t * os + r] = dot(row r, token t)` for one group of
 /// `rows` interleaved rows `w` (`n` columns in blocks of `bs` values, `block` bytes per
@@ -286,7 +261,7 @@ unsafe fn by_token_width(
 /// writes NaN to whatever of `out` exists.
 #[allow(clippy::too_many_arguments)]
 fn group_dots(
-    cores: &[GroupCore; 4],
+    cores: &[GroupCore; 8],
     (rows, bs, block, act): (usize, usize, usize, usize),
     w: &[u8],
     a: &[u8],
@@ -308,7 +283,7 @@ fn group_dots(
     }
     // SAFETY: the cores' tier was detected before they were handed out, and the slices hold
     // every byte read and written (checked above).
-    unsafe { by_token_width(cores, w, a, nb * act, nb, n_tok, out, os) }
+    unsafe { (cores[n_tok - 1])(w.as_ptr(), a.as_ptr(), nb * act, nb, out.as_mut_ptr(), os) }
 }
 
 /// Matmul kernels on Q4_K×8 (`quant::interleave`) on this CPU, where kiln has them.

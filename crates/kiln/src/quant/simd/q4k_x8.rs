@@ -1,5 +1,5 @@
 //! Matmul kernels on Q4_K×8 (eight rows interleaved, `quant/interleave.rs`) with Q8_K
-//! activations: one call gives the dots of the eight rows with 1, 2, 4 or 8 tokens.
+//! activations: one call gives the dots of the eight rows with 1 to 8 tokens.
 //!
 //! Each 256-bit load holds bytes `8c..8c+8` of four rows, so a multiply by one broadcast
 //! 8-byte piece of a token's quants works on four rows at once, and the 32 quants of a
@@ -210,7 +210,7 @@ unsafe fn core<const T: usize, const VNNI: bool, const PAIRS: bool>(
             let w = column(xb.add(QS + 256 * k));
             let s = |g: usize, p: __m256i| _mm256_shuffle_epi8(bcast8(buf.as_ptr().add(8 * g)), p);
             if VNNI && PAIRS && T >= 2 {
-                // Tokens in pairs on 512-bit steps.
+                // Tokens in pairs on 512-bit steps (an odd last one on a 256-bit step).
                 let sc = [s(2 * k, pairs), s(2 * k + 1, pairs)];
                 widen_column(&w, &mut wide, &sc, &mut sc_wide);
                 for p in 0..T / 2 {
@@ -218,6 +218,9 @@ unsafe fn core<const T: usize, const VNNI: bool, const PAIRS: bool>(
                     let mut acc = [sums[2 * p], sums[2 * p + 1]];
                     pair_sums_vnni(&wide, ya, yb2, &sc_wide, &mut acc);
                     [sums[2 * p], sums[2 * p + 1]] = acc;
+                }
+                if T % 2 == 1 {
+                    sums[T - 1] = column_sums_vnni(&w, yb[T - 1].add(Q8K_QS + 64 * k), &sc, sums[T - 1]);
                 }
             } else if VNNI {
                 let sc = [s(2 * k, pairs), s(2 * k + 1, pairs)];
@@ -271,8 +274,8 @@ super::group_cores!(PAIRS: bool);
 /// The Q4_K×8 matmul kernels of one tier.
 #[derive(Clone, Copy)]
 pub struct Q4kX8Kernels {
-    /// For 1, 2, 4 and 8 tokens.
-    cores: [Core; 4],
+    /// For 1 to 8 tokens.
+    cores: [Core; 8],
 }
 
 impl Q4kX8Kernels {

@@ -308,12 +308,13 @@ instances!(q5_0_core, q5_0_avx2, q5_0_vnni);
 instances!(q4_k_core, q4_k_avx2, q4_k_vnni);
 instances!(q6_k_core, q6_k_avx2, q6_k_vnni);
 
-/// Tile kernels of one weight type: 1×1 (GEMV), 1 row × 4 tokens and 2 rows × 4 tokens
+/// Tile kernels of one weight type: 1 row × 1 to 4 tokens (GEMV, and the tokens a GEMM has
+/// past its last whole tile: a row unpacked once for all of them) and 2 rows × 4 tokens
 /// (GEMM; the pair shares each activation block's loads).
 #[derive(Clone, Copy)]
 pub struct TileKernels {
-    one: Core,
-    toks4: Core,
+    /// For 1, 2, 3 and 4 tokens.
+    toks: [Core; TILE],
     rows2_toks4: Core,
     /// Bytes per weight block and per activation block (the weight's `vec_dot_type`), and
     /// elements per block.
@@ -344,7 +345,7 @@ impl TileKernels {
         if let Some(nb) = self.check(w, 1, a, 1, n) {
             // SAFETY: the tier was detected before these kernels were handed out and the
             // slices hold the blocks read (checked above).
-            unsafe { (self.one)(w.as_ptr(), 0, a.as_ptr(), 0, nb, &mut out) };
+            unsafe { (self.toks[0])(w.as_ptr(), 0, a.as_ptr(), 0, nb, &mut out) };
         }
         out
     }
@@ -373,12 +374,13 @@ impl TileKernels {
         }
     }
 
-    /// `out[t] = dot(w, a row t)` for 4 consecutive activation rows.
-    pub fn toks4(&self, w: &[u8], a: &[u8], n: usize, out: &mut [f32; TILE]) {
+    /// `out[t] = dot(w, a row t)` for `nt` (1 to 4) consecutive activation rows (the rest of
+    /// `out` NaN).
+    pub fn toks(&self, w: &[u8], a: &[u8], n: usize, nt: usize, out: &mut [f32; TILE]) {
         *out = [f32::NAN; TILE];
-        if let Some(nb) = self.check(w, 1, a, TILE, n) {
+        if let Some(nb) = self.check(w, 1, a, nt, n).filter(|_| (1..=TILE).contains(&nt)) {
             // SAFETY: as in `one`.
-            unsafe { (self.toks4)(w.as_ptr(), 0, a.as_ptr(), nb * self.ab, nb, out.as_mut_ptr()) };
+            unsafe { (self.toks[nt - 1])(w.as_ptr(), 0, a.as_ptr(), nb * self.ab, nb, out.as_mut_ptr()) };
         }
     }
 }
@@ -394,8 +396,7 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
         ($avx2:ident, $vnni:ident, $wb:expr, $ab:expr, $bs:expr) => {
             if vnni {
                 TileKernels {
-                    one: $vnni::<1, 1>,
-                    toks4: $vnni::<1, TILE>,
+                    toks: [$vnni::<1, 1>, $vnni::<1, 2>, $vnni::<1, 3>, $vnni::<1, TILE>],
                     rows2_toks4: $vnni::<2, TILE>,
                     wb: $wb,
                     ab: $ab,
@@ -403,8 +404,7 @@ pub(super) fn tile_kernels(ty: super::GgmlType, tier: super::CpuTier) -> Option<
                 }
             } else {
                 TileKernels {
-                    one: $avx2::<1, 1>,
-                    toks4: $avx2::<1, TILE>,
+                    toks: [$avx2::<1, 1>, $avx2::<1, 2>, $avx2::<1, 3>, $avx2::<1, TILE>],
                     rows2_toks4: $avx2::<2, TILE>,
                     wb: $wb,
                     ab: $ab,

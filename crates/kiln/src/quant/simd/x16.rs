@@ -1,6 +1,6 @@
 //! Matmul kernels on sixteen rows interleaved (`quant/interleave.rs`: Q5_0×16, Q4_1×16)
 //! with Q8_0 / Q8_1 activations prepared for them: one call gives the dots of the sixteen
-//! rows with 1, 2, 4 or 8 tokens.
+//! rows with 1 to 8 tokens.
 //!
 //! The layouts put four quants of each of the sixteen rows side by side, so one
 //! `vpdpbusd` against four of a token's quants broadcast adds them into sixteen 32-bit
@@ -239,14 +239,20 @@ unsafe fn core<const T: usize, const VNNI: bool, const Q41: bool>(
     out: *mut f32,
     os: usize,
 ) {
-    let (t, pairs) = if Q41 && T > 2 { (2, T / 2) } else { (T, 1) };
-    for p in 0..pairs {
-        let (y, out) = (y.add(p * t * ys), out.add(p * t * os));
-        match (VNNI, Q41 && T > 2) {
+    if !(Q41 && T > 2) {
+        return match VNNI {
+            true => core512::<T, Q41>(x, y, ys, nb, out, os),
+            false => core256::<T, Q41>(x, y, ys, nb, out, os),
+        };
+    }
+    // Two tokens a pass, and an odd last one alone.
+    for t in (0..T).step_by(2) {
+        let (y, out) = (y.add(t * ys), out.add(t * os));
+        match (VNNI, T - t >= 2) {
             (true, true) => core512::<2, true>(x, y, ys, nb, out, os),
-            (true, false) => core512::<T, Q41>(x, y, ys, nb, out, os),
+            (true, false) => core512::<1, true>(x, y, ys, nb, out, os),
             (false, true) => core256::<2, true>(x, y, ys, nb, out, os),
-            (false, false) => core256::<T, Q41>(x, y, ys, nb, out, os),
+            (false, false) => core256::<1, true>(x, y, ys, nb, out, os),
         }
     }
 }
@@ -256,8 +262,8 @@ super::group_cores!(Q41: bool);
 /// The matmul kernels of one interleaved format (Q5_0×16 or Q4_1×16) on one tier.
 #[derive(Clone, Copy)]
 pub struct X16Kernels {
-    /// For 1, 2, 4 and 8 tokens.
-    cores: [Core; 4],
+    /// For 1 to 8 tokens.
+    cores: [Core; 8],
     q41: bool,
 }
 

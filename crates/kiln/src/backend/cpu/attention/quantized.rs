@@ -169,7 +169,7 @@ impl<'a> QuantKeys<'a> {
                     tk.rows2_toks4_strided(&self.blocks.data[at..], row, q, self.hd, &mut out);
                 } else {
                     let mut one = [0f32; QUERY_TILE];
-                    tk.toks4(&self.blocks.data[at..at + head], q, self.hd, &mut one);
+                    tk.toks(&self.blocks.data[at..at + head], q, self.hd, QUERY_TILE, &mut one);
                     out[..QUERY_TILE].copy_from_slice(&one);
                 }
                 for (k, key) in (i..b.min(i + 2)).enumerate() {
