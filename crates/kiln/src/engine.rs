@@ -308,8 +308,9 @@ impl Backends {
     }
 }
 
-/// Loads a model file onto the engine's backends (its label for progress).
-type LoadFn<'a> = dyn Fn(&Arc<GgufFile>, &str) -> Result<Box<dyn Runner>> + 'a;
+/// Loads a model file onto the engine's backends (its label for progress; whether it is
+/// a draft model, `Model::into_draft`).
+type LoadFn<'a> = dyn Fn(&Arc<GgufFile>, &str, bool) -> Result<Box<dyn Runner>> + 'a;
 
 /// Loads the draft model `name` for an engine of context `n_ctx` with `load`, after
 /// checking that its vocabulary and context fit the model's.
@@ -341,7 +342,7 @@ fn load_draft(
     crate::spec::draft::check_compatible(tokenizer, &draft_tok)
         .map_err(|e| KilnError::invalid(format!("{}: {e}", path.display())))?;
     let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    load(&gguf, &label)
+    load(&gguf, &label, true)
 }
 
 /// The GPU backend the device asks for: `gpu` takes any GPU adapter (a software one too)
@@ -472,7 +473,7 @@ impl Engine {
         // images so (gemma3); a draft model, loaded alike, never reads image rows.
         let bidirectional_embd =
             vision.as_ref().is_some_and(|v| v.config().projector.rows_attend_bidirectionally());
-        let load = |gguf: &Arc<GgufFile>, label: &str| -> Result<Box<dyn Runner>> {
+        let load = |gguf: &Arc<GgufFile>, label: &str, draft: bool| -> Result<Box<dyn Runner>> {
             let progress = |stage| opts.progress.as_ref().map(|f| (f, stage, label));
             let runner: Box<dyn Runner> = match &backends {
                 #[cfg(feature = "gpu")]
@@ -484,6 +485,7 @@ impl Engine {
                         }
                     };
                     let model = Model::load_with(gguf, gpu, progress(Stage::Upload))?.with_n_ctx(n_ctx);
+                    let model = if draft { model.into_draft(gguf)? } else { model };
                     let runner = ModelRunner::with_kv_types(model, n_slots, n_ubatch, opts.kv_types)?;
                     // Every pipeline the model's steps use is built now, not in the first
                     // request (and kept in the driver's pipeline cache for the next start).
@@ -501,6 +503,7 @@ impl Engine {
                 Backends::Cpu(cpu) => {
                     let model = Model::load_with(gguf, cpu.sharing_threads(), progress(Stage::Load))?
                         .with_n_ctx(n_ctx);
+                    let model = if draft { model.into_draft(gguf)? } else { model };
                     let runner = ModelRunner::with_kv_types(model, n_slots, n_ubatch, opts.kv_types)?;
                     boxed(
                         runner.with_bidirectional_embd(bidirectional_embd),
@@ -512,7 +515,7 @@ impl Engine {
             Ok(runner)
         };
         let label = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let runner = load(&gguf, &label)?;
+        let runner = load(&gguf, &label, false)?;
         let draft = match &opts.spec.draft_model {
             Some(name) => Some(load_draft(name, &opts, &tokenizer, n_ctx, &load)?),
             None => None,

@@ -273,3 +273,69 @@ fn sampled_speculation_has_the_models_distribution() {
     eprintln!("{accepted} of {drafted} drafted tokens accepted; chi2 {chi2:.2} over {df} degrees of freedom");
     assert!(chi2 < Q999[df], "chi2 {chi2} over {df} degrees of freedom: counts {counts:?}, want {want:?}");
 }
+
+/// A draft model's output projection on the CPU is its matrix requantized to Q4_1
+/// (`Backend::draft_output`): the draft's logits equal, bit for bit, those of the same model
+/// whose file holds that Q4_1 matrix, tied output or not; the model loaded as a target keeps
+/// its own matrix.
+#[test]
+fn a_drafts_output_projection_is_requantized_to_q4_1() {
+    use kiln::backend::cpu::CpuBackend;
+    use kiln::gguf::GgufFile;
+    use kiln::model::{Model, ModelRunner, Runner};
+    use kiln::quant::{self, GgmlType};
+    use std::sync::Arc;
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let open = |w: kiln::gguf::GgufWriter, name: &str| {
+        let p = dir.join(name);
+        w.write_file(&p).unwrap();
+        Arc::new(GgufFile::open(&p).unwrap())
+    };
+    let logits = |m: Model<CpuBackend>| {
+        let r = ModelRunner::new(m, 2, 32).unwrap();
+        let seq = r.new_seq();
+        let mut out = Vec::new();
+        // A prompt of several tokens, then two one-token steps.
+        for toks in [&[40u32, 41, 42, 43, 44][..], &[45], &[46]] {
+            let entries: Vec<Entry> = toks.iter().map(|&token| Entry { seq, token, output: true }).collect();
+            out.extend(r.decode(&entries, OutputKind::Logits).unwrap());
+        }
+        out
+    };
+    for tied in [false, true] {
+        let spec = kiln::model::synth::SynthSpec {
+            embd_type: GgmlType::Q8_0,
+            tied_output: tied,
+            ..Default::default()
+        };
+        let a = open(spec.build().unwrap(), &format!("draft_out_{tied}_a.gguf"));
+        // The same model with the output matrix stored as Q4_1 (made from the Q8_0 rows).
+        let t = a.tensor(if tied { "token_embd.weight" } else { "output.weight" }).unwrap();
+        let (rows, cols) = t.rows_cols();
+        let (src, (q8, q4)) = (
+            a.tensor_data(t),
+            (GgmlType::Q8_0.row_size(cols).unwrap(), GgmlType::Q4_1.row_size(cols).unwrap()),
+        );
+        let mut data = vec![0u8; rows * q4];
+        let mut f = vec![0f32; cols];
+        for r in 0..rows {
+            quant::dequantize_row(GgmlType::Q8_0, &src[r * q8..(r + 1) * q8], &mut f).unwrap();
+            quant::quantize_row(GgmlType::Q4_1, &f, &mut data[r * q4..(r + 1) * q4]).unwrap();
+        }
+        let mut w = spec.build().unwrap();
+        w.remove_tensor("output.weight");
+        w.add_tensor("output.weight", GgmlType::Q4_1, &[cols as u64, rows as u64], data).unwrap();
+        let b = open(w, &format!("draft_out_{tied}_b.gguf"));
+        let draft = logits(Model::load(&a, CpuBackend::new(2)).unwrap().into_draft(&a).unwrap());
+        let want = logits(Model::load(&b, CpuBackend::new(2)).unwrap());
+        let target = logits(Model::load(&a, CpuBackend::new(2)).unwrap());
+        assert!(
+            draft.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "tied {tied}: draft logits"
+        );
+        assert!(
+            draft.iter().zip(&target).any(|(x, y)| x != y),
+            "tied {tied}: the draft kept the Q8_0 matrix"
+        );
+    }
+}

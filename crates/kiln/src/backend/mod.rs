@@ -299,6 +299,15 @@ pub trait Backend: Send + Sync + 'static {
     fn encoder_weight(&self, w: Self::Weight) -> Self::Weight {
         w
     }
+    /// A draft model's output projection `t` (`output.weight`, or a tied `token_embd`), in a
+    /// cheaper form where the backend has one: a draft's logits only propose tokens, which
+    /// the target model then checks, so its output matrix (often the largest read of its
+    /// step: 8-bit, a row per vocabulary entry) may be multiplied at lower precision without
+    /// changing any output. `None`: the loaded weight serves. Default: `None`.
+    fn draft_output(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Option<Self::Weight>> {
+        let _ = (gguf, t);
+        Ok(None)
+    }
     /// Loads weights a forward multiplies by one input (q/k/v; gate/up). A backend may place
     /// them together so `matmul_many` takes them in one kernel.
     fn load_weights(&self, gguf: &Arc<GgufFile>, ts: &[&TensorInfo]) -> Result<Vec<Self::Weight>> {

@@ -131,6 +131,19 @@ impl<B: Backend> Model<B> {
         self
     }
 
+    /// The model as another's draft (speculative decoding): its output projection in the
+    /// backend's cheaper form where it has one (`Backend::draft_output`); the target model
+    /// checks every token it proposes, so no output changes, only how many are accepted.
+    pub fn into_draft(mut self, gguf: &Arc<GgufFile>) -> Result<Self> {
+        let name = if self.weights.output.is_some() { "output.weight" } else { "token_embd.weight" };
+        if let Some(t) = gguf.tensor(name) {
+            if let Some(w) = self.backend.draft_output(gguf, t)? {
+                self.weights.output = Some(w);
+            }
+        }
+        Ok(self)
+    }
+
     /// Each layer's rotation with the file's frequency factors for contexts of `n_ctx`.
     fn set_rope(&mut self, n_ctx: usize) {
         let w = &self.weights;

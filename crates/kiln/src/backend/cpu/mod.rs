@@ -136,6 +136,20 @@ impl Backend for CpuBackend {
         CpuWeight::load(gguf, self.arena(gguf), t)
     }
 
+    /// Rows wider than Q4_1 (five bits a weight: Q8_0, Q6_K, Q5_0, F16, ...) requantized to
+    /// Q4_1 with sixteen rows interleaved: its decode kernel streams them near the bandwidth
+    /// limit, where a Q8_0 matrix's row-at-a-time dots run at about a third of it
+    /// (qwen2.5-coder-0.5b, its 136 MB Q8_0 output matrix: a draft step 2x faster).
+    fn draft_output(&self, gguf: &Arc<GgufFile>, t: &TensorInfo) -> Result<Option<CpuWeight>> {
+        use quant::GgmlType::Q4_1;
+        let cols = t.rows_cols().1;
+        let narrower = Q4_1.row_size(cols).is_ok_and(|q| t.ty.row_size(cols).is_ok_and(|r| q < r));
+        if !narrower || !weight::interleaves(Q4_1) {
+            return Ok(None);
+        }
+        Ok(self.load_weight(gguf, t)?.requantized(&self.pool, Q4_1))
+    }
+
     fn encoder_weight(&self, mut w: CpuWeight) -> CpuWeight {
         w.encoder = self.encoder_amx;
         w

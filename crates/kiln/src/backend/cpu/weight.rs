@@ -10,6 +10,8 @@ use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use super::arena::Arena;
+use super::ops::SyncPtr;
+use super::pool::ThreadPool;
 use crate::error::Result;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType, Interleave};
@@ -24,7 +26,8 @@ struct ArenaCopy {
 /// A weight matrix (or vector).
 pub struct CpuWeight {
     file: Arc<GgufFile>,
-    /// The part of the model's files (0 unless split) and the offset there.
+    /// The part of the model's files (0 unless split), the offset there and the length (of
+    /// a [`Self::requantized`] weight: its copy's length, its file's bytes never read).
     part: usize,
     start: usize,
     len: usize,
@@ -60,6 +63,64 @@ impl CpuWeight {
             ty: t.ty,
             rows,
             cols,
+            row_size,
+            encoder: false,
+        })
+    }
+
+    /// The matrix requantized to `ty` (each row dequantized and quantized again, groups of
+    /// rows spread over `pool`), copied now into an arena of its own, interleaved where this
+    /// CPU has a layout for `ty`. `None` where `ty` cannot hold rows of this width or memory
+    /// is short.
+    pub(super) fn requantized(&self, pool: &ThreadPool, ty: GgmlType) -> Option<CpuWeight> {
+        let layout = interleave_for(ty).filter(|l| self.rows.is_multiple_of(l.rows()));
+        let group = layout.map_or(1, |l| l.rows());
+        let row_size = ty.row_size(self.cols).ok()?;
+        let len = row_size * self.rows;
+        let arena = Arc::new(Arena::new(len).ok()?);
+        let (off, dst) = arena.alloc(len)?;
+        let (src, src_row) = (self.file_bytes(), self.row_size);
+        let per_task = (self.rows / group).div_ceil(8 * pool.n_threads()).max(1) * group;
+        let (out, failed) = (SyncPtr(dst.as_mut_ptr()), std::sync::atomic::AtomicBool::new(false));
+        pool.run(self.rows.div_ceil(per_task), &|task| {
+            let rows = task * per_task..((task + 1) * per_task).min(self.rows);
+            // SAFETY: each task writes the bytes of its own rows, inside the arena's `len`.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(out.get().add(rows.start * row_size), rows.len() * row_size)
+            };
+            let (mut f, mut plain) = (vec![0f32; self.cols], vec![0u8; group * row_size]);
+            for (g, d) in rows.step_by(group).zip(dst.chunks_exact_mut(group * row_size)) {
+                let ok = (0..group).all(|i| {
+                    let r = g + i;
+                    quant::dequantize_row(self.ty, &src[r * src_row..(r + 1) * src_row], &mut f).is_ok()
+                        && quant::quantize_row(ty, &f, &mut plain[i * row_size..(i + 1) * row_size]).is_ok()
+                });
+                let ok = ok
+                    && match layout {
+                        Some(l) => l.pack(&plain, self.cols, d).is_ok(),
+                        None => {
+                            d.copy_from_slice(&plain);
+                            true
+                        }
+                    };
+                if !ok {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        if failed.into_inner() {
+            return None;
+        }
+        Some(CpuWeight {
+            file: self.file.clone(),
+            part: self.part,
+            start: self.start,
+            len,
+            arena: None,
+            copy: OnceLock::from(Some(ArenaCopy { layout, arena, off })),
+            ty,
+            rows: self.rows,
+            cols: self.cols,
             row_size,
             encoder: false,
         })
@@ -167,6 +228,11 @@ impl CpuWeight {
 }
 
 /// The interleaved layout weights of `ty` are repacked into on this CPU, if any.
+/// Whether this CPU has kernels for an interleaved layout of `ty`.
+pub(super) fn interleaves(ty: GgmlType) -> bool {
+    interleave_for(ty).is_some()
+}
+
 #[cfg(target_arch = "x86_64")]
 fn interleave_for(ty: GgmlType) -> Option<Interleave> {
     match ty {
