@@ -53,7 +53,7 @@ pub struct SpecArgs {
     /// A draft model of the same vocabulary for speculative decoding (also -md).
     #[arg(long = "model-draft", value_name = "MODEL", conflicts_with = "lookup_ngram")]
     pub model_draft: Option<String>,
-    /// Prompt lookup: draft the tokens that followed the context's last N-gram earlier.
+    /// Prompt lookup: draft what followed an earlier occurrence of the context's last N tokens (the one that matches the longest run), as many tokens as matched.
     #[arg(long = "lookup-ngram", value_name = "N")]
     pub lookup_ngram: Option<usize>,
     /// Most tokens per draft.

@@ -4,8 +4,8 @@
 //! A session generating with speculation takes its last sampled token and a draft of up to
 //! `draft_max` tokens after it, from a draft model ([`draft`]: a second, smaller model of
 //! the same vocabulary, one token at a time from its own distribution) or from the context
-//! itself ([`lookup`]: the tokens that followed the latest earlier occurrence of its last
-//! n-gram). The model evaluates the token and the draft in one forward, each row's output
+//! itself ([`lookup`]: the tokens that followed the earlier occurrence of its last n-gram
+//! that matches the longest run of its last tokens, as many as matched). The model evaluates the token and the draft in one forward, each row's output
 //! wanted; [`verify`] then walks the draft: greedy, a drafted token is accepted while it is
 //! the model's argmax; sampling, it is accepted with probability `min(1, p/q)` (the model's
 //! and the draft's probabilities of it) and the first rejected one is replaced by a draw
@@ -35,8 +35,9 @@ pub struct SpecOptions {
     /// catalog or Hub name; llama.cpp's `-md`). It runs on the engine's device and threads,
     /// with a KV pool of its own as large as the engine's.
     pub draft_model: Option<String>,
-    /// Prompt lookup (no second model): drafts the tokens that followed the latest earlier
-    /// occurrence of the context's last `n` tokens.
+    /// Prompt lookup (no second model): drafts the tokens that followed an earlier
+    /// occurrence of the context's last `n` tokens, the one preceded by the longest run of
+    /// tokens that also precede the context's end, as many tokens as that run is long.
     pub lookup_ngram: Option<usize>,
     /// Most tokens per draft.
     pub draft_max: usize,
