@@ -1197,21 +1197,25 @@ fn attention_fused_with_the_next_quantize_matches_cpu() {
             gpu.set_matmul_path(MatmulPath::Exact);
         }
         let tol = if gpu.matmul_path() == MatmulPath::Vec { 1e-5 } else { 1e-9 };
-        // head_dim 64: whole Q8_0/Q8_1 blocks (fused), not whole Q8_K superblocks (unfused).
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16] {
-            let what = format!("attention then matmul {ty} on {} {:?}", gpu.name(), gpu.matmul_path());
+        // Heads of 64: whole Q8_0/Q8_1 blocks (each head's workgroup quantizes its own), four
+        // to a Q8_K superblock (Q4_K: the last of the four to finish quantizes it); heads of
+        // 128, two to a superblock.
+        let cases = [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::F16].map(|ty| (ty, GQA));
+        for (ty, heads) in cases.into_iter().chain([(GgmlType::Q4_K, (4, 1, 128))]) {
+            let what =
+                format!("attention {heads:?} then matmul {ty} on {} {:?}", gpu.name(), gpu.matmul_path());
             let mut used = Vec::new();
             for top in [299, 255] {
                 let what = format!("{what}, top position {top}");
                 let d0 = gpu.counts().get().1;
-                let fused = attention_out(&gpu, &g, GQA, None, Some((ty, false)), &five(top), None, None);
+                let fused = attention_out(&gpu, &g, heads, None, Some((ty, false)), &five(top), None, None);
                 let d1 = gpu.counts().get().1;
-                let split = attention_out(&gpu, &g, GQA, None, Some((ty, true)), &five(top), None, None);
+                let split = attention_out(&gpu, &g, heads, None, Some((ty, true)), &five(top), None, None);
                 let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
-                assert_eq!(saved, u64::from(ty != GgmlType::Q4_K), "{what}: {saved} dispatches saved");
+                assert_eq!(saved, 1, "{what}: {saved} dispatches saved");
                 assert_same_bits(&format!("{what}, against the unfused kernels"), &fused, &split);
                 used.push(d1 - d0);
-                let c = attention_out(&cpu, &g, GQA, None, Some((ty, false)), &five(top), None, None);
+                let c = attention_out(&cpu, &g, heads, None, Some((ty, false)), &five(top), None, None);
                 against_cpu(&gpu, &what, &fused, &c, tol);
             }
             // The vec path's keys in one chunk: no merge dispatch.

@@ -22,6 +22,7 @@ const ROPE_CORE: &str = include_str!("shaders/rope_core.wgsl");
 const QUANTIZE_CORE: &str = include_str!("shaders/quantize_core.wgsl");
 const NORM_QUANTIZE: &str = include_str!("shaders/norm_quantize.wgsl");
 const ATTN_QUANTIZE: &str = include_str!("shaders/attn_quantize.wgsl");
+const ATTN_BLOCK_QUANTIZE: &str = include_str!("shaders/attn_block_quantize.wgsl");
 const ROPE_EPILOGUE: &str = include_str!("shaders/rope_epilogue.wgsl");
 const FF_SUM: &str = include_str!("shaders/ff_sum.wgsl");
 const MATMUL_PROLOGUE: &str = include_str!("shaders/matmul_prologue.wgsl");
@@ -507,6 +508,18 @@ fn kv_blocks(name: &str, ty: GgmlType, word: &str) -> String {
     s.replace("KV_", &format!("{name}_"))
 }
 
+/// How an attention kernel leaves its output for the matmul that reads it: as it is
+/// (`Off`), quantized by each head's workgroup (`Head`: heads of whole blocks,
+/// attn_quantize.wgsl), or by the last of a block's heads to finish (`Block`: heads that
+/// divide a Q8_K superblock of 256, as Q4_K's and Q6_K's activations take heads of 64 and
+/// 128; attn_block_quantize.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnTail {
+    Off,
+    Head,
+    Block,
+}
+
 /// A compute kernel: its source file and entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -560,16 +573,16 @@ pub enum Kernel {
     RopeStoreQ,
     KvStore,
     KvShift,
-    /// Attention; `true`: its output also quantized for the matmul reading it (prm[8] the
-    /// mode, the quantized rows bound last).
-    Attention(bool),
+    /// Attention, its output also quantized for the matmul reading it as the tail says
+    /// (prm[8] the mode, the quantized rows bound after the output).
+    Attention(AttnTail),
     /// The vec path's decode attention, split over key chunks: the chunks' partial sums.
     AttnPartial,
     /// The same kernel where every head's keys fit one chunk: the output itself, no merge;
-    /// `true` as Attention's.
-    AttnDirect(bool),
-    /// Their merge per (token, head); `true` as Attention's.
-    AttnCombine(bool),
+    /// the tail as Attention's.
+    AttnDirect(AttnTail),
+    /// Their merge per (token, head); the tail as Attention's.
+    AttnCombine(AttnTail),
     /// Prompt attention on cooperative matrices (coop_attn.rs); `true` as Attention's.
     AttnCoop(bool, AttnShape),
     /// Attention over caches of the K and V types (crate::kv::CACHE_TYPES, one at least
@@ -1206,16 +1219,23 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             src.push_str("fn rot_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n")
         }
         // The quantized rows are bound after the attention's output.
-        Kernel::Attention(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
-        Kernel::AttnCombine(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "3")),
-        Kernel::AttnDirect(true) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
-        Kernel::AttnCoop(true, _) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
-        Kernel::Attention(false)
+        // (A block's counters after them.)
+        Kernel::Attention(AttnTail::Head)
+        | Kernel::AttnDirect(AttnTail::Head)
+        | Kernel::AttnCoop(true, _) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
+        Kernel::AttnCombine(AttnTail::Head) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "3")),
+        Kernel::Attention(AttnTail::Block) | Kernel::AttnDirect(AttnTail::Block) => {
+            src.push_str(&ATTN_BLOCK_QUANTIZE.replace("XQ", "5").replace("XC", "6"))
+        }
+        Kernel::AttnCombine(AttnTail::Block) => {
+            src.push_str(&ATTN_BLOCK_QUANTIZE.replace("XQ", "3").replace("XC", "4"))
+        }
+        Kernel::Attention(AttnTail::Off)
         | Kernel::AttnCoop(false, _)
-        | Kernel::AttnCombine(false)
+        | Kernel::AttnCombine(AttnTail::Off)
         | Kernel::AttnPartial
         | Kernel::AttentionKv(..)
-        | Kernel::AttnDirect(false) => src.push_str(
+        | Kernel::AttnDirect(AttnTail::Off) => src.push_str(
             "fn attn_tail(w: u32, live: bool, lid: u32) {}\n\
              fn attn_tail_of(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n",
         ),

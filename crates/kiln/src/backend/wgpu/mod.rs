@@ -23,7 +23,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::{self, GgmlType};
 pub use context::AdapterPolicy;
 use context::{Context, Recorder};
-use kernels::{AttnKind, Input, Kernel, KvOp, Pipelines};
+use kernels::{AttnKind, AttnTail, Input, Kernel, KvOp, Pipelines};
 pub use moe::GpuExperts;
 
 /// Rows of a weight stored in one buffer (weights over the binding limit are split).
@@ -143,6 +143,8 @@ pub struct GpuBackend {
     /// The router matmul's count of finished workgroups per token group (its route tail:
     /// kernels.rs ROUTE_TAIL; zero between dispatches; grown on demand).
     route_counts: Mutex<Option<wgpu::Buffer>>,
+    /// The attention block tail's counters (attn_block_quantize.wgsl).
+    attn_counts: Mutex<Option<wgpu::Buffer>>,
     /// A prompt's expert slots grouped by expert for the expert tiles (moe_coop.rs; grown
     /// on demand).
     expert_groups_buf: Mutex<Option<wgpu::Buffer>>,
@@ -176,8 +178,8 @@ struct Dispatch {
     groups: [u32; 3],
 }
 
-/// An attention's kernel, with (`true`) or without its quantizing tail.
-type AttnKernel = Box<dyn Fn(bool) -> Kernel + Send + Sync>;
+/// An attention's kernel with the quantizing tail it is given.
+type AttnKernel = Box<dyn Fn(AttnTail) -> Kernel + Send + Sync>;
 
 /// A deferred op, taken by the quantize of the matmul that reads its output (or, for q/k/v,
 /// by the RoPE store).
@@ -201,9 +203,9 @@ enum Pending {
         moe: Option<(wgpu::Buffer, wgpu::Buffer, usize)>,
     },
     /// Attention (`kernel`: the exact one, the split one's merge, or the one-chunk split
-    /// kernel; its argument: whether it quantizes), with `prm` and `bufs` as the kernel takes
+    /// kernel; its argument: how it quantizes), with `prm` and `bufs` as the kernel takes
     /// them (prm[8] the quantize mode; the output last), writing `len` values of heads of
-    /// `head_dim`.
+    /// `head_dim`; `blocks`: whether the kernel takes the block tail (`AttnTail::Block`).
     Attention {
         kernel: AttnKernel,
         prm: Vec<u32>,
@@ -211,6 +213,7 @@ enum Pending {
         groups: [u32; 3],
         len: usize,
         head_dim: usize,
+        blocks: bool,
     },
     /// The vec path's matmuls of weights uploaded together (one dispatch per run, with its
     /// outputs), held for `rope_kv_store` to run with its RoPE store (rope_epilogue.wgsl).
@@ -234,10 +237,12 @@ impl Pending {
     }
 
     /// Whether its kernel can quantize its output in blocks of `bs` (attention: a head's
-    /// output is whole blocks).
+    /// output is whole blocks, or with the block tail, heads divide a block of 256).
     fn quantizes(&self, bs: usize) -> bool {
         match self {
-            Pending::Attention { head_dim, .. } => head_dim.is_multiple_of(bs),
+            Pending::Attention { head_dim, blocks, .. } => {
+                head_dim.is_multiple_of(bs) || (*blocks && bs == 256 && 256 % head_dim == 0)
+            }
             _ => true,
         }
     }
@@ -393,6 +398,7 @@ impl GpuBackend {
             kv_tmp: Mutex::new(None),
             kv_q: Mutex::new(None),
             route_counts: Mutex::new(None),
+            attn_counts: Mutex::new(None),
             expert_groups_buf: Mutex::new(None),
             counts: Arc::default(),
             gelu,
@@ -548,7 +554,7 @@ impl GpuBackend {
             bufs[3] = part.clone();
             let g = [groups[0], groups[1], chunks];
             self.run(kernel(AttnKind::Partial), prm, &bufs.iter().collect::<Vec<_>>(), g);
-            self.run(Kernel::AttnCombine(false), prm, &[&part, &target], groups);
+            self.run(Kernel::AttnCombine(AttnTail::Off), prm, &[&part, &target], groups);
         }
         if let Some(n) = vc.rot {
             // The output rotated back, held for the matmul that reads it to quantize it in
@@ -556,8 +562,8 @@ impl GpuBackend {
             let (prm, groups) = Self::kv_rotate_prm(rows, hd, Some(n), &vec![1.0; n_tok]);
             let (len, head_dim) = (rows * hd, plan.n_head * hd);
             let bufs = vec![tmp, out.buf.clone()];
-            let kernel = Box::new(Kernel::KvRotate);
-            self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim });
+            let kernel = Box::new(|t| Kernel::KvRotate(t != AttnTail::Off));
+            self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim, blocks: false });
         }
     }
 
@@ -705,7 +711,7 @@ impl GpuBackend {
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up, &out, &self.gelu], grid(len, 64))
             }
             Pending::Attention { kernel, prm, bufs, groups, .. } => {
-                self.run(kernel(false), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
+                self.run(kernel(AttnTail::Off), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Pending::Qkv { runs } => self.run_all(runs.into_iter().map(|r| r.0).collect()),
             Pending::MoeSum { y, weights, rows, k, dim, out } => {
@@ -1033,11 +1039,20 @@ impl GpuBackend {
                 let bufs = [&gate, act, &up, &self.gelu, &out];
                 self.run(Kernel::QuantizeGlu, &prm, &bufs, grid(n / 4, 64));
             }
-            Some(Pending::Attention { kernel, mut prm, bufs, groups, .. }) => {
+            Some(Pending::Attention { kernel, mut prm, bufs, groups, len, head_dim, .. }) => {
                 prm[8] = mode;
                 let mut bufs: Vec<&wgpu::Buffer> = bufs.iter().collect();
                 bufs.push(act);
-                self.run(kernel(true), &prm, &bufs, groups);
+                // Heads part of a Q8_K superblock: a counter per block (`Pending::quantizes`).
+                let counts;
+                let tail = if mode == 1 && !head_dim.is_multiple_of(256) {
+                    counts = self.scratch(&self.attn_counts, len / 256, "kiln attention counts");
+                    bufs.push(&counts);
+                    AttnTail::Block
+                } else {
+                    AttnTail::Head
+                };
+                self.run(kernel(tail), &prm, &bufs, groups);
             }
             Some(norm) => self.run_norm(&norm, Some((mode, act))),
             None => {
@@ -1795,25 +1810,26 @@ impl Backend for GpuBackend {
             return;
         }
         let bufs = vec![q.buf.clone(), kc.buf.clone(), vc.buf.clone(), out.buf.clone()];
-        let (kernel, bufs, groups): (AttnKernel, _, _) =
+        // (The tiles' kernel has no block tail.)
+        let (kernel, bufs, groups, blocks): (AttnKernel, _, _, _) =
             match (self.attention_tiles(plan, kc, vc), split, chunks) {
                 // A prompt chunk on the tensor cores: a workgroup per block of queries and head.
                 (Some(shape), ..) => {
                     let g = [n_tok.div_ceil(shape.bq() as usize) as u32, plan.n_head as u32, 1];
-                    (Box::new(move |q| Kernel::AttnCoop(q, shape)), bufs, g)
+                    (Box::new(move |t| Kernel::AttnCoop(t != AttnTail::Off, shape)), bufs, g, false)
                 }
-                (None, false, _) => (Box::new(Kernel::Attention), bufs, groups),
+                (None, false, _) => (Box::new(Kernel::Attention), bufs, groups, true),
                 // Every head's keys in one chunk: the split kernel writes the output itself.
-                (None, true, 1) => (Box::new(Kernel::AttnDirect), bufs, groups),
+                (None, true, 1) => (Box::new(Kernel::AttnDirect), bufs, groups, true),
                 (None, true, _) => {
                     let n = n_tok * plan.n_head * chunks as usize * (plan.head_dim + 2);
                     let part = self.scratch(&self.part, n, "kiln partials");
                     let g = [groups[0], groups[1], chunks];
                     self.run(Kernel::AttnPartial, &prm, &[&bufs[0], &bufs[1], &bufs[2], &part], g);
-                    (Box::new(Kernel::AttnCombine), vec![part, out.buf.clone()], groups)
+                    (Box::new(Kernel::AttnCombine), vec![part, out.buf.clone()], groups, true)
                 }
             };
-        self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim });
+        self.defer(Pending::Attention { kernel, prm, bufs, groups, len, head_dim, blocks });
     }
 
     fn layer_norm(&self, x: &GpuBuf, norm: LayerNorm<GpuWeight>, rows: usize, out: &mut GpuBuf) {
