@@ -824,15 +824,15 @@ fn per_head_norms_fused_into_the_rope_store_match_cpu() {
     }
 }
 
-/// A mixture of experts' weighted sum (2 tokens of 3 slots) then the residual add and norm
-/// reading it: the norm's output, the new residual and the sum; and the dispatches.
+/// A mixture of experts' weighted sum (`rows` tokens of `k` slots) then the residual add and
+/// norm reading it: the norm's output, the new residual and the sum; and the dispatches.
 fn moe_sum_add_norm_out<B: Backend>(
     b: &B,
     g: &Arc<GgufFile>,
+    (rows, k): (usize, usize),
     scale: f32,
     dispatches: impl Fn() -> u64,
 ) -> (Vec<f32>, u64) {
-    let (rows, k) = (2, 3);
     let y = input(b, g, "x", rows * k, rows * k * K);
     // The routing weights: the first values of a row.
     let w = input(b, g, "y", 1, K);
@@ -848,16 +848,17 @@ fn moe_sum_add_norm_out<B: Backend>(
     (out, n)
 }
 
-/// The weighted sum is made by the add and norm that read it (one dispatch): the CPU's bits.
+/// The weighted sum is made by the add and norm that read it (one dispatch): the CPU's bits,
+/// for 3 slots a token, 8 (the norm's loads of one batch) and 11 (two batches).
 #[test]
 fn moe_sum_fused_into_the_next_add_and_norm_matches_cpu() {
     let g = model();
     let cpu = CpuBackend::new(1);
     for gpu in gpus() {
-        for scale in [1.0, 0.5] {
-            let (c, _) = moe_sum_add_norm_out(&cpu, &g, scale, || 0);
-            let (d, n) = moe_sum_add_norm_out(&gpu, &g, scale, || gpu.counts().get().1);
-            let what = format!("moe_sum then add_rms_norm, scale {scale}");
+        for (shape, scale) in [((2, 3), 1.0), ((2, 3), 0.5), ((2, 8), 1.0), ((1, 11), 0.5)] {
+            let (c, _) = moe_sum_add_norm_out(&cpu, &g, shape, scale, || 0);
+            let (d, n) = moe_sum_add_norm_out(&gpu, &g, shape, scale, || gpu.counts().get().1);
+            let what = format!("moe_sum of {shape:?} then add_rms_norm, scale {scale}");
             against_cpu(&gpu, &what, &d, &c, 0.0);
             assert_eq!(n, 1, "{what}: {n} dispatches");
         }
@@ -983,6 +984,50 @@ fn the_selection_bias_routes_as_on_the_cpu() {
                     &route_out(&gpu, &g, r, Some(&zero), n),
                     &unbiased,
                 );
+            }
+        }
+    }
+}
+
+/// `moe_route` of host logits: the ids, then the weights.
+fn route_host<B: Backend>(b: &B, logits: &[f32], rows: usize, r: &Routing, bias: Option<&[f32]>) -> Vec<f32> {
+    let mut l = b.alloc(logits.len()).unwrap();
+    b.write_rows(&mut l, logits);
+    let (mut ids, mut wts) = (b.alloc(rows * r.k).unwrap(), b.alloc(rows * r.k).unwrap());
+    b.moe_route(&l, rows, r, bias, &mut ids, &mut wts);
+    let mut v = read(b, &ids, rows * r.k);
+    v.extend(read(b, &wts, rows * r.k));
+    v
+}
+
+/// The router's top-k on ties, as the CPU's `moe_route` (a stable sort: the lowest index
+/// first among equal scores): 8 of 128 experts (Qwen3-30B-A3B's) and of 256, softmax and
+/// sigmoid, rows of five distinct logits, of one, and (sigmoid) with infinities, without
+/// and with a bias that ties others.
+#[test]
+fn the_route_breaks_ties_by_the_lowest_index() {
+    let cpu = CpuBackend::new(2);
+    for gpu in gpus() {
+        for (n_expert, gating) in [(128, Gating::Softmax), (256, Gating::Sigmoid)] {
+            let r = Routing { n_expert, k: 8, gating, norm: true, scale: 1.0 };
+            let rows = 3;
+            let mut logits: Vec<f32> = (0..rows * n_expert).map(|i| ((i * 7) % 5) as f32 * 0.25).collect();
+            logits[n_expert..2 * n_expert].fill(0.5);
+            if gating == Gating::Sigmoid {
+                logits[2 * n_expert + 3] = f32::INFINITY;
+                logits[2 * n_expert + 9] = f32::INFINITY;
+                logits[2 * n_expert + 4] = f32::NEG_INFINITY;
+            }
+            let bias: Vec<f32> = (0..n_expert).map(|e| if e % 3 == 0 { 0.25 } else { 0.0 }).collect();
+            for bias in [None, Some(&bias[..])] {
+                let what = format!("route of {n_expert} {gating:?} ties, bias {}", bias.is_some());
+                let c = route_host(&cpu, &logits, rows, &r, bias);
+                if bias.is_none() {
+                    // The first row's highest logit (1.0) is every fifth expert's from 2.
+                    let top: Vec<f32> = (0..8).map(|j| (2 + 5 * j) as f32).collect();
+                    assert_eq!(c[..8], top[..], "{what}: the CPU's picks");
+                }
+                against_cpu(&gpu, &what, &route_host(&gpu, &logits, rows, &r, bias), &c, 0.0);
             }
         }
     }

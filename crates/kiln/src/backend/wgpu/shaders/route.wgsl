@@ -3,10 +3,10 @@
 // (matmul_vec.wgsl's route_tail, kernels.rs).
 // The most experts a router scores (a workgroup's invocations, one expert each).
 const MAX_EXPERTS: u32 = 256u;
-// A token's scores, the reductions' values and indices, the softmax's group sums.
+// A token's scores, the reductions' values, the selection keys, the softmax's group sums.
 var<workgroup> sp: array<f32, MAX_EXPERTS>;
 var<workgroup> rv: array<f32, MAX_EXPERTS>;
-var<workgroup> ri: array<u32, MAX_EXPERTS>;
+var<workgroup> rk: array<u32, MAX_EXPERTS>;
 var<workgroup> gs: array<f32, 16>;
 // The chosen experts and their weights, in routing order.
 var<workgroup> kid: array<u32, MAX_EXPERTS>;
@@ -31,9 +31,9 @@ fn ff_add1(s: vec2<f32>, v: f32) -> vec2<f32> {
 // per invocation. Scores of the row's n experts
 // (softmax: ggml's vector expf sixteen at a time, each group's sum reduced in f32, the
 // groups and the libm tail summed in f64 in order, every value times 1 / sum; or each its
-// sigmoid), then the top k, highest first (the lowest index on ties: a tree of exact
-// comparisons), their weights divided by their f64 sum (at least the least normal f16)
-// where `norm`, then times `scale`. With an expert-selection bias the top k are chosen by
+// sigmoid), then the top k, highest first (the lowest index on ties: each expert's rank),
+// their weights divided by their f64 sum (at least the least normal f16) where `norm`,
+// then times `scale`. With an expert-selection bias the top k are chosen by
 // score plus route_bias(i) (f32 adds, as the CPU's), weighted by their scores alone.
 // Every invocation reaches every barrier.
 // route_prm(0..6): n_expert, k, gating (0 softmax, 1 sigmoid), norm, scale, biased; the
@@ -90,35 +90,27 @@ fn route_token(t: u32, i: u32) {
     if route_prm(5u) == 1u && live {
         sel = sel + route_bias(i);
     }
-    var taken = !live;
     let o = t * k;
-    for (var j = 0u; j < k; j = j + 1u) {
-        // Experts that cannot be taken (taken, or past n) stand as (-inf, 0): what the
-        // serial scan gives where none is left.
-        rv[i] = select(sel, bitcast<f32>(0xff800000u), taken);
-        ri[i] = select(i, 0u, taken);
-        workgroupBarrier();
-        for (var s = MAX_EXPERTS / 2u; s > 0u; s = s >> 1u) {
-            if i < s {
-                let b = rv[i + s];
-                let ib = ri[i + s];
-                if b > rv[i] || (b == rv[i] && ib < ri[i]) {
-                    rv[i] = b;
-                    ri[i] = ib;
-                }
-            }
-            workgroupBarrier();
+    // The top k, highest first, the lowest index on ties (the CPU's stable sort by
+    // f32::total_cmp, here on each score's bits mapped to an unsigned key of that order):
+    // each expert's rank in that order counted over all the others in one pass (every
+    // invocation reading the same key at a time), the first k writing their places.
+    let bits = bitcast<u32>(sel);
+    let key = select(bits ^ 0x80000000u, ~bits, bits >= 0x80000000u);
+    rk[i] = key;
+    workgroupBarrier();
+    if live {
+        var rank = 0u;
+        for (var j = 0u; j < n; j = j + 1u) {
+            let b = rk[j];
+            rank = rank + u32(b > key || (b == key && j < i));
         }
-        let best = ri[0];
-        if i == 0u {
-            kid[j] = best;
-            kw[j] = sp[best];
+        if rank < k {
+            kid[rank] = i;
+            kw[rank] = sp[i];
         }
-        if i == best {
-            taken = true;
-        }
-        workgroupBarrier();
     }
+    workgroupBarrier();
     if i == 0u {
         var wsum = vec2<f32>(0.0, 0.0);
         for (var j = 0u; j < k; j = j + 1u) {
