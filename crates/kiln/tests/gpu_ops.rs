@@ -951,10 +951,15 @@ fn the_router_takes_the_experts_quantize_and_the_route() {
 /// `bias` (or none): the ids, then the weights.
 fn route_out<B: Backend>(b: &B, g: &Arc<GgufFile>, r: &Routing, bias: Option<&[f32]>, n: usize) -> Vec<f32> {
     let logits = input(b, g, "x", (n * r.n_expert).div_ceil(K), n * r.n_expert);
-    let (mut ids, mut wts) = (b.alloc(n * r.k).unwrap(), b.alloc(n * r.k).unwrap());
-    b.moe_route(&logits, n, r, bias, &mut ids, &mut wts);
-    let mut v = read(b, &ids, n * r.k);
-    v.extend(read(b, &wts, n * r.k));
+    route_of(b, &logits, n, r, bias)
+}
+
+/// `moe_route` of `rows` tokens' logits in `logits`: the ids, then the weights.
+fn route_of<B: Backend>(b: &B, logits: &B::Buf, rows: usize, r: &Routing, bias: Option<&[f32]>) -> Vec<f32> {
+    let (mut ids, mut wts) = (b.alloc(rows * r.k).unwrap(), b.alloc(rows * r.k).unwrap());
+    b.moe_route(logits, rows, r, bias, &mut ids, &mut wts);
+    let mut v = read(b, &ids, rows * r.k);
+    v.extend(read(b, &wts, rows * r.k));
     v
 }
 
@@ -993,11 +998,7 @@ fn the_selection_bias_routes_as_on_the_cpu() {
 fn route_host<B: Backend>(b: &B, logits: &[f32], rows: usize, r: &Routing, bias: Option<&[f32]>) -> Vec<f32> {
     let mut l = b.alloc(logits.len()).unwrap();
     b.write_rows(&mut l, logits);
-    let (mut ids, mut wts) = (b.alloc(rows * r.k).unwrap(), b.alloc(rows * r.k).unwrap());
-    b.moe_route(&l, rows, r, bias, &mut ids, &mut wts);
-    let mut v = read(b, &ids, rows * r.k);
-    v.extend(read(b, &wts, rows * r.k));
-    v
+    route_of(b, &l, rows, r, bias)
 }
 
 /// The router's top-k on ties, as the CPU's `moe_route` (a stable sort: the lowest index
