@@ -270,47 +270,6 @@ fn x_at(j: u32) -> vec4<f32> {
 fn x_keep(j: u32, v: vec4<f32>) {
     xo[j] = v;
 }";
-/// NORM_ADD_IN where y is a mixture of experts' output: each token's `k` slot rows (bound at
-/// YR) weighted by the routing (at 6) and summed as moe.wgsl's `sum` does (each product
-/// rounded, added in slot order), the sum also stored (at 7) where the slice is kept; k at
-/// prm[6].
-const NORM_MOE_ADD_IN: &str = "@group(0) @binding(XS) var<storage, read> xs: array<vec4<f32>>;
-@group(0) @binding(YR) var<storage, read> yr: array<vec4<f32>>;
-@group(0) @binding(XO) var<storage, read_write> xo: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read> mw: array<f32>;
-@group(0) @binding(7) var<storage, read_write> mo: array<vec4<f32>>;
-
-fn y_at(j: u32) -> vec4<f32> {
-    let nw = prm[1] / 4u;
-    let k = prm[6];
-    let s0 = j / nw * k;
-    let c = j % nw;
-    var o = yr[s0 * nw + c] * mw[s0];
-    for (var s = s0 + 1u; s < s0 + k; s = s + 1u) {
-        let p = yr[s * nw + c] * mw[s];
-        o = o + vec4<f32>(nc(p.x), nc(p.y), nc(p.z), nc(p.w));
-    }
-    // (As stored: never fused into the add after it.)
-    return vec4<f32>(nc(o.x), nc(o.y), nc(o.z), nc(o.w));
-}
-
-// The CPU's add: x + y * scale (the product rounded on its own).
-fn add_y(x: vec4<f32>, y: vec4<f32>) -> vec4<f32> {
-    let s = pf(P_ADD);
-    if s == 1.0 {
-        return x + y;
-    }
-    return x + vec4<f32>(nc(y.x * s), nc(y.y * s), nc(y.z * s), nc(y.w * s));
-}
-
-fn x_at(j: u32) -> vec4<f32> {
-    return add_y(xs[j], y_at(j));
-}
-
-fn x_keep(j: u32, v: vec4<f32>) {
-    xo[j] = v;
-    mo[j] = y_at(j);
-}";
 /// matmul_prologue.wgsl's ops: the word loads `in_a`, `in_b`, the op's input value
 /// `in_value`, `in_scale` over all of them, and `in_out`, the value quantized (stored too
 /// where `keep`). The norm of a decode step's one row (its input NORM_IN or NORM_ADD_IN; the
@@ -552,9 +511,6 @@ pub enum Kernel {
     RmsNorm(bool),
     /// Residual add fused with the next RMSNorm (and, `true`, the quantize after it).
     AddRmsNorm(bool),
-    /// The same where the added rows are a mixture of experts' weighted sum (a deferred
-    /// moe_sum), made as the norm reads them (NORM_MOE_ADD_IN).
-    MoeAddRmsNorm(bool),
     /// LayerNorm with its weight and optional bias (encoders), a workgroup per row.
     LayerNorm,
     /// GELU-tanh in place (BERT's feed-forward).
@@ -633,7 +589,7 @@ impl Kernel {
             CoopReduce(_) => (include_str!("shaders/coop_reduce.wgsl"), "main"),
             Embed(..) => (include_str!("shaders/embed.wgsl"), "main"),
             Quantize | QuantizeGlu => (include_str!("shaders/quantize.wgsl"), "main"),
-            RmsNorm(_) | AddRmsNorm(_) | MoeAddRmsNorm(_) => (include_str!("shaders/rms_norm.wgsl"), "main"),
+            RmsNorm(_) | AddRmsNorm(_) => (include_str!("shaders/rms_norm.wgsl"), "main"),
             LayerNorm => (include_str!("shaders/layer_norm.wgsl"), "main"),
             Gelu => (include_str!("shaders/gelu.wgsl"), "main"),
             ShortConv => (include_str!("shaders/short_conv.wgsl"), "conv"),
@@ -1019,7 +975,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             "fn token_id(t: u32) -> u32 {\n    return prm[6u + t];\n}\n"
         });
     }
-    if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) | Kernel::MoeAddRmsNorm(_) | Kernel::LayerNorm = k {
+    if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) | Kernel::LayerNorm = k {
         s.push_str(FF_SUM);
         s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
         if subgroups {
@@ -1196,7 +1152,6 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::QuantizeGlu => QUANTIZE_GLU_IN,
         Kernel::RmsNorm(_) => NORM_IN,
         Kernel::AddRmsNorm(_) => NORM_ADD_IN,
-        Kernel::MoeAddRmsNorm(_) => NORM_MOE_ADD_IN,
         _ => QUANTIZE_IN,
     };
     let input = input.replace("XS", "2").replace("YR", "4").replace("XO", "5").replace("P_ADD", "4u");
@@ -1205,9 +1160,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         // The quantized rows are bound after the norm's buffers (w, x, out; y, new x).
         Kernel::RmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "4")),
         Kernel::AddRmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "6")),
-        // (After the expert weights and the sum's output.)
-        Kernel::MoeAddRmsNorm(true) => src.push_str(&NORM_QUANTIZE.replace("XQ", "8")),
-        Kernel::RmsNorm(false) | Kernel::AddRmsNorm(false) | Kernel::MoeAddRmsNorm(false) => {
+        Kernel::RmsNorm(false) | Kernel::AddRmsNorm(false) => {
             src.push_str("fn norm_tail(w: u32, v: vec4<f32>, live: bool, lid: u32) {}\n")
         }
         Kernel::KvRotate(true) => src.push_str(

@@ -198,9 +198,6 @@ enum Pending {
         rows: usize,
         dim: usize,
         out: wgpu::Buffer,
-        /// y is a mixture of experts' `k` slot rows per token, summed by these weights as
-        /// the norm reads them (and stored to the sum's output).
-        moe: Option<(wgpu::Buffer, wgpu::Buffer, usize)>,
     },
     /// Attention (`kernel`: the exact one, the split one's merge, or the one-chunk split
     /// kernel; its argument: how it quantizes), with `prm` and `bufs` as the kernel takes
@@ -218,10 +215,6 @@ enum Pending {
     /// The vec path's matmuls of weights uploaded together (one dispatch per run, with its
     /// outputs), held for `rope_kv_store` to run with its RoPE store (rope_epilogue.wgsl).
     Qkv { runs: Vec<(Dispatch, Vec<wgpu::Buffer>)> },
-    /// A mixture of experts' weighted sum of `k` slot rows `y` per token into `out`
-    /// (`rows` rows of `dim`), held for the residual add and norm that read it
-    /// (`MoeAddRmsNorm`).
-    MoeSum { y: wgpu::Buffer, weights: wgpu::Buffer, rows: usize, k: usize, dim: usize, out: wgpu::Buffer },
 }
 
 impl Pending {
@@ -232,7 +225,7 @@ impl Pending {
             Pending::Glu { out, len, .. } => Some((out, *len)),
             Pending::Norm { out, rows, dim, .. } => Some((out, rows * dim)),
             Pending::Attention { bufs, len, .. } => Some((&bufs[bufs.len() - 1], *len)),
-            Pending::Qkv { .. } | Pending::MoeSum { .. } => None,
+            Pending::Qkv { .. } => None,
         }
     }
 
@@ -714,10 +707,6 @@ impl GpuBackend {
                 self.run(kernel(AttnTail::Off), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Pending::Qkv { runs } => self.run_all(runs.into_iter().map(|r| r.0).collect()),
-            Pending::MoeSum { y, weights, rows, k, dim, out } => {
-                let prm = [(rows * dim) as u32, dim as u32, k as u32];
-                self.run(Kernel::MoeSum, &prm, &[&y, &weights, &out], grid(rows * dim, 64));
-            }
             norm => self.run_norm(&norm, None),
         }
     }
@@ -730,26 +719,18 @@ impl GpuBackend {
 
     /// A deferred norm, with its output also quantized to `quantize` (mode, buffer).
     fn run_norm(&self, p: &Pending, quantize: Option<(u32, &wgpu::Buffer)>) {
-        let Pending::Norm { w, wlen, x, add, eps, rows, dim, out, moe } = p else {
+        let Pending::Norm { w, wlen, x, add, eps, rows, dim, out } = p else {
             unreachable!("run_norm takes a norm");
         };
         let scale = add.as_ref().map_or(1.0, |a| a.1);
-        let mut prm = vec![*rows as u32, *dim as u32, f(*eps), *wlen, f(scale), quantize.map_or(0, |q| q.0)];
+        let prm = [*rows as u32, *dim as u32, f(*eps), *wlen, f(scale), quantize.map_or(0, |q| q.0)];
         let mut bufs = vec![w, x, out];
         if let Some((y, _, x_new)) = add {
             bufs.extend([y, x_new]);
         }
-        if let Some((weights, sum, k)) = moe {
-            bufs.extend([weights, sum]);
-            prm.push(*k as u32);
-        }
         bufs.extend(quantize.map(|q| q.1));
         let q = quantize.is_some();
-        let k = match (add, moe) {
-            (_, Some(_)) => Kernel::MoeAddRmsNorm(q),
-            (Some(_), None) => Kernel::AddRmsNorm(q),
-            (None, None) => Kernel::RmsNorm(q),
-        };
+        let k = if add.is_some() { Kernel::AddRmsNorm(q) } else { Kernel::RmsNorm(q) };
         // A workgroup per slice of 256 words (rms_norm.wgsl).
         let slices = dim.div_ceil(4 * 256);
         self.run(k, &prm, &bufs, grid(rows * slices, 1));
@@ -1096,7 +1077,7 @@ impl GpuBackend {
         let kk = k as u32;
         match taken {
             None if in_rows == 1 && reads(4) => Some((Input::Quantize(kk), vec![mode], vec![x.clone()])),
-            Some(Pending::Norm { w, wlen, x: xin, add, eps, rows: 1, dim, out, moe: None })
+            Some(Pending::Norm { w, wlen, x: xin, add, eps, rows: 1, dim, out })
                 if in_rows == 1 && *dim == k && reads(if add.is_some() { 8 } else { 4 }) =>
             {
                 let scale = add.as_ref().map_or(1.0, |a| a.1);
@@ -1393,7 +1374,7 @@ impl Backend for GpuBackend {
         self.op();
         let (w, wlen) = (w.parts[0].buf.clone(), (w.rows * w.cols) as u32);
         let (x, out) = (x.buf.clone(), out.buf.clone());
-        self.defer(Pending::Norm { w, wlen, x, add: None, eps, rows, dim, out, moe: None });
+        self.defer(Pending::Norm { w, wlen, x, add: None, eps, rows, dim, out });
     }
 
     fn add_rms_norm(
@@ -1410,19 +1391,10 @@ impl Backend for GpuBackend {
         self.op();
         let (w, wlen) = (w.parts[0].buf.clone(), (w.rows * w.cols) as u32);
         let x_new = self.swap(x);
-        // A held mixture-of-experts sum that writes y is made as the norm reads it.
-        let sum = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take_if(|p| {
-            matches!(p, Pending::MoeSum { out, rows: r, dim: d, .. } if *out == y.buf && *r == rows && *d == dim)
-        });
-        let (add, moe) = match sum {
-            Some(Pending::MoeSum { y: slots, weights, k, out: sum, .. }) => {
-                (Some((slots, scale, x_new)), Some((weights, sum, k)))
-            }
-            _ => (Some((y.buf.clone(), scale, x_new)), None),
-        };
+        let add = Some((y.buf.clone(), scale, x_new));
         let x_old = x.alt.clone().expect("swap keeps it");
         let out = out.buf.clone();
-        self.defer(Pending::Norm { w, wlen, x: x_old, add, eps, rows, dim, out, moe });
+        self.defer(Pending::Norm { w, wlen, x: x_old, add, eps, rows, dim, out });
     }
 
     fn matmul(&self, w: &GpuWeight, x: &GpuBuf, rows: usize, out: &mut GpuBuf) {
