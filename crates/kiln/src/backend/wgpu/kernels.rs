@@ -68,7 +68,7 @@ fn route_out(o: u32, id: f32, w: f32) {
     r_w[o] = w;
 }
 
-fn route_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
+fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
     storageBarrier();
     if li == 0u {
         r_last = u32(atomicAdd(&r_count[wid.z], 1u) == nwg.x * nwg.y - 1u);
@@ -85,9 +85,54 @@ fn route_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
     }
 }
 ";
+/// The weighted-sum tail of a mixture of experts' down projection (one output, a workgroup
+/// per slot and block of rows): each workgroup counts itself done in its (token, block)
+/// counter (at SC) after storing its rows, and the last of the token's `k` slots (prm[10])
+/// sums the block's rows over them by the routing weights (at SW) into the sum's output
+/// (at SO), as moe.wgsl's `sum`: each product rounded, added in slot order. The slots'
+/// rows are released by each workgroup's storage barrier before its count and acquired
+/// after the last's (ys atomic), as the route tail's logits.
+const SUM_TAIL: &str = "@group(0) @binding(SW) var<storage, read> s_w: array<f32>;
+@group(0) @binding(SO) var<storage, read_write> s_out: array<f32>;
+@group(0) @binding(SC) var<storage, read_write> s_count: array<atomic<u32>>;
+var<workgroup> s_last: u32;
+
+fn slot_value(s: u32, r: u32) -> f32 {
+    return nc(bitcast<f32>(atomicLoad(&ys[s * prm[4] + r])) * s_w[s]);
+}
+
+fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
+    let k = prm[10];
+    let t = t0 / k;
+    let blocks = nwg.x * nwg.y;
+    let b = wid.y * nwg.x + wid.x;
+    storageBarrier();
+    if li == 0u {
+        s_last = u32(atomicAdd(&s_count[t * blocks + b], 1u) == k - 1u);
+    }
+    if workgroupUniformLoad(&s_last) == 0u {
+        return;
+    }
+    storageBarrier();
+    if li == 0u {
+        atomicStore(&s_count[t * blocks + b], 0u);
+    }
+    let s0 = t * k;
+    for (var i = li; i < RG * RR; i = i + RG * NPR) {
+        let r = b * RG * RR + i;
+        if r < prm[0] {
+            var o = slot_value(s0, r);
+            for (var j = 1u; j < k; j = j + 1u) {
+                o = o + slot_value(s0 + j, r);
+            }
+            s_out[t * prm[4] + r] = o;
+        }
+    }
+}
+";
 /// The route tail's parameter words after the matmul's 11 (route.wgsl's route_prm).
 pub const ROUTE_WORDS: usize = 6;
-/// The expert matmuls' parameter words (expert_slots.wgsl); a prologue's follow them.
+/// The expert matmuls' parameter words (expert_slots.wgsl).
 pub const EXPERT_WORDS: usize = 15;
 /// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of
 /// the grid's z, the weight's rows from prm[8].
@@ -307,7 +352,7 @@ fn in_out(j: u32, v: vec4<f32>, scale: f32, keep: bool) -> vec4<f32> {
     }
     return y;
 }";
-/// ... the GLU of the row from word `in_w0` (an expert slot's; gate bound at 2, up at UP, its
+/// ... the GLU of the row from word `in_w0` (gate bound at 2, up at UP, its
 /// output at GO; prm[PP + 1, 2]: the act, the values of all rows, whose whole groups of 16
 /// take ggml's expf as the GLU kernel's do) ...
 const PROLOGUE_GLU: &str = "@group(0) @binding(2) var<storage, read> xs: array<vec4<f32>>;
@@ -565,9 +610,10 @@ pub enum Kernel {
     MatmulId(GgmlType, bool),
     /// The same on the vec path (matmul_id_vec.wgsl): each slot's rows through the vec
     /// matmul, its arithmetic and bandwidth (hardware GPUs).
-    /// The count is of outputs (1, or 2: a gate and up in one buffer); the input as the
-    /// dense vec matmul's (a decode step's down projection makes each slot's GLU itself).
-    MatmulIdVec(GgmlType, u8, Input, VecShape),
+    /// The count is of outputs (1, or 2: a gate and up in one buffer); the input quantized
+    /// as the dense vec matmul's; `true` (one output, each token's slots in the dispatch):
+    /// with the weighted sum of the slots in its tail (SUM_TAIL).
+    MatmulIdVec(GgmlType, u8, bool, VecShape),
     /// The router's top-k per token (moe.wgsl's entry, route.wgsl).
     MoeRoute,
     /// The routing-weighted sum of each token's expert outputs.
@@ -842,7 +888,6 @@ fn matmul_input(
     let k = match input {
         Input::Quantized => {
             let mut s = "@group(0) @binding(2) var<storage, read> xq: array<u32>;\n\
-                         const PROLOGUE: bool = false;\n\
                          fn prologue(li: u32, first: bool, row: u32) {}\n"
                 .to_string();
             if fast {
@@ -1051,7 +1096,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         Kernel::MatmulVec(..) | Kernel::MatmulIdVec(..) => {
             let (ty, outs, input, VecShape { rg, npr, rr, tt }) = match k {
                 Kernel::MatmulVec(ty, outs, input, shape) => (ty, outs, input, shape),
-                Kernel::MatmulIdVec(ty, n, input, shape) => (ty, Outs { n, ..ONE_OUT }, input, shape),
+                Kernel::MatmulIdVec(ty, n, _, shape) => (ty, Outs { n, ..ONE_OUT }, Input::Quantized, shape),
                 _ => unreachable!("matched above"),
             };
             s.push_str(&format!(
@@ -1073,12 +1118,16 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             let wv = xv + usize::from(bound);
             let extras = if fast == 0 { xv } else { wv + 1 };
             let kc = extras + input.extra_bindings();
-            // An expert matmul's ids are bound after the prologue's inputs.
+            let sum = matches!(k, Kernel::MatmulIdVec(_, _, true, _));
+            // An expert matmul's ids are bound after the activations (then a sum tail's
+            // buffers).
             if let Kernel::MatmulIdVec(..) = k {
                 s.push_str(&EXPERT_SLOTS.replace("IDS", &kc.to_string()));
                 s.push_str(MATMUL_ID_VEC);
                 // Row r of slot s to its output: rows from prm[4] on to the second (bound at 4).
-                s.push_str(if outs.n == 1 {
+                s.push_str(if sum {
+                    "fn store_out(s: u32, r: u32, v: f32) {\n    atomicStore(&ys[s * prm[4] + r], bitcast<u32>(v));\n}\n"
+                } else if outs.n == 1 {
                     "fn store_out(s: u32, r: u32, v: f32) {\n    ys[s * prm[4] + r] = v;\n}\n"
                 } else {
                     "@group(0) @binding(4) var<storage, read_write> ys1: array<f32>;\n\
@@ -1095,8 +1144,15 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
                         .replace("RJ", &(kc + 1).to_string())
                         .replace("RK", &(kc + 2).to_string()),
                 );
+            } else if sum {
+                s.push_str(
+                    &SUM_TAIL
+                        .replace("SW", &(kc + 1).to_string())
+                        .replace("SO", &(kc + 2).to_string())
+                        .replace("SC", &(kc + 3).to_string()),
+                );
             } else {
-                s.push_str("fn route_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {}\n");
+                s.push_str("fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {}\n");
             }
             if outs.rope {
                 s.push_str(
@@ -1120,12 +1176,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             } else {
                 s.push_str(&DOT_VEC.replace("WV", &wv.to_string()));
             }
-            // The prologue's parameters after the RoPE store's, the route's or the expert
-            // slots'.
+            // The prologue's parameters after the RoPE store's or the route's.
             let pp = if outs.rope {
                 18
-            } else if matches!(k, Kernel::MatmulIdVec(..)) {
-                EXPERT_WORDS
             } else if outs.route {
                 11 + ROUTE_WORDS
             } else {
@@ -1136,7 +1189,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             if subgroups {
                 s.push_str(SUBGROUP_RUNS);
             }
-            let src = if outs.route {
+            let src = if outs.route || sum {
                 src.replace(
                     "@group(0) @binding(3) var<storage, read_write> ys: array<f32>;",
                     "@group(0) @binding(3) var<storage, read_write> ys: array<atomic<u32>>;",

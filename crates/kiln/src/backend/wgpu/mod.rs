@@ -145,6 +145,8 @@ pub struct GpuBackend {
     route_counts: Mutex<Option<wgpu::Buffer>>,
     /// The attention block tail's counters (attn_block_quantize.wgsl).
     attn_counts: Mutex<Option<wgpu::Buffer>>,
+    /// The expert down projection's sum tail's counters (kernels.rs SUM_TAIL).
+    sum_counts: Mutex<Option<wgpu::Buffer>>,
     /// A prompt's expert slots grouped by expert for the expert tiles (moe_coop.rs; grown
     /// on demand).
     expert_groups_buf: Mutex<Option<wgpu::Buffer>>,
@@ -215,6 +217,10 @@ enum Pending {
     /// The vec path's matmuls of weights uploaded together (one dispatch per run, with its
     /// outputs), held for `rope_kv_store` to run with its RoPE store (rope_epilogue.wgsl).
     Qkv { runs: Vec<(Dispatch, Vec<wgpu::Buffer>)> },
+    /// A mixture of experts' down projection on the vec path, one dispatch of `rows`
+    /// tokens' `k` slots of `dim` rows (its output bound at 2), held for the weighted sum
+    /// after it to run in its tail (moe.rs).
+    Down { d: Dispatch, rows: usize, k: usize, dim: usize },
 }
 
 impl Pending {
@@ -225,7 +231,7 @@ impl Pending {
             Pending::Glu { out, len, .. } => Some((out, *len)),
             Pending::Norm { out, rows, dim, .. } => Some((out, rows * dim)),
             Pending::Attention { bufs, len, .. } => Some((&bufs[bufs.len() - 1], *len)),
-            Pending::Qkv { .. } => None,
+            Pending::Qkv { .. } | Pending::Down { .. } => None,
         }
     }
 
@@ -392,6 +398,7 @@ impl GpuBackend {
             kv_q: Mutex::new(None),
             route_counts: Mutex::new(None),
             attn_counts: Mutex::new(None),
+            sum_counts: Mutex::new(None),
             expert_groups_buf: Mutex::new(None),
             counts: Arc::default(),
             gelu,
@@ -707,6 +714,7 @@ impl GpuBackend {
                 self.run(kernel(AttnTail::Off), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Pending::Qkv { runs } => self.run_all(runs.into_iter().map(|r| r.0).collect()),
+            Pending::Down { d, .. } => self.run_dispatch(d),
             norm => self.run_norm(&norm, None),
         }
     }
@@ -856,7 +864,7 @@ impl GpuBackend {
                     let taken = self.take_writer(x, n, bs);
                     // A decode step's (one token) only.
                     let made = if rows == 1 {
-                        self.prologue(&taken, &x.buf, mode, k, all_rows, 1, shape)
+                        self.prologue(&taken, &x.buf, mode, k, all_rows, shape)
                     } else {
                         None
                     };
@@ -1046,10 +1054,8 @@ impl GpuBackend {
     /// A decode matmul's (one token's) activations made in its own prologue (kernels.rs `Input`) from
     /// `taken` (the norm or GLU that writes `x`, held back) or from `x` itself, where the
     /// vec path runs, the workgroup memory has room, and the reads of the whole row by the
-    /// workgroups of its `n_rows` weight rows stay under `prologue_bytes`. `x` holds
-    /// `in_rows` rows of `k`, each workgroup reading one (an expert matmul's slots: a GLU
-    /// only); else one.
-    #[allow(clippy::too_many_arguments)]
+    /// workgroups of its `n_rows` weight rows stay under `prologue_bytes`. `x` holds one
+    /// row of `k`.
     fn prologue(
         &self,
         taken: &Option<Pending>,
@@ -1057,7 +1063,6 @@ impl GpuBackend {
         mode: u32,
         k: usize,
         n_rows: usize,
-        in_rows: usize,
         shape: kernels::VecShape,
     ) -> Option<Prologue> {
         let nt = shape.rg * shape.npr;
@@ -1076,9 +1081,9 @@ impl GpuBackend {
         let reads = |per_value: usize| ok && n_groups * k * per_value <= self.prologue_bytes;
         let kk = k as u32;
         match taken {
-            None if in_rows == 1 && reads(4) => Some((Input::Quantize(kk), vec![mode], vec![x.clone()])),
+            None if reads(4) => Some((Input::Quantize(kk), vec![mode], vec![x.clone()])),
             Some(Pending::Norm { w, wlen, x: xin, add, eps, rows: 1, dim, out })
-                if in_rows == 1 && *dim == k && reads(if add.is_some() { 8 } else { 4 }) =>
+                if *dim == k && reads(if add.is_some() { 8 } else { 4 }) =>
             {
                 let scale = add.as_ref().map_or(1.0, |a| a.1);
                 let prm = vec![mode, f(*eps), *wlen, f(scale)];
@@ -1092,7 +1097,7 @@ impl GpuBackend {
                 };
                 Some((input, prm, bufs))
             }
-            Some(Pending::Glu { gate, up, act, len, out }) if *len == in_rows * k && reads(8) => Some((
+            Some(Pending::Glu { gate, up, act, len, out }) if *len == k && reads(8) => Some((
                 Input::Glu(kk),
                 vec![mode, *act, *len as u32],
                 vec![gate.clone(), up.clone(), self.gelu.clone(), out.clone()],

@@ -3,9 +3,8 @@
 //! vec path: the dense vec matmul's): the router's top-k (on the vec path done by the
 //! router's matmul as it finishes), the experts' matmuls (each slot's expert read from the
 //! ids on the device: no host round trip; a slot's dot is the dense matmul's, so it does
-//! not depend on the slots sharing its expert; in a decode step on the vec path the down
-//! projection makes each slot's GLU in its prologue), their weighted sum and a shared
-//! expert's sigmoid gate.
+//! not depend on the slots sharing its expert), their weighted sum and a shared expert's
+//! sigmoid gate.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use std::sync::Arc;
 use ::wgpu;
 
 use super::kernels::{self, Input, Kernel};
-use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath, Pending, Prologue};
+use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath, Pending};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -248,40 +247,29 @@ impl GpuBackend {
 
     /// `x` (`rows` rows of `k`) as the matmul of `w` reads it: quantized to its dot type
     /// into the activation scratch (with the op that writes `x`, where it is held back; not
-    /// again where `held`, what the scratch holds, says it is there), made in the vec
-    /// kernel's prologue where `prologue` (the vec shape; a decode step's down projection)
-    /// allows it and the op held back is the GLU, or `x` itself; as the kernel's input,
-    /// parameters and buffers, and the words where the block scales and sums start.
+    /// again where `held`, what the scratch holds, says it is there), or `x` itself: the
+    /// kernel's input, and the words where the block scales and sums start. (A decode
+    /// step's down projection could make each slot's GLU in a prologue, as a dense matmul
+    /// does; every workgroup of a slot would repeat it, and on an H200 the GLU's own
+    /// kernel is faster.)
     fn expert_input(
         &self,
         x: &GpuBuf,
         w: &GpuExperts,
         rows: usize,
         held: Option<&(wgpu::Buffer, u32, usize)>,
-        prologue: Option<kernels::VecShape>,
-    ) -> (Prologue, u32, u32) {
+    ) -> (wgpu::Buffer, u32, u32) {
         let k = w.cols;
         let Some((mode, bs)) = super::dot_mode(w.ty) else {
-            return ((Input::Quantized, Vec::new(), vec![x.buf.clone()]), 0, 0);
+            return (x.buf.clone(), 0, 0);
         };
         let act = self.act_buf(rows * k);
         if held.is_none_or(|(b, m, n)| *b != x.buf || *m != mode || *n != rows * k) {
             let taken = self.take_writer(x, rows * k, bs);
-            // Each workgroup makes its slot's row: the bounds are one slot's rows'.
-            let made = match (&taken, prologue) {
-                (Some(Pending::Glu { .. }), Some(shape)) => {
-                    self.prologue(&taken, &x.buf, mode, k, w.rows, rows, shape)
-                }
-                _ => None,
-            };
-            if let Some(p) = made {
-                let (xd, xs) = super::act_words(1, k, bs);
-                return (p, xd, xs);
-            }
             self.run_quantize(taken, x, mode, rows, k, &act);
         }
         let (xd, xs) = super::act_words(rows, k, bs);
-        ((Input::Quantized, Vec::new(), vec![act]), xd, xs)
+        (act, xd, xs)
     }
 
     pub(super) fn matmul_id_impl(
@@ -327,21 +315,14 @@ impl GpuBackend {
             // Each output's rows (its stride).
             let out_rows = w.rows / outs.len();
             // By the weight alone (a slot's sums are the same in any batch).
-            let mut shape = kernels::vec_shape_for(w.ty, out_rows, w.cols, self.npr_min);
-            // A decode step's (one token's) matmul of one weight, each slot's row its own
-            // (the down projection), may make its input in its prologue.
-            let prologue =
-                (path == MatmulPath::Vec && ws.len() == 1 && rows == 1 && per_slot).then_some(shape);
+            let shape = kernels::vec_shape_for(w.ty, out_rows, w.cols, self.npr_min);
             // Quantized once for weights of one dot type (gate and up).
             let mode = super::dot_mode(w.ty);
             if input.is_none() || input_mode != mode {
-                input = Some(self.expert_input(x, w, x_rows, held.as_ref(), prologue));
+                input = Some(self.expert_input(x, w, x_rows, held.as_ref()));
                 input_mode = mode;
             }
-            let ((made, extra_prm, xbufs), xd, xs) = input.as_ref().expect("set above");
-            if *made != Input::Quantized {
-                shape = self.prologue_shape(shape, w.cols);
-            }
+            let (xbuf, xd, xs) = input.as_ref().expect("set above");
             for b in w.bufs.iter() {
                 for s0 in (0..n_slots).step_by(MAX_SLOTS) {
                     let prm: [u32; kernels::EXPERT_WORDS] = [
@@ -367,31 +348,32 @@ impl GpuBackend {
                             (Kernel::MatmulId(w.ty, true), grid(w.rows, super::kernels::EXACT_ROWS))
                         }
                         MatmulPath::Vec => (
-                            Kernel::MatmulIdVec(w.ty, outs.len() as u8, *made, shape),
+                            Kernel::MatmulIdVec(w.ty, outs.len() as u8, false, shape),
                             grid(w.rows, shape.rg),
                         ),
                     };
                     g[2] = MAX_SLOTS.min(n_slots - s0) as u32;
                     if let Kernel::MatmulIdVec(..) = kernel {
                         // Bindings (kernels.rs): as the dense vec matmul's (the weights, the
-                        // activations or the prologue's first input, the outputs, for wide
-                        // units the bound activations and the weights again as 16-byte words,
-                        // the prologue's other inputs), then the ids.
-                        let mut bufs = vec![&b.buf, &xbufs[0]];
+                        // activations, the outputs, for wide units the activations and the
+                        // weights again as 16-byte words), then the ids.
+                        let mut bufs = vec![&b.buf, xbuf];
                         bufs.extend(&outs);
                         if kernels::vec_fast(w.ty) != 0 {
-                            if *made == Input::Quantized {
-                                bufs.push(&xbufs[0]);
-                            }
-                            bufs.push(&b.buf);
+                            bufs.extend([xbuf, &b.buf]);
                         }
-                        bufs.extend(&xbufs[1..]);
                         bufs.push(&ids.buf);
-                        let mut prm = prm.to_vec();
-                        prm.extend(extra_prm);
-                        self.run(kernel, &prm, &bufs, g);
+                        // A down projection in one dispatch is held: the weighted sum after
+                        // it may run in its tail.
+                        if outs.len() == 1 && per_slot && w.bufs.len() == 1 && n_slots <= MAX_SLOTS {
+                            let bufs = bufs.into_iter().cloned().collect();
+                            let d = Dispatch { kernel, prm: prm.to_vec(), bufs, groups: g };
+                            self.defer(Pending::Down { d, rows, k, dim: out_rows });
+                        } else {
+                            self.run(kernel, &prm, &bufs, g);
+                        }
                     } else {
-                        self.run(kernel, &prm, &[&b.buf, &xbufs[0], outs[0], &ids.buf], g);
+                        self.run(kernel, &prm, &[&b.buf, xbuf, outs[0], &ids.buf], g);
                     }
                 }
             }
@@ -408,6 +390,23 @@ impl GpuBackend {
         out: &mut GpuBuf,
     ) {
         self.op();
+        // After the down projection held for it: in its tail, the last of a token's slots
+        // to finish a block of rows summing them (kernels.rs SUM_TAIL).
+        let down = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take_if(|p| {
+            matches!(p, Pending::Down { d, rows: r, k: kk, dim: dd }
+                if d.bufs[2] == y.buf && (*r, *kk, *dd) == (rows, k, dim))
+        });
+        if let Some(Pending::Down { mut d, .. }) = down {
+            let Kernel::MatmulIdVec(ty, n, false, shape) = d.kernel else {
+                unreachable!("a down projection is held unsummed");
+            };
+            d.kernel = Kernel::MatmulIdVec(ty, n, true, shape);
+            let blocks = (d.groups[0] * d.groups[1]) as usize;
+            let counts = self.scratch(&self.sum_counts, rows * blocks, "kiln expert sum counts");
+            d.bufs.extend([weights.buf.clone(), out.buf.clone(), counts]);
+            self.run_dispatch(d);
+            return;
+        }
         let prm = [(rows * dim) as u32, dim as u32, k as u32];
         self.run(Kernel::MoeSum, &prm, &[&y.buf, &weights.buf, &out.buf], grid(rows * dim, 64));
     }

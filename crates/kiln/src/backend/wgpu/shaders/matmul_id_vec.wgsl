@@ -12,12 +12,12 @@ fn first_row(s: u32) -> u32 {
     return slot_expert(s).x * prm[9] + prm[8];
 }
 
-// The slot's activation row: its own of the bound rows, or the one its workgroup's
-// prologue made (a decode step's down projection: the slot's GLU, kernels.rs Input).
+// The slot's activation row (per token, or per slot where each slot has its own).
 fn x_row(s: u32) -> u32 {
-    return select(slot_token(s), 0u, PROLOGUE);
+    return slot_token(s);
 }
 
+// (No prologue: the expert matmuls' input is quantized before them.)
 fn in_row(s: u32) -> u32 {
     return slot_token(s);
 }

@@ -4,8 +4,7 @@
 // (RMSNorm with the residual add, the GLU, or none: an f32 input) runs here on the whole
 // row, quantized into workgroup memory `xq` in quantize.wgsl's layout, so the dot
 // functions read it unchanged and the bits are those of the two dispatches. The row is
-// input row `row`: a decode step's one token, or (an expert matmul's: matmul_id_vec.wgsl)
-// the workgroup's slot, whose GLU it makes alone. The first workgroup of the row (`first`)
+// input row `row`, a decode step's one token. The first workgroup (`first`)
 // also stores what the op stores (the new residual, the norm's or the GLU's output), for
 // any later reader. The op's parts (kernels.rs: `in_a` ... `in_out`) take an invocation's
 // NC words of the row, which starts at word `in_w0` of the op's buffers; prm[PP]: the quantize
@@ -14,7 +13,6 @@ var<workgroup> xq: array<u32, XQW>;
 
 const NT: u32 = NPR * RG;
 const NC: u32 = NCW;
-const PROLOGUE: bool = true;
 
 var<private> in_w0: u32;
 

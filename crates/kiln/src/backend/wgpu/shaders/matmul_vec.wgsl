@@ -177,6 +177,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    // (A router's: its tokens routed by the last workgroup to finish; kernels.rs Outs.)
-    route_tail(wid, nwg, li, t0, tt);
+    // (A router's: its tokens routed by the last workgroup to finish, kernels.rs Outs; a
+    // down projection's of experts: the weighted sum, SUM_TAIL.)
+    matmul_tail(wid, nwg, li, t0, tt);
 }

@@ -49,7 +49,7 @@ fn sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let k = prm[2];
     let t = i / dim;
     let c = i % dim;
-    var o = b1[t * k * dim + c] * b2[t * k];
+    var o = nc(b1[t * k * dim + c] * b2[t * k]);
     for (var j = 1u; j < k; j = j + 1u) {
         o = o + nc(b1[(t * k + j) * dim + c] * b2[t * k + j]);
     }

@@ -1,6 +1,6 @@
 // A router's top-k with the CPU backend's arithmetic (backend/cpu/moe.rs), for the route
 // kernel (moe.wgsl) and the router matmul that routes as its last workgroup finishes
-// (matmul_vec.wgsl's route_tail, kernels.rs).
+// (matmul_vec.wgsl's matmul_tail, kernels.rs ROUTE_TAIL).
 // The most experts a router scores (a workgroup's invocations, one expert each).
 const MAX_EXPERTS: u32 = 256u;
 // A token's scores, the reductions' values, the selection keys, the softmax's group sums.
