@@ -39,17 +39,15 @@ const IQ4NL_TABLE: &str =
 const MATMUL_ID_VEC: &str = include_str!("shaders/matmul_id_vec.wgsl");
 const MATMUL_ID_COOP: &str = include_str!("shaders/matmul_id_coop.wgsl");
 const ROUTE: &str = include_str!("shaders/route.wgsl");
+const LAST_DONE: &str = include_str!("shaders/last_done.wgsl");
 /// The router matmul's route tail (kernels.rs `Outs::route`): route.wgsl's accessors (its
 /// parameters after the matmul's, the logits the matmul's output, read atomically as
 /// stored; no selection bias: a biased router is not fused), the ids, weights and the
-/// workgroups' counts bound at RI, RI + 1, RI + 2. Each
-/// workgroup's logits are released (storageBarrier) before it counts itself done; the
-/// last to count acquires them all and routes the tokens of its grid z (TT), then resets
-/// the count for the next dispatch. Needs a workgroup of MAX_EXPERTS invocations.
+/// workgroups' counts (last_done.wgsl) bound at RI, RI + 1, RI + 2. The last workgroup to
+/// finish acquires all the logits and routes the tokens of its grid z (TT). Needs a
+/// workgroup of MAX_EXPERTS invocations.
 const ROUTE_TAIL: &str = "@group(0) @binding(RI) var<storage, read_write> r_ids: array<f32>;
 @group(0) @binding(RJ) var<storage, read_write> r_w: array<f32>;
-@group(0) @binding(RK) var<storage, read_write> r_count: array<atomic<u32>>;
-var<workgroup> r_last: u32;
 
 fn route_prm(j: u32) -> u32 {
     return prm[11u + j];
@@ -69,16 +67,8 @@ fn route_out(o: u32, id: f32, w: f32) {
 }
 
 fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
-    storageBarrier();
-    if li == 0u {
-        r_last = u32(atomicAdd(&r_count[wid.z], 1u) == nwg.x * nwg.y - 1u);
-    }
-    if workgroupUniformLoad(&r_last) == 0u {
+    if !last_done(wid.z, nwg.x * nwg.y, li) {
         return;
-    }
-    storageBarrier();
-    if li == 0u {
-        atomicStore(&r_count[wid.z], 0u);
     }
     for (var j = 0u; j < tt; j = j + 1u) {
         route_token(t0 + j, li);
@@ -87,15 +77,12 @@ fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
 ";
 /// The weighted-sum tail of a mixture of experts' down projection (one output, a workgroup
 /// per slot and block of rows): each workgroup counts itself done in its (token, block)
-/// counter (at SC) after storing its rows, and the last of the token's `k` slots (prm[10])
-/// sums the block's rows over them by the routing weights (at SW) into the sum's output
-/// (at SO), as moe.wgsl's `sum`: each product rounded, added in slot order. The slots'
-/// rows are released by each workgroup's storage barrier before its count and acquired
-/// after the last's (ys atomic), as the route tail's logits.
+/// counter (last_done.wgsl) after storing its rows (ys atomic), and the last of the
+/// token's `k` slots (prm[10]) sums the block's rows over them by the routing weights (at
+/// SW) into the sum's output (at SO), as moe.wgsl's `sum`: each product rounded, added in
+/// slot order.
 const SUM_TAIL: &str = "@group(0) @binding(SW) var<storage, read> s_w: array<f32>;
 @group(0) @binding(SO) var<storage, read_write> s_out: array<f32>;
-@group(0) @binding(SC) var<storage, read_write> s_count: array<atomic<u32>>;
-var<workgroup> s_last: u32;
 
 fn slot_value(s: u32, r: u32) -> f32 {
     return nc(bitcast<f32>(atomicLoad(&ys[s * prm[4] + r])) * s_w[s]);
@@ -104,18 +91,9 @@ fn slot_value(s: u32, r: u32) -> f32 {
 fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
     let k = prm[10];
     let t = t0 / k;
-    let blocks = nwg.x * nwg.y;
     let b = wid.y * nwg.x + wid.x;
-    storageBarrier();
-    if li == 0u {
-        s_last = u32(atomicAdd(&s_count[t * blocks + b], 1u) == k - 1u);
-    }
-    if workgroupUniformLoad(&s_last) == 0u {
+    if !last_done(t * nwg.x * nwg.y + b, k, li) {
         return;
-    }
-    storageBarrier();
-    if li == 0u {
-        atomicStore(&s_count[t * blocks + b], 0u);
     }
     let s0 = t * k;
     for (var i = li; i < RG * RR; i = i + RG * NPR) {
@@ -1138,19 +1116,13 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
                 s.push_str(VEC_DENSE);
             }
             if outs.route {
-                s.push_str(
-                    &ROUTE_TAIL
-                        .replace("RI", &kc.to_string())
-                        .replace("RJ", &(kc + 1).to_string())
-                        .replace("RK", &(kc + 2).to_string()),
-                );
+                s.push_str(&ROUTE_TAIL.replace("RI", &kc.to_string()).replace("RJ", &(kc + 1).to_string()));
+                s.push_str(&LAST_DONE.replace("DC", &(kc + 2).to_string()));
             } else if sum {
                 s.push_str(
-                    &SUM_TAIL
-                        .replace("SW", &(kc + 1).to_string())
-                        .replace("SO", &(kc + 2).to_string())
-                        .replace("SC", &(kc + 3).to_string()),
+                    &SUM_TAIL.replace("SW", &(kc + 1).to_string()).replace("SO", &(kc + 2).to_string()),
                 );
+                s.push_str(&LAST_DONE.replace("DC", &(kc + 3).to_string()));
             } else {
                 s.push_str("fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {}\n");
             }
@@ -1231,10 +1203,12 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         | Kernel::AttnCoop(true, _) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "5")),
         Kernel::AttnCombine(AttnTail::Head) => src.push_str(&ATTN_QUANTIZE.replace("XQ", "3")),
         Kernel::Attention(AttnTail::Block) | Kernel::AttnDirect(AttnTail::Block) => {
-            src.push_str(&ATTN_BLOCK_QUANTIZE.replace("XQ", "5").replace("XC", "6"))
+            src.push_str(&ATTN_BLOCK_QUANTIZE.replace("XQ", "5"));
+            src.push_str(&LAST_DONE.replace("DC", "6"))
         }
         Kernel::AttnCombine(AttnTail::Block) => {
-            src.push_str(&ATTN_BLOCK_QUANTIZE.replace("XQ", "3").replace("XC", "4"))
+            src.push_str(&ATTN_BLOCK_QUANTIZE.replace("XQ", "3"));
+            src.push_str(&LAST_DONE.replace("DC", "4"))
         }
         Kernel::Attention(AttnTail::Off)
         | Kernel::AttnCoop(false, _)

@@ -1,14 +1,10 @@
 // The attention kernels' fused tail where a head is part of a quantization block (a Q8_K
 // superblock of 256 values over heads of 64 or 128: Q4_K's and Q6_K's activations): each
-// (token, head)'s workgroup counts itself done in its block's counter, and the last of the
-// block's heads to finish quantizes the whole block (quantize_core.wgsl), reading the other
-// heads' outputs from `ys` (stored before each workgroup's storage barrier and count, read
-// after the last's, as the router's route tail reads its logits). The last one leaves the
-// counter at zero for the next dispatch. A block never spans tokens (a row of heads is
-// whole blocks). prm[3]: head_dim; prm[8]: the mode (Q8_K).
+// (token, head)'s workgroup counts itself done in its block's counter (last_done.wgsl),
+// and the last of the block's heads to finish quantizes the whole block
+// (quantize_core.wgsl), reading the other heads' outputs from `ys`. A block never spans
+// tokens (a row of heads is whole blocks). prm[3]: head_dim; prm[8]: the mode (Q8_K).
 @group(0) @binding(XQ) var<storage, read_write> xq: array<u32>;
-@group(0) @binding(XC) var<storage, read_write> a_count: array<atomic<u32>>;
-var<workgroup> a_last: u32;
 
 fn attn_tail(w: u32, live: bool, lid: u32) {
     attn_block(w, lid);
@@ -23,16 +19,8 @@ fn attn_tail_of(w: u32, v: vec4<f32>, live: bool, lid: u32) {
 fn attn_block(w: u32, lid: u32) {
     let hd = prm[3];
     let blk = w / 64u;
-    storageBarrier();
-    if lid == 0u {
-        a_last = u32(atomicAdd(&a_count[blk], 1u) == 256u / hd - 1u);
-    }
-    if workgroupUniformLoad(&a_last) == 0u {
+    if !last_done(blk, 256u / hd, lid) {
         return;
-    }
-    storageBarrier();
-    if lid == 0u {
-        atomicStore(&a_count[blk], 0u);
     }
     let wq = 64u * blk + min(lid, 63u);
     let o = 4u * wq;
