@@ -123,6 +123,20 @@ fn model() -> Arc<GgufFile> {
         quant::quantize_row(ty, &v, &mut data).unwrap();
         w.add_tensor(format!("exps.down.{}", ty.name()), ty, &[K as u64, 40, 8], data).unwrap();
     }
+    // Gate and up experts of 256 rows (whole blocks for the GLU tail) and down experts
+    // reading them.
+    for (part, k, rows, ty) in [
+        ("gate", K, 256, GgmlType::Q4_K),
+        ("up", K, 256, GgmlType::Q4_K),
+        ("down", 256, 40, GgmlType::Q8_0),
+        ("down", 256, 40, GgmlType::Q4_K),
+    ] {
+        let v = rng.vec(8 * rows * k);
+        let mut data = vec![0u8; ty.row_size(k).unwrap() * 8 * rows];
+        quant::quantize_row(ty, &v, &mut data).unwrap();
+        let dims = [k as u64, rows as u64, 8];
+        w.add_tensor(format!("exps256.{part}.{}", ty.name()), ty, &dims, data).unwrap();
+    }
     Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap())
 }
 
@@ -1113,6 +1127,68 @@ fn the_weighted_sum_in_the_down_experts_tail_is_the_cpus_of_their_rows() {
             cpu.write_rows(&mut cw, &wv);
             cpu.moe_sum(&cy, &cw, n, 3, 40, &mut cs);
             assert_same_bits(&what, &fused, &read(&cpu, &cs, n * 40));
+        }
+    }
+}
+
+/// `n` tokens through gate and up experts of 256 rows loaded together, the GLU, and down
+/// experts of `ty`: the down's output and the GLU's, and the dispatches from the gate
+/// and up on. `split` reads `up` after the gate and up, so the GLU runs in its own kernel.
+fn gate_up_glu_down(
+    b: &GpuBackend,
+    g: &Arc<GgufFile>,
+    ty: GgmlType,
+    act: Activation,
+    n: usize,
+    split: bool,
+) -> (Vec<f32>, u64) {
+    let r = Routing { n_expert: 8, k: 3, gating: Gating::Softmax, norm: true, scale: 1.0 };
+    let ts: Vec<_> = ["gate", "up"].iter().map(|p| g.tensor(&format!("exps256.{p}.Q4_K")).unwrap()).collect();
+    let gate_up = b.load_experts_together(g, &ts, 8).unwrap();
+    let down =
+        b.load_experts(g, g.tensor(&format!("exps256.down.{}", ty.name())).unwrap(), 8, &[40]).unwrap();
+    let x = input(b, g, "x", n, n * K);
+    let (mut logits, mut ids, mut wts) =
+        (b.alloc(n * 8).unwrap(), b.alloc(n * 3).unwrap(), b.alloc(n * 3).unwrap());
+    b.matmul(&weight(b, g, "router"), &x, n, &mut logits);
+    b.moe_route(&logits, n, &r, None, &mut ids, &mut wts);
+    read(b, &ids, 1);
+    let (mut gate, mut up, mut y) =
+        (b.alloc(n * 3 * 256).unwrap(), b.alloc(n * 3 * 256).unwrap(), b.alloc(n * 3 * 40).unwrap());
+    let d0 = b.counts().get().1;
+    let input = ExpertInput { x: &x, per_slot: false, ids: &ids, rows: n, k: 3 };
+    b.matmul_id(&[&gate_up[0], &gate_up[1]], input, &mut [&mut gate, &mut up]);
+    if split {
+        read(b, &up, 1);
+    }
+    b.glu(&mut gate, &up, act, n * 3 * 256);
+    let input = ExpertInput { x: &gate, per_slot: true, ids: &ids, rows: n, k: 3 };
+    b.matmul_id(&[&down[0]], input, &mut [&mut y]);
+    let mut v = read(b, &y, n * 3 * 40);
+    v.extend(read(b, &gate, n * 3 * 256));
+    (v, b.counts().get().1 - d0)
+}
+
+/// On the vec path the GLU after gate and up experts of rows in whole blocks of 256, and
+/// its quantize for the down experts, run in the gate and up projection's tail (the last
+/// of a block's workgroups to finish makes it): one dispatch fewer, and the GLU and the
+/// down's output are those of the GLU's own kernel, bit for bit, for both activations,
+/// 32- and 256-value blocks, 1 and 3 tokens of 3 slots.
+#[test]
+fn the_glu_in_the_gate_up_experts_tail_is_the_glu_kernels() {
+    let g = model();
+    for gpu in vec_gpus() {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_K] {
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                for n in [1, 3] {
+                    let what = format!("gate and up, glu {act:?}, down {ty} x{n} on {}", gpu.name());
+                    let (fused, df) = gate_up_glu_down(&gpu, &g, ty, act, n, false);
+                    let (plain, dp) = gate_up_glu_down(&gpu, &g, ty, act, n, true);
+                    // x's quantize, the gate and up (with the GLU), (the GLU,) the down.
+                    assert_eq!((df, dp), (3, 4), "{what}: dispatches with the GLU tail and without");
+                    assert_same_bits(&what, &fused, &plain);
+                }
+            }
         }
     }
 }

@@ -148,25 +148,28 @@ mod gpu {
     }
 
     /// A Qwen3-MoE decode step on the vec path (hardware GPUs' default) records 9
-    /// dispatches per layer (docs/gpu.md lists them): the difference between qwen3moe-tiny
-    /// with 3 layers and with 2 (its matrices Q8_0, as a quantized model's: F16 activations
-    /// are rounded by a dispatch of their own), a step of one token after a prompt.
+    /// dispatches per layer (docs/gpu.md lists them), 8 where the experts' hidden width is
+    /// whole blocks of 256 (the GLU then runs in the gate and up projection's tail): the
+    /// difference between qwen3moe-tiny with 3 layers and with 2 (its matrices Q8_0, as a
+    /// quantized model's: F16 activations are rounded by a dispatch of their own), a step of
+    /// one token after a prompt.
     #[test]
-    fn a_qwen3moe_decode_layer_on_the_vec_path_is_nine_dispatches() {
+    fn a_qwen3moe_decode_layer_on_the_vec_path_is_nine_dispatches_or_eight() {
         use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
-        let step = |n_layer: usize| {
+        let step = |n_layer: usize, n_ff: usize| {
             let mut spec = synth::preset("qwen3moe-tiny").unwrap();
             spec.n_layer = n_layer;
             spec.matrix_type = GgmlType::Q8_0;
+            spec.experts.as_mut().unwrap().n_ff = n_ff;
             let mut counts = None;
-            let e =
-                load_with(spec.build().unwrap(), &format!("count{n_layer}"), Device::Gpu, |path, opts| {
-                    let mut gpu = GpuBackend::new(AdapterPolicy::AnyGpu)?;
-                    gpu.set_matmul_path(MatmulPath::Vec);
-                    counts = Some(gpu.counts());
-                    Engine::load_with_gpu(path, opts, gpu)
-                })
-                .unwrap();
+            let name = format!("count{n_layer}x{n_ff}");
+            let e = load_with(spec.build().unwrap(), &name, Device::Gpu, |path, opts| {
+                let mut gpu = GpuBackend::new(AdapterPolicy::AnyGpu)?;
+                gpu.set_matmul_path(MatmulPath::Vec);
+                counts = Some(gpu.counts());
+                Engine::load_with_gpu(path, opts, gpu)
+            })
+            .unwrap();
             let counts = counts.unwrap();
             let r = e.runner();
             let seq = r.new_seq();
@@ -176,8 +179,10 @@ mod gpu {
             r.decode(&[entry(42)], OutputKind::Logits).unwrap();
             counts.get().1 - d0
         };
-        let per_layer = step(3) - step(2);
-        assert_eq!(per_layer, 9, "{per_layer} dispatches per layer");
+        for (n_ff, expected) in [(32, 9), (256, 8)] {
+            let per_layer = step(3, n_ff) - step(2, n_ff);
+            assert_eq!(per_layer, expected, "{per_layer} dispatches per layer at an expert width of {n_ff}");
+        }
     }
 
     /// The whole forward on the GPU against the CPU's: within gpu_models.rs's bars (the dense

@@ -108,6 +108,52 @@ fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
     }
 }
 ";
+/// What an expert matmul on the vec path does as its last workgroups finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IdTail {
+    Off,
+    /// (A down projection: one output, each token's slots in the dispatch.) The weighted
+    /// sum of a token's slots (SUM_TAIL).
+    Sum,
+    /// (A gate and up: two outputs of rows in whole blocks of 256.) The GLU of each block
+    /// and its quantize for the down projection (GLU_TAIL).
+    Glu,
+}
+
+/// The GLU tail of a mixture of experts' gate and up projection (two outputs, their rows
+/// in blocks of 256, a workgroup per slot and RG * RR rows of one of them): each
+/// workgroup counts itself done in its (slot, block) counter (last_done.wgsl) after
+/// storing its rows (ys, ys1 atomic), and the last of the block's gate and up workgroups
+/// makes the block's GLU (glu.wgsl, over the whole GLU's n_slots * prm[4] values, as the
+/// GLU kernel) into GO and quantizes it for the down projection (quantize_core.wgsl; the
+/// mode prm[15], the activation prm[16]) into GQ (quantize_core.wgsl's `xq` renamed: the
+/// matmul reads its own activations as `xq`): the GLU kernel's work and bits, one
+/// dispatch fewer.
+const GLU_TAIL: &str = "@group(0) @binding(GO) var<storage, read_write> g_out: array<f32>;
+@group(0) @binding(GQ) var<storage, read_write> gq: array<u32>;
+
+fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
+    let dim = prm[4];
+    let blk = (wid.y * nwg.x + wid.x) * RG * RR % dim / 256u;
+    if !last_done(t0 * (dim / 256u) + blk, 512u / (RG * RR), li) {
+        return;
+    }
+    let w = min(li, 63u);
+    let o = t0 * dim + 256u * blk + 4u * w;
+    var v: vec4<f32>;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let g = bitcast<f32>(atomicLoad(&ys[o + i]));
+        let u = bitcast<f32>(atomicLoad(&ys1[o + i]));
+        v[i] = glu_value(g, u, o + i, prm[2] * dim, prm[16]);
+    }
+    if li < 64u {
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            g_out[o + i] = v[i];
+        }
+    }
+    quantize_word(o / 4u, v, li < 64u, li, prm[15], prm[2], dim);
+}
+";
 /// The route tail's parameter words after the matmul's 11 (route.wgsl's route_prm).
 pub const ROUTE_WORDS: usize = 6;
 /// The expert matmuls' parameter words (expert_slots.wgsl).
@@ -589,9 +635,8 @@ pub enum Kernel {
     /// The same on the vec path (matmul_id_vec.wgsl): each slot's rows through the vec
     /// matmul, its arithmetic and bandwidth (hardware GPUs).
     /// The count is of outputs (1, or 2: a gate and up in one buffer); the input quantized
-    /// as the dense vec matmul's; `true` (one output, each token's slots in the dispatch):
-    /// with the weighted sum of the slots in its tail (SUM_TAIL).
-    MatmulIdVec(GgmlType, u8, bool, VecShape),
+    /// as the dense vec matmul's; the tail ([`IdTail`]) it runs as its slots finish.
+    MatmulIdVec(GgmlType, u8, IdTail, VecShape),
     /// The router's top-k per token (moe.wgsl's entry, route.wgsl).
     MoeRoute,
     /// The routing-weighted sum of each token's expert outputs.
@@ -1096,15 +1141,23 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             let wv = xv + usize::from(bound);
             let extras = if fast == 0 { xv } else { wv + 1 };
             let kc = extras + input.extra_bindings();
-            let sum = matches!(k, Kernel::MatmulIdVec(_, _, true, _));
+            let tail = match k {
+                Kernel::MatmulIdVec(_, _, tail, _) => tail,
+                _ => IdTail::Off,
+            };
             // An expert matmul's ids are bound after the activations (then a sum tail's
             // buffers).
             if let Kernel::MatmulIdVec(..) = k {
                 s.push_str(&EXPERT_SLOTS.replace("IDS", &kc.to_string()));
                 s.push_str(MATMUL_ID_VEC);
                 // Row r of slot s to its output: rows from prm[4] on to the second (bound at 4).
-                s.push_str(if sum {
+                s.push_str(if tail == IdTail::Sum {
                     "fn store_out(s: u32, r: u32, v: f32) {\n    atomicStore(&ys[s * prm[4] + r], bitcast<u32>(v));\n}\n"
+                } else if tail == IdTail::Glu {
+                    "@group(0) @binding(4) var<storage, read_write> ys1: array<atomic<u32>>;\n\
+                     fn store_out(s: u32, r: u32, v: f32) {\n    if r >= prm[4] {\n        \
+                     atomicStore(&ys1[s * prm[4] + r - prm[4]], bitcast<u32>(v));\n    } else {\n        \
+                     atomicStore(&ys[s * prm[4] + r], bitcast<u32>(v));\n    }\n}\n"
                 } else if outs.n == 1 {
                     "fn store_out(s: u32, r: u32, v: f32) {\n    ys[s * prm[4] + r] = v;\n}\n"
                 } else {
@@ -1118,11 +1171,19 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             if outs.route {
                 s.push_str(&ROUTE_TAIL.replace("RI", &kc.to_string()).replace("RJ", &(kc + 1).to_string()));
                 s.push_str(&LAST_DONE.replace("DC", &(kc + 2).to_string()));
-            } else if sum {
+            } else if tail == IdTail::Sum {
                 s.push_str(
                     &SUM_TAIL.replace("SW", &(kc + 1).to_string()).replace("SO", &(kc + 2).to_string()),
                 );
                 s.push_str(&LAST_DONE.replace("DC", &(kc + 3).to_string()));
+            } else if tail == IdTail::Glu {
+                // The GLU's output, the quantized activations, the GELU table, the counters.
+                s.push_str(
+                    &GLU_TAIL.replace("GO", &(kc + 1).to_string()).replace("GQ", &(kc + 2).to_string()),
+                );
+                s.push_str(&QUANTIZE_CORE.replace("xq[", "gq["));
+                s.push_str(&GLU.replace("GT", &(kc + 3).to_string()));
+                s.push_str(&LAST_DONE.replace("DC", &(kc + 4).to_string()));
             } else {
                 s.push_str("fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {}\n");
             }
@@ -1161,7 +1222,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             if subgroups {
                 s.push_str(SUBGROUP_RUNS);
             }
-            let src = if outs.route || sum {
+            let src = if outs.route || tail != IdTail::Off {
                 src.replace(
                     "@group(0) @binding(3) var<storage, read_write> ys: array<f32>;",
                     "@group(0) @binding(3) var<storage, read_write> ys: array<atomic<u32>>;",
@@ -1222,7 +1283,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         _ => {}
     }
     // (The vec matmul's prologue, in `s`, quantizes too.)
-    if src.contains("quantize_word(") || s.contains("quantize_word(") {
+    if (src.contains("quantize_word(") || s.contains("quantize_word(")) && !s.contains("fn quantize_word(") {
         s.push_str(QUANTIZE_CORE);
     }
     if src.contains("glu_value(") {

@@ -117,6 +117,9 @@ pub struct GpuBackend {
     rec: Mutex<Recorder>,
     /// Activations rounded through the weight's dot type before a matmul (grown on demand).
     act: Mutex<Option<wgpu::Buffer>>,
+    /// The down experts' activations where the GLU in the gate and up projection's tail
+    /// makes them (that projection reads its own from `act` meanwhile).
+    act_glu: Mutex<Option<wgpu::Buffer>>,
     /// What the activation scratch holds: (source buffer, mode, values). Matmuls of one
     /// input (q/k/v, gate/up) quantize it once; every other op clears this.
     act_src: Mutex<Option<(wgpu::Buffer, u32, usize)>>,
@@ -147,6 +150,8 @@ pub struct GpuBackend {
     attn_counts: Mutex<Option<wgpu::Buffer>>,
     /// The expert down projection's sum tail's counters (kernels.rs SUM_TAIL).
     sum_counts: Mutex<Option<wgpu::Buffer>>,
+    /// The expert gate and up projection's GLU tail's counters (kernels.rs GLU_TAIL).
+    glu_counts: Mutex<Option<wgpu::Buffer>>,
     /// A prompt's expert slots grouped by expert for the expert tiles (moe_coop.rs; grown
     /// on demand).
     expert_groups_buf: Mutex<Option<wgpu::Buffer>>,
@@ -187,8 +192,17 @@ type AttnKernel = Box<dyn Fn(AttnTail) -> Kernel + Send + Sync>;
 /// by the RoPE store).
 enum Pending {
     /// `out = act(gate) * up` over `len` values (QuantizeGlu; out of place, so a matmul's
-    /// prologue may read the gate while its first workgroup stores `out`).
-    Glu { gate: wgpu::Buffer, up: wgpu::Buffer, act: u32, len: usize, out: wgpu::Buffer },
+    /// prologue may read the gate while its first workgroup stores `out`), after
+    /// `gate_up`, the experts' matmul that writes gate and up where it is held for the GLU
+    /// to run in its tail (moe.rs).
+    Glu {
+        gate: wgpu::Buffer,
+        up: wgpu::Buffer,
+        act: u32,
+        len: usize,
+        out: wgpu::Buffer,
+        gate_up: Option<Dispatch>,
+    },
     /// `out = rms_norm(x)` over `rows` rows of `dim`, after `x + y * scale` is stored to
     /// the new residual where `add` holds (y, scale, new residual).
     Norm {
@@ -221,6 +235,10 @@ enum Pending {
     /// tokens' `k` slots of `dim` rows (its output bound at 2), held for the weighted sum
     /// after it to run in its tail (moe.rs).
     Down { d: Dispatch, rows: usize, k: usize, dim: usize },
+    /// A mixture of experts' gate and up projection on the vec path, one dispatch writing
+    /// `len` values to each of its outputs (bound at 2 and 3), held for the GLU after it
+    /// to run in its tail (moe.rs).
+    GateUp { d: Dispatch, len: usize },
 }
 
 impl Pending {
@@ -231,7 +249,7 @@ impl Pending {
             Pending::Glu { out, len, .. } => Some((out, *len)),
             Pending::Norm { out, rows, dim, .. } => Some((out, rows * dim)),
             Pending::Attention { bufs, len, .. } => Some((&bufs[bufs.len() - 1], *len)),
-            Pending::Qkv { .. } | Pending::Down { .. } => None,
+            Pending::Qkv { .. } | Pending::Down { .. } | Pending::GateUp { .. } => None,
         }
     }
 
@@ -387,6 +405,7 @@ impl GpuBackend {
             pipes: Pipelines::default(),
             rec,
             act: Mutex::new(None),
+            act_glu: Mutex::new(None),
             act_src: Mutex::new(None),
             pending: Mutex::new(None),
             prologue_bytes: PROLOGUE_BYTES,
@@ -399,6 +418,7 @@ impl GpuBackend {
             route_counts: Mutex::new(None),
             attn_counts: Mutex::new(None),
             sum_counts: Mutex::new(None),
+            glu_counts: Mutex::new(None),
             expert_groups_buf: Mutex::new(None),
             counts: Arc::default(),
             gelu,
@@ -707,14 +727,17 @@ impl GpuBackend {
 
     fn run_pending(&self, p: Pending) {
         match p {
-            Pending::Glu { gate, up, act, len, out } => {
+            Pending::Glu { gate, up, act, len, out, gate_up } => {
+                if let Some(d) = gate_up {
+                    self.run_dispatch(d);
+                }
                 self.run(Kernel::Glu, &[len as u32, act], &[&gate, &up, &out, &self.gelu], grid(len, 64))
             }
             Pending::Attention { kernel, prm, bufs, groups, .. } => {
                 self.run(kernel(AttnTail::Off), &prm, &bufs.iter().collect::<Vec<_>>(), groups)
             }
             Pending::Qkv { runs } => self.run_all(runs.into_iter().map(|r| r.0).collect()),
-            Pending::Down { d, .. } => self.run_dispatch(d),
+            Pending::Down { d, .. } | Pending::GateUp { d, .. } => self.run_dispatch(d),
             norm => self.run_norm(&norm, None),
         }
     }
@@ -1023,6 +1046,17 @@ impl GpuBackend {
     ) {
         let n = rows * k;
         match taken {
+            Some(Pending::Glu { act: a, out, gate_up: Some(mut d), .. }) => {
+                // In the gate and up projection's tail (kernels.rs GLU_TAIL).
+                let Kernel::MatmulIdVec(ty, 2, kernels::IdTail::Off, shape) = d.kernel else {
+                    unreachable!("a gate and up projection is held for the GLU");
+                };
+                d.kernel = Kernel::MatmulIdVec(ty, 2, kernels::IdTail::Glu, shape);
+                d.prm.extend([mode, a]);
+                let counts = self.scratch(&self.glu_counts, n / 256, "kiln expert GLU counts");
+                d.bufs.extend([out, act.clone(), self.gelu.clone(), counts]);
+                self.run_dispatch(d);
+            }
             Some(Pending::Glu { gate, up, act: a, out, .. }) => {
                 let prm = [mode, rows as u32, k as u32, a];
                 let bufs = [&gate, act, &up, &self.gelu, &out];
@@ -1097,7 +1131,7 @@ impl GpuBackend {
                 };
                 Some((input, prm, bufs))
             }
-            Some(Pending::Glu { gate, up, act, len, out }) if *len == k && reads(8) => Some((
+            Some(Pending::Glu { gate, up, act, len, out, gate_up: None }) if *len == k && reads(8) => Some((
                 Input::Glu(kk),
                 vec![mode, *act, *len as u32],
                 vec![gate.clone(), up.clone(), self.gelu.clone(), out.clone()],
@@ -1867,13 +1901,16 @@ impl Backend for GpuBackend {
             Activation::GeluTanh => 1,
         };
         let out = self.swap(gate);
-        self.defer(Pending::Glu {
-            gate: gate.alt.clone().expect("swap keeps it"),
-            up: up.buf.clone(),
-            act: a,
-            len,
-            out,
+        let gate = gate.alt.clone().expect("swap keeps it");
+        // The experts' gate and up projection held for it runs it in its tail.
+        let gate_up = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take_if(|p| {
+            matches!(p, Pending::GateUp { d, len: l } if d.bufs[2] == gate && d.bufs[3] == up.buf && *l == len)
         });
+        let gate_up = gate_up.map(|p| match p {
+            Pending::GateUp { d, .. } => d,
+            _ => unreachable!("taken as a gate and up"),
+        });
+        self.defer(Pending::Glu { gate, up: up.buf.clone(), act: a, len, out, gate_up });
     }
 
     fn add(&self, x: &mut GpuBuf, y: &GpuBuf, scale: f32, len: usize) {

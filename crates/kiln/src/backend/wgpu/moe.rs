@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ::wgpu;
 
-use super::kernels::{self, Input, Kernel};
+use super::kernels::{self, IdTail, Input, Kernel};
 use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath, Pending};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
@@ -263,9 +263,14 @@ impl GpuBackend {
         let Some((mode, bs)) = super::dot_mode(w.ty) else {
             return (x.buf.clone(), 0, 0);
         };
-        let act = self.act_buf(rows * k);
+        let mut act = self.act_buf(rows * k);
         if held.is_none_or(|(b, m, n)| *b != x.buf || *m != mode || *n != rows * k) {
             let taken = self.take_writer(x, rows * k, bs);
+            if let Some(Pending::Glu { gate_up: Some(d), .. }) = &taken {
+                if d.bufs.contains(&act) {
+                    act = self.scratch(&self.act_glu, rows * k, "kiln act glu");
+                }
+            }
             self.run_quantize(taken, x, mode, rows, k, &act);
         }
         let (xd, xs) = super::act_words(rows, k, bs);
@@ -348,7 +353,7 @@ impl GpuBackend {
                             (Kernel::MatmulId(w.ty, true), grid(w.rows, super::kernels::EXACT_ROWS))
                         }
                         MatmulPath::Vec => (
-                            Kernel::MatmulIdVec(w.ty, outs.len() as u8, false, shape),
+                            Kernel::MatmulIdVec(w.ty, outs.len() as u8, IdTail::Off, shape),
                             grid(w.rows, shape.rg),
                         ),
                     };
@@ -364,11 +369,25 @@ impl GpuBackend {
                         }
                         bufs.push(&ids.buf);
                         // A down projection in one dispatch is held: the weighted sum after
-                        // it may run in its tail.
-                        if outs.len() == 1 && per_slot && w.bufs.len() == 1 && n_slots <= MAX_SLOTS {
-                            let bufs = bufs.into_iter().cloned().collect();
-                            let d = Dispatch { kernel, prm: prm.to_vec(), bufs, groups: g };
-                            self.defer(Pending::Down { d, rows, k, dim: out_rows });
+                        // it may run in its tail. So is a gate and up in one dispatch whose
+                        // workgroups' rows lie in blocks of 256 of one of them: the GLU after
+                        // it, and its quantize for the down, may run in its tail.
+                        let whole = w.bufs.len() == 1 && n_slots <= MAX_SLOTS;
+                        let held = || Dispatch {
+                            kernel,
+                            prm: prm.to_vec(),
+                            bufs: bufs.iter().map(|&b| b.clone()).collect(),
+                            groups: g,
+                        };
+                        if outs.len() == 1 && per_slot && whole {
+                            self.defer(Pending::Down { d: held(), rows, k, dim: out_rows });
+                        } else if outs.len() == 2
+                            && whole
+                            && out_rows.is_multiple_of(256)
+                            && 256 % (shape.rg * shape.rr) == 0
+                            && shape.rg * shape.npr >= 64
+                        {
+                            self.defer(Pending::GateUp { d: held(), len: n_slots * out_rows });
                         } else {
                             self.run(kernel, &prm, &bufs, g);
                         }
@@ -397,10 +416,10 @@ impl GpuBackend {
                 if d.bufs[2] == y.buf && (*r, *kk, *dd) == (rows, k, dim))
         });
         if let Some(Pending::Down { mut d, .. }) = down {
-            let Kernel::MatmulIdVec(ty, n, false, shape) = d.kernel else {
+            let Kernel::MatmulIdVec(ty, n, IdTail::Off, shape) = d.kernel else {
                 unreachable!("a down projection is held unsummed");
             };
-            d.kernel = Kernel::MatmulIdVec(ty, n, true, shape);
+            d.kernel = Kernel::MatmulIdVec(ty, n, IdTail::Sum, shape);
             let blocks = (d.groups[0] * d.groups[1]) as usize;
             let counts = self.scratch(&self.sum_counts, rows * blocks, "kiln expert sum counts");
             d.bufs.extend([weights.buf.clone(), out.buf.clone(), counts]);
