@@ -1151,19 +1151,25 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
                 s.push_str(&EXPERT_SLOTS.replace("IDS", &kc.to_string()));
                 s.push_str(MATMUL_ID_VEC);
                 // Row r of slot s to its output: rows from prm[4] on to the second (bound at 4).
-                s.push_str(if tail == IdTail::Sum {
-                    "fn store_out(s: u32, r: u32, v: f32) {\n    atomicStore(&ys[s * prm[4] + r], bitcast<u32>(v));\n}\n"
-                } else if tail == IdTail::Glu {
-                    "@group(0) @binding(4) var<storage, read_write> ys1: array<atomic<u32>>;\n\
-                     fn store_out(s: u32, r: u32, v: f32) {\n    if r >= prm[4] {\n        \
-                     atomicStore(&ys1[s * prm[4] + r - prm[4]], bitcast<u32>(v));\n    } else {\n        \
-                     atomicStore(&ys[s * prm[4] + r], bitcast<u32>(v));\n    }\n}\n"
-                } else if outs.n == 1 {
-                    "fn store_out(s: u32, r: u32, v: f32) {\n    ys[s * prm[4] + r] = v;\n}\n"
+                // (Stored atomically where a tail's last workgroup reads them.)
+                let (ys_ty, put) = match tail {
+                    IdTail::Off => ("array<f32>", "BUF[IDX] = v;"),
+                    _ => ("array<atomic<u32>>", "atomicStore(&BUF[IDX], bitcast<u32>(v));"),
+                };
+                let put = |b: &str, i: &str| put.replace("BUF", b).replace("IDX", i);
+                s.push_str(&if outs.n == 1 {
+                    format!(
+                        "fn store_out(s: u32, r: u32, v: f32) {{\n    {}\n}}\n",
+                        put("ys", "s * prm[4] + r")
+                    )
                 } else {
-                    "@group(0) @binding(4) var<storage, read_write> ys1: array<f32>;\n\
-                     fn store_out(s: u32, r: u32, v: f32) {\n    if r >= prm[4] {\n        \
-                     ys1[s * prm[4] + r - prm[4]] = v;\n    } else {\n        ys[s * prm[4] + r] = v;\n    }\n}\n"
+                    format!(
+                        "@group(0) @binding(4) var<storage, read_write> ys1: {ys_ty};\n\
+                         fn store_out(s: u32, r: u32, v: f32) {{\n    if r >= prm[4] {{\n        {}\n    \
+                         }} else {{\n        {}\n    }}\n}}\n",
+                        put("ys1", "s * prm[4] + r - prm[4]"),
+                        put("ys", "s * prm[4] + r")
+                    )
                 });
             } else {
                 s.push_str(VEC_DENSE);

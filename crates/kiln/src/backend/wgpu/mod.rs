@@ -715,7 +715,12 @@ impl GpuBackend {
     }
 
     fn take_pending(&self) -> Option<Pending> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.take_pending_if(|_| true)
+    }
+
+    /// The op held back, taken out where `f` says so.
+    fn take_pending_if(&self, f: impl FnOnce(&Pending) -> bool) -> Option<Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).take_if(|p| f(p))
     }
 
     /// Dispatches a deferred op (before anything that could read or change its buffers).
@@ -1029,8 +1034,7 @@ impl GpuBackend {
     /// The op held back that writes `x` (`n` values), taken out where it can quantize its
     /// output in blocks of `bs` as it writes it.
     fn take_writer(&self, x: &GpuBuf, n: usize, bs: usize) -> Option<Pending> {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        pending.take_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
+        self.take_pending_if(|p| p.output() == Some((&x.buf, n)) && p.quantizes(bs))
     }
 
     /// Quantizes `x` for a matmul into `act`, in one kernel with `taken` (the op that
@@ -1903,13 +1907,12 @@ impl Backend for GpuBackend {
         let out = self.swap(gate);
         let gate = gate.alt.clone().expect("swap keeps it");
         // The experts' gate and up projection held for it runs it in its tail.
-        let gate_up = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take_if(|p| {
+        let gate_up = match self.take_pending_if(|p| {
             matches!(p, Pending::GateUp { d, len: l } if d.bufs[2] == gate && d.bufs[3] == up.buf && *l == len)
-        });
-        let gate_up = gate_up.map(|p| match p {
-            Pending::GateUp { d, .. } => d,
-            _ => unreachable!("taken as a gate and up"),
-        });
+        }) {
+            Some(Pending::GateUp { d, .. }) => Some(d),
+            _ => None,
+        };
         self.defer(Pending::Glu { gate, up: up.buf.clone(), act: a, len, out, gate_up });
     }
 

@@ -373,21 +373,21 @@ impl GpuBackend {
                         // workgroups' rows lie in blocks of 256 of one of them: the GLU after
                         // it, and its quantize for the down, may run in its tail.
                         let whole = w.bufs.len() == 1 && n_slots <= MAX_SLOTS;
-                        let held = || Dispatch {
+                        let dispatch = || Dispatch {
                             kernel,
                             prm: prm.to_vec(),
                             bufs: bufs.iter().map(|&b| b.clone()).collect(),
                             groups: g,
                         };
                         if outs.len() == 1 && per_slot && whole {
-                            self.defer(Pending::Down { d: held(), rows, k, dim: out_rows });
+                            self.defer(Pending::Down { d: dispatch(), rows, k, dim: out_rows });
                         } else if outs.len() == 2
                             && whole
                             && out_rows.is_multiple_of(256)
                             && 256 % (shape.rg * shape.rr) == 0
                             && shape.rg * shape.npr >= 64
                         {
-                            self.defer(Pending::GateUp { d: held(), len: n_slots * out_rows });
+                            self.defer(Pending::GateUp { d: dispatch(), len: n_slots * out_rows });
                         } else {
                             self.run(kernel, &prm, &bufs, g);
                         }
@@ -411,7 +411,7 @@ impl GpuBackend {
         self.op();
         // After the down projection held for it: in its tail, the last of a token's slots
         // to finish a block of rows summing them (kernels.rs SUM_TAIL).
-        let down = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take_if(|p| {
+        let down = self.take_pending_if(|p| {
             matches!(p, Pending::Down { d, rows: r, k: kk, dim: dd }
                 if d.bufs[2] == y.buf && (*r, *kk, *dd) == (rows, k, dim))
         });
