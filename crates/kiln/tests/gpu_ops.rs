@@ -961,6 +961,28 @@ fn the_router_takes_the_experts_quantize_and_the_route() {
     }
 }
 
+/// A decode step's residual add and norm before an f32 router runs in the router's prologue
+/// (`Input::ExpertNorm`), its first workgroup quantizing the norm for the experts and
+/// storing the norm and the new residual: one dispatch fewer than the norm kernel with the
+/// experts' quantize, the same bits (logits, ids, weights, gate and up experts, norm,
+/// residual), softmax and sigmoid scores, Q8_0 and Q8_K activations.
+#[test]
+fn the_ffn_norm_in_the_routers_prologue_is_the_norm_kernels() {
+    let g = model();
+    let routings = [
+        Routing { n_expert: 8, k: 3, gating: Gating::Softmax, norm: true, scale: 1.0 },
+        Routing { n_expert: 8, k: 3, gating: Gating::Sigmoid, norm: false, scale: 2.5 },
+    ];
+    for mut gpu in vec_gpus() {
+        for (r, ty) in routings.iter().zip(EXPERT_TYPES) {
+            let what =
+                format!("norm in the router's prologue {:?} then {ty} experts on {}", r.gating, gpu.name());
+            let saved = prologue_saves(&mut gpu, &what, |b| router_then_experts(b, &g, r, ty, 1, true));
+            assert_eq!(saved, 1, "{what}: {saved} dispatches saved");
+        }
+    }
+}
+
 /// `n` tokens' routing `r` of the logits in the "x" table's values, with the selection
 /// `bias` (or none): the ids, then the weights.
 fn route_out<B: Backend>(b: &B, g: &Arc<GgufFile>, r: &Routing, bias: Option<&[f32]>, n: usize) -> Vec<f32> {

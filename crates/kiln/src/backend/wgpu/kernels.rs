@@ -376,6 +376,22 @@ fn in_out(j: u32, v: vec4<f32>, scale: f32, keep: bool) -> vec4<f32> {
     }
     return y;
 }";
+/// ... (ExpertNorm) where each normed word goes: as f32 into the workgroup's row `xq`
+/// (the router's float dots read it), and by the first workgroup quantized for the experts
+/// into EQ (quantize_core.wgsl's `xq` renamed, the mode prm[PP]) ...
+const EXPERT_PUT: &str = "@group(0) @binding(EQ) var<storage, read_write> eq: array<u32>;
+
+fn in_put(j: u32, y: vec4<f32>, live: bool, li: u32, first: bool, k: u32) {
+    if live {
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            xq[4u * j + i] = bitcast<u32>(y[i]);
+        }
+    }
+    if first {
+        quantize_word(j, y, live, li, prm[PP], 1u, k);
+    }
+}
+";
 /// ... the GLU of the row from word `in_w0` (gate bound at 2, up at UP, its
 /// output at GO; prm[PP + 1, 2]: the act, the values of all rows, whose whole groups of 16
 /// take ggml's expf as the GLU kernel's do) ...
@@ -462,8 +478,11 @@ pub const ONE_OUT: Outs = Outs { n: 1, bias: false, rope: false, route: false, t
 /// Where the vec matmul's activations come from: quantized rows bound at 2 (`Quantized`),
 /// or, in a decode step, made by every workgroup in its prologue from the op before
 /// (matmul_prologue.wgsl): the attention's f32 output quantized, the RMSNorm (with the
-/// residual add), or the GLU; one dispatch instead of two. The value is k, which sizes the
-/// workgroup memory they go to.
+/// residual add), or the GLU; one dispatch instead of two. `ExpertNorm` is a mixture of
+/// experts' f32 router's: the residual add and RMSNorm kept in f32 for the router's
+/// float dots, its first workgroup also quantizing the norm for the experts into a bound
+/// buffer (the FFN norm's dispatch saved). The value is k, which sizes the workgroup memory
+/// they go to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Input {
     Quantized,
@@ -471,13 +490,18 @@ pub enum Input {
     Norm(u32),
     AddNorm(u32),
     Glu(u32),
+    ExpertNorm(u32),
 }
 
 impl Input {
-    /// Words of workgroup memory its quantized row takes: k / 4 of quants, then the
-    /// scales and sums (at most k / 16 + k / 256: Q8_K's).
-    pub fn words(k: usize) -> usize {
-        k / 4 + k / 16 + k / 256 + 1
+    /// Words of workgroup memory a row of k takes: quantized, k / 4 of quants, then the
+    /// scales and sums (at most k / 16 + k / 256: Q8_K's); in f32, k.
+    pub fn words(k: usize, f32_row: bool) -> usize {
+        if f32_row {
+            k
+        } else {
+            k / 4 + k / 16 + k / 256 + 1
+        }
     }
 
     /// Its buffers bound after the matmul's own (before the RoPE store's caches).
@@ -487,6 +511,7 @@ impl Input {
             Input::Norm(_) => 2,
             Input::Glu(_) => 3,
             Input::AddNorm(_) => 4,
+            Input::ExpertNorm(_) => 5,
         }
     }
 }
@@ -921,18 +946,30 @@ fn matmul_input(
             }
             return s;
         }
-        Input::Quantize(k) | Input::Norm(k) | Input::AddNorm(k) | Input::Glu(k) => k as usize,
+        Input::Quantize(k) | Input::Norm(k) | Input::AddNorm(k) | Input::Glu(k) | Input::ExpertNorm(k) => {
+            k as usize
+        }
     };
     let nc = (k / 4).div_ceil(nt);
-    let mut s =
-        MATMUL_PROLOGUE.replace("XQW", &format!("{}u", Input::words(k))).replace("NCW", &format!("{nc}u"));
+    let experts = matches!(input, Input::ExpertNorm(_));
+    let mut s = MATMUL_PROLOGUE
+        .replace("XQW", &format!("{}u", Input::words(k, experts)))
+        .replace("NCW", &format!("{nc}u"));
     s.push_str(
         "fn xv_at(i: u32) -> vec4<u32> {\n    return vec4<u32>(xq[4u * i], xq[4u * i + 1u], xq[4u * i + 2u], xq[4u * i + 3u]);\n}\n",
     );
     let at = |i: usize| (extras + i).to_string();
+    s.push_str(&if experts {
+        // quantize_core's output renamed: `xq` is the f32 row here.
+        format!("{}{}", EXPERT_PUT.replace("EQ", &at(4)), QUANTIZE_CORE.replace("xq[", "eq["))
+    } else {
+        "fn in_put(j: u32, y: vec4<f32>, live: bool, li: u32, first: bool, k: u32) {\n    \
+         quantize_word(j, y, live, li, prm[PP], 1u, k);\n}\n"
+            .to_string()
+    });
     let op = match input {
-        Input::Norm(_) | Input::AddNorm(_) => {
-            let read = if matches!(input, Input::AddNorm(_)) { NORM_ADD_IN } else { NORM_IN };
+        Input::Norm(_) | Input::AddNorm(_) | Input::ExpertNorm(_) => {
+            let read = if matches!(input, Input::Norm(_)) { NORM_IN } else { NORM_ADD_IN };
             s.push_str(FF_SUM);
             s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
             let read = read.replace("XS", "2").replace("YR", &at(2)).replace("XO", &at(3));

@@ -1115,7 +1115,7 @@ impl GpuBackend {
             && mode != 2
             && nt.is_multiple_of(64)
             && k.is_multiple_of(32)
-            && self.prologue_fits(k, nt);
+            && self.prologue_fits(k, nt, false);
         let reads = |per_value: usize| ok && n_groups * k * per_value <= self.prologue_bytes;
         let kk = k as u32;
         match taken {
@@ -1150,17 +1150,18 @@ impl GpuBackend {
     fn prologue_shape(&self, shape: kernels::VecShape, k: usize) -> kernels::VecShape {
         let wide = kernels::VecShape { rg: 2 * shape.rg, ..shape };
         let nt = wide.rg * wide.npr;
-        if nt <= 256 && self.prologue_fits(k, nt) {
+        if nt <= 256 && self.prologue_fits(k, nt, false) {
             wide
         } else {
             shape
         }
     }
 
-    /// Whether a prologue of k values fits a workgroup of `nt` invocations' memory:
-    /// quantize_core's three arrays of 256, the norm's two of nt, the row sums' nt.
-    fn prologue_fits(&self, k: usize, nt: usize) -> bool {
-        4 * (Input::words(k) + 3 * 256 + 3 * nt + 1) <= self.ctx.max_workgroup_storage as usize
+    /// Whether a prologue of k values (kept in f32 where `f32_row`) fits a workgroup of `nt`
+    /// invocations' memory: quantize_core's three arrays of 256, the norm's two of nt, the
+    /// row sums' nt.
+    fn prologue_fits(&self, k: usize, nt: usize, f32_row: bool) -> bool {
+        4 * (Input::words(k, f32_row) + 3 * 256 + 3 * nt + 1) <= self.ctx.max_workgroup_storage as usize
     }
 
     /// The (cos, sin) pairs of each position as parameter words, from the CPU's rope cache.

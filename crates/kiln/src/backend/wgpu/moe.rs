@@ -12,7 +12,7 @@ use std::sync::Arc;
 use ::wgpu;
 
 use super::kernels::{self, IdTail, Input, Kernel};
-use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath, Pending};
+use super::{grid, matrix_data, Dispatch, GpuBackend, GpuBuf, GpuWeight, MatmulPath, Pending, Prologue};
 use crate::backend::{ExpertInput, Gating, Routing};
 use crate::error::{KilnError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -140,7 +140,9 @@ impl GpuBackend {
     /// The router (`Backend::moe_router`). Where it reads `x` as f32 and the norm (or other
     /// op) that writes `x` is held back, that op also quantizes `x` for `experts` as it
     /// writes it, into the activation scratch, where the expert matmul finds it: one
-    /// dispatch instead of a quantize of its own before the experts, the same bits.
+    /// dispatch instead of a quantize of its own before the experts, the same bits. In a
+    /// decode step whose route the matmul takes, a held residual add and norm runs in the
+    /// router's own prologue instead (`Input::ExpertNorm`): one dispatch fewer again.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_router_impl(
         &self,
@@ -156,14 +158,7 @@ impl GpuBackend {
         let n = rows * experts.cols;
         let f32_router = super::dot_mode(router.ty).is_none()
             && self.coop_shape(router.ty, rows, router.rows, router.cols).is_none();
-        if let (true, Some((mode, bs))) = (f32_router, self.expert_mode(experts, rows, r.k)) {
-            if let Some(taken) = self.take_writer(x, n, bs) {
-                let act = self.act_buf(n);
-                self.run_quantize(Some(taken), x, mode, rows, experts.cols, &act);
-                *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = Some((x.buf.clone(), mode, n));
-            }
-        }
-        // (The router's f32 input leaves the activation scratch as it is.)
+        // (An f32 router's dispatches leave what is held as it is: built before the norm runs.)
         self.counts.ops.fetch_add(1, Ordering::Relaxed);
         let mut ds = self.matmul_dispatches(&[router], &[], x, rows, &[&logits.buf]);
         // On the vec path the matmul routes its tokens as its last workgroup finishes (one
@@ -179,29 +174,104 @@ impl GpuBackend {
                         && !outs.bias
                         && !outs.rope
                         && MAX_EXPERTS.is_multiple_of(shape.npr)
-                        && (*input == Input::Quantized || self.prologue_fits(router.cols, nt * shape.npr))
+                        && (*input == Input::Quantized
+                            || self.prologue_fits(router.cols, nt * shape.npr, false))
                 }
                 _ => false,
             };
+        let mut norm_in = None;
+        if let (true, Some((mode, bs))) = (f32_router, self.expert_mode(experts, rows, r.k)) {
+            if let Some(taken) = self.take_writer(x, n, bs) {
+                let act = self.act_buf(n);
+                let taken = if fused {
+                    let n_groups = router.rows.div_ceil(MAX_EXPERTS / self.route_npr(&ds));
+                    match self.expert_norm(taken, router, rows, mode, &act, n_groups) {
+                        Ok(p) => {
+                            norm_in = Some(p);
+                            None
+                        }
+                        Err(taken) => Some(taken),
+                    }
+                } else {
+                    Some(taken)
+                };
+                if taken.is_some() {
+                    self.run_quantize(taken, x, mode, rows, experts.cols, &act);
+                }
+                *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = Some((x.buf.clone(), mode, n));
+            }
+        }
+        // (The router's f32 input leaves the activation scratch as it is.)
         if !fused {
             self.run_all(ds);
             self.route(logits, rows, r, bias, ids, weights);
             return;
         }
         let mut d = ds.remove(0);
-        let Kernel::MatmulVec(ty, outs, input, shape) = d.kernel else { unreachable!("matched above") };
+        let Kernel::MatmulVec(ty, outs, mut input, shape) = d.kernel else { unreachable!("matched above") };
         let shape = kernels::VecShape { rg: MAX_EXPERTS / shape.npr, ..shape };
-        d.kernel = Kernel::MatmulVec(ty, kernels::Outs { route: true, ..outs }, input, shape);
         let z = d.groups[2];
         d.groups = grid(router.rows, shape.rg * shape.rr);
         d.groups[2] = z;
         // The route's words go at 11 (kernels.rs ROUTE_TAIL), the prologue's after them.
-        let prologue = d.prm.split_off(11);
+        let mut prologue = d.prm.split_off(11);
         d.prm.extend(self.route_prm(r, false));
+        if let Some((i, prm, mut bufs)) = norm_in {
+            // The norm's input row at 2 in place of `x`, its other buffers after the logits.
+            input = i;
+            prologue = prm;
+            d.bufs[1] = bufs.remove(0);
+            d.bufs.extend(bufs);
+        }
         d.prm.extend(prologue);
+        d.kernel = Kernel::MatmulVec(ty, kernels::Outs { route: true, ..outs }, input, shape);
         let counts = self.scratch(&self.route_counts, z as usize, "kiln route counts");
         d.bufs.extend([ids.buf.clone(), weights.buf.clone(), counts]);
         self.run_dispatch(d);
+    }
+
+    /// The invocations per row of the router's one vec dispatch (`ds`, fused).
+    fn route_npr(&self, ds: &[Dispatch]) -> usize {
+        match ds {
+            [Dispatch { kernel: Kernel::MatmulVec(.., shape), .. }] => shape.npr,
+            _ => unreachable!("a fused router is one vec dispatch"),
+        }
+    }
+
+    /// The held residual add and norm that writes an f32 router's input, as the prologue of
+    /// the router's decode step (`Input::ExpertNorm`, its workgroups of MAX_EXPERTS
+    /// invocations, `n_groups` of them; the first quantizes the norm in `mode` into `act`
+    /// for the experts): the prologue's words and buffers (the norm's input row first), or
+    /// the norm back where that does not apply: several tokens, batch invariance (as for
+    /// every prologue, mod.rs `prologue`), a row the workgroup memory or `prologue_bytes`
+    /// does not take.
+    fn expert_norm(
+        &self,
+        taken: Pending,
+        router: &GpuWeight,
+        rows: usize,
+        mode: u32,
+        act: &wgpu::Buffer,
+        n_groups: usize,
+    ) -> std::result::Result<Prologue, Pending> {
+        let k = router.cols;
+        let ok = rows == 1
+            && !self.batch_invariant
+            && k.is_multiple_of(32)
+            && self.prologue_fits(k, MAX_EXPERTS, true)
+            && n_groups * k * 8 <= self.prologue_bytes;
+        match &taken {
+            Pending::Norm { w, wlen, x, add: Some((y, scale, x_new)), eps, rows: 1, dim, out }
+                if ok && *dim == k =>
+            {
+                Ok((
+                    Input::ExpertNorm(k as u32),
+                    vec![mode, super::f(*eps), *wlen, super::f(*scale)],
+                    vec![x.clone(), w.clone(), out.clone(), y.clone(), x_new.clone(), act.clone()],
+                ))
+            }
+            _ => Err(taken),
+        }
     }
 
     /// `Backend::moe_route`, with or without a selection bias.

@@ -2,8 +2,9 @@
 // instead of by a dispatch before it: on small models a step's time is mostly the
 // dispatches' fixed cost, not their work (kernels.rs `Input`). The op that feeds the matmul
 // (RMSNorm with the residual add, the GLU, or none: an f32 input) runs here on the whole
-// row, quantized into workgroup memory `xq` in quantize.wgsl's layout, so the dot
-// functions read it unchanged and the bits are those of the two dispatches. The row is
+// row, quantized into workgroup memory `xq` in quantize.wgsl's layout (`in_put`, kernels.rs;
+// an f32 router's row in f32), so the dot functions read it unchanged and the bits are
+// those of the two dispatches. The row is
 // input row `row`, a decode step's one token. The first workgroup (`first`)
 // also stores what the op stores (the new residual, the norm's or the GLU's output), for
 // any later reader. The op's parts (kernels.rs: `in_a` ... `in_out`) take an invocation's
@@ -38,7 +39,7 @@ fn prologue(li: u32, first: bool, row: u32) {
     for (var c = 0u; c < NC; c = c + 1u) {
         let live = c * NT + li < nw;
         let j = min(c * NT + li, nw - 1u);
-        quantize_word(j, in_out(j, v[c], scale, live && first), live, li, prm[PP], 1u, k);
+        in_put(j, in_out(j, v[c], scale, live && first), live, li, first, k);
     }
     workgroupBarrier();
 }
