@@ -183,20 +183,12 @@ impl GpuBackend {
         if let (true, Some((mode, bs))) = (f32_router, self.expert_mode(experts, rows, r.k)) {
             if let Some(taken) = self.take_writer(x, n, bs) {
                 let act = self.act_buf(n);
-                let taken = if fused {
+                if fused {
                     let n_groups = router.rows.div_ceil(MAX_EXPERTS / self.route_npr(&ds));
-                    match self.expert_norm(taken, router, rows, mode, &act, n_groups) {
-                        Ok(p) => {
-                            norm_in = Some(p);
-                            None
-                        }
-                        Err(taken) => Some(taken),
-                    }
-                } else {
-                    Some(taken)
-                };
-                if taken.is_some() {
-                    self.run_quantize(taken, x, mode, rows, experts.cols, &act);
+                    norm_in = self.expert_norm(&taken, router, rows, mode, &act, n_groups);
+                }
+                if norm_in.is_none() {
+                    self.run_quantize(Some(taken), x, mode, rows, experts.cols, &act);
                 }
                 *self.act_src.lock().unwrap_or_else(|e| e.into_inner()) = Some((x.buf.clone(), mode, n));
             }
@@ -242,35 +234,35 @@ impl GpuBackend {
     /// the router's decode step (`Input::ExpertNorm`, its workgroups of MAX_EXPERTS
     /// invocations, `n_groups` of them; the first quantizes the norm in `mode` into `act`
     /// for the experts): the prologue's words and buffers (the norm's input row first), or
-    /// the norm back where that does not apply: several tokens, batch invariance (as for
-    /// every prologue, mod.rs `prologue`), a row the workgroup memory or `prologue_bytes`
-    /// does not take.
+    /// none where that does not apply: several tokens, batch invariance (as for every
+    /// prologue, mod.rs `prologue`), a row the workgroup memory or `prologue_bytes` does not
+    /// take.
     fn expert_norm(
         &self,
-        taken: Pending,
+        taken: &Pending,
         router: &GpuWeight,
         rows: usize,
         mode: u32,
         act: &wgpu::Buffer,
         n_groups: usize,
-    ) -> std::result::Result<Prologue, Pending> {
+    ) -> Option<Prologue> {
         let k = router.cols;
         let ok = rows == 1
             && !self.batch_invariant
             && k.is_multiple_of(32)
             && self.prologue_fits(k, MAX_EXPERTS, true)
             && n_groups * k * 8 <= self.prologue_bytes;
-        match &taken {
+        match taken {
             Pending::Norm { w, wlen, x, add: Some((y, scale, x_new)), eps, rows: 1, dim, out }
                 if ok && *dim == k =>
             {
-                Ok((
+                Some((
                     Input::ExpertNorm(k as u32),
                     vec![mode, super::f(*eps), *wlen, super::f(*scale)],
                     vec![x.clone(), w.clone(), out.clone(), y.clone(), x_new.clone(), act.clone()],
                 ))
             }
-            _ => Err(taken),
+            _ => None,
         }
     }
 
