@@ -303,9 +303,9 @@ fn tile_kernels_compile_for_cooperative_matrices() {
         }
     }
     let outs = [
-        Outs { n: 1, bias: false, rope: false, route: false, tail: 0 },
-        Outs { n: 2, bias: false, rope: false, route: false, tail: 0 },
-        Outs { n: 3, bias: true, rope: false, route: false, tail: 0 },
+        Outs { n: 1, bias: false, rope: false, route: false, norm_rope: false, tail: 0 },
+        Outs { n: 2, bias: false, rope: false, route: false, norm_rope: false, tail: 0 },
+        Outs { n: 3, bias: true, rope: false, route: false, norm_rope: false, tail: 0 },
     ];
     for ty in TYPES {
         for &s in &shapes {

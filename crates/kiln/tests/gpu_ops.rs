@@ -1273,6 +1273,83 @@ fn rope_store_fused_into_the_qkv_matmul_matches_the_unfused_kernels() {
     }
 }
 
+/// The q/k/v matmul of `n` tokens (weights `group`), then Qwen3's per-head q and k norms
+/// with the RoPE store (4 q heads, 2 kv heads of 64): q, k and the caches. `split` reads k
+/// between them (the two then run unfused).
+fn qkv_norm_rope_out(
+    b: &GpuBackend,
+    g: &Arc<GgufFile>,
+    group: &str,
+    n: usize,
+    r: &RopeParams,
+    split: bool,
+) -> Vec<f32> {
+    let ts: Vec<_> = (0..3).map(|i| g.tensor(&format!("{group}.{i}")).unwrap()).collect();
+    let ws = b.load_weights(g, &ts).unwrap();
+    let x = input(b, g, "x", n, n * K);
+    let (mut q, mut k, mut v) =
+        (b.alloc(n * 256).unwrap(), b.alloc(n * 128).unwrap(), b.alloc(n * 128).unwrap());
+    b.matmul_many(&ws.iter().collect::<Vec<_>>(), &[None, None, None], &x, n, &mut [&mut q, &mut k, &mut v]);
+    if split {
+        read(b, &k, 1);
+    }
+    let (mut q_tmp, mut k_tmp) = (b.alloc(n * 256).unwrap(), b.alloc(n * 128).unwrap());
+    let qn = weight(b, g, "headnorm");
+    let (mut kc, mut vc) = (b.alloc_kv(64 * 128).unwrap(), b.alloc_kv(64 * 128).unwrap());
+    let pos: Vec<u32> = (0..n as u32).map(|t| 3 + 5 * t).collect();
+    let slots: Vec<u32> = (0..n as u32).map(|t| (7 * t + 2) % 64).collect();
+    let tmp = (&mut q_tmp, &mut k_tmp);
+    b.norm_rope_kv_store(
+        &mut q,
+        &mut k,
+        &v,
+        tmp,
+        (&qn, &qn, 1e-6),
+        &mut kc,
+        &mut vc,
+        &pos,
+        &slots,
+        4,
+        2,
+        64,
+        r,
+    );
+    let mut out = read(b, &q, n * 256);
+    out.extend(read(b, &k, n * 128));
+    for c in [&kc, &vc] {
+        out.extend(b.read_kv(c, 64 * 128).iter().map(|h| h.to_f32()));
+    }
+    out
+}
+
+/// Qwen3's per-head norms and the RoPE store in the q/k/v matmul's tail (the last of each
+/// head's workgroups to finish): the bits of rope_store.wgsl's norm kernel after the
+/// matmul, one dispatch fewer; NORM and NEOX pairs, whole and partial rotations, Q4_0
+/// weights and Q4_K with a Q6_K v, one token and three. (A default-mode fusion: batch
+/// invariance leaves it off, as the prologues.)
+#[test]
+fn head_norms_and_the_rope_store_in_the_qkv_matmuls_tail_are_the_norm_kernels() {
+    let g = model();
+    for mut gpu in vec_gpus() {
+        gpu.set_batch_invariant(false);
+        for group in ["qkv", "qkvm"] {
+            for (neox, n_rot) in [(false, 64), (true, 64), (true, 48), (false, 48)] {
+                let r = RopeParams { n_rot, ..rope_params(neox, false, false) };
+                for n in [1, 3] {
+                    let what = format!("{group} neox {neox} n_rot {n_rot} x{n} on {}", gpu.name());
+                    let d0 = gpu.counts().get().1;
+                    let fused = qkv_norm_rope_out(&gpu, &g, group, n, &r, false);
+                    let d1 = gpu.counts().get().1;
+                    let split = qkv_norm_rope_out(&gpu, &g, group, n, &r, true);
+                    let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
+                    assert_eq!(saved, 1, "{what}: {saved} dispatches saved");
+                    assert_same_bits(&what, &fused, &split);
+                }
+            }
+        }
+    }
+}
+
 /// GQA 8:2 at head_dim 64 (n_head, n_head_kv, head_dim).
 const GQA: (usize, usize, usize) = (8, 2, 64);
 

@@ -25,6 +25,7 @@ const ATTN_QUANTIZE: &str = include_str!("shaders/attn_quantize.wgsl");
 const ATTN_BLOCK_QUANTIZE: &str = include_str!("shaders/attn_block_quantize.wgsl");
 const ROPE_EPILOGUE: &str = include_str!("shaders/rope_epilogue.wgsl");
 const FF_SUM: &str = include_str!("shaders/ff_sum.wgsl");
+const RMS_APPLY: &str = include_str!("shaders/rms_apply.wgsl");
 const MATMUL_PROLOGUE: &str = include_str!("shaders/matmul_prologue.wgsl");
 const ALIBI: &str = include_str!("shaders/alibi.wgsl");
 const EXPERT_SLOTS: &str = include_str!("shaders/expert_slots.wgsl");
@@ -40,6 +41,7 @@ const MATMUL_ID_VEC: &str = include_str!("shaders/matmul_id_vec.wgsl");
 const MATMUL_ID_COOP: &str = include_str!("shaders/matmul_id_coop.wgsl");
 const ROUTE: &str = include_str!("shaders/route.wgsl");
 const LAST_DONE: &str = include_str!("shaders/last_done.wgsl");
+const NORM_ROPE_TAIL: &str = include_str!("shaders/norm_rope_tail.wgsl");
 /// The router matmul's route tail (kernels.rs `Outs::route`): route.wgsl's accessors (its
 /// parameters after the matmul's, the logits the matmul's output, read atomically as
 /// stored; no selection bias: a biased router is not fused), the ids, weights and the
@@ -156,6 +158,8 @@ fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
 ";
 /// The route tail's parameter words after the matmul's 11 (route.wgsl's route_prm).
 pub const ROUTE_WORDS: usize = 6;
+/// The norm and RoPE tail's parameter words after the matmul's 11 (norm_rope_tail.wgsl).
+pub const NORM_ROPE_WORDS: usize = 9;
 /// The expert matmuls' parameter words (expert_slots.wgsl).
 pub const EXPERT_WORDS: usize = 15;
 /// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of
@@ -460,20 +464,23 @@ const DOT4_PLAIN: &str = "    var s = 0;
 /// gate/up), whether each adds its bias vector as values are stored (q/k/v biases), and
 /// (vec path) whether q/k/v rows are stored with RoPE and the KV store (rope_epilogue.wgsl),
 /// whether a mixture of experts' router logits are routed by the workgroup that finishes
-/// last (`route`: ROUTE_TAIL, route.wgsl; one output), and the wide-unit format
-/// (`vec_fast`) of the last output's rows where it is not the others' (Q4_K_M's Q6_K v
-/// under Q4_K q and k: `tail`, 0 where all share one).
+/// last (`route`: ROUTE_TAIL, route.wgsl; one output), whether q and k heads are
+/// RMSNormed, then stored with RoPE and the KV store with v, by the last workgroup of each
+/// head to finish (`norm_rope`: norm_rope_tail.wgsl; three outputs), and the wide-unit
+/// format (`vec_fast`) of the last output's rows where it is not the others' (Q4_K_M's Q6_K
+/// v under Q4_K q and k: `tail`, 0 where all share one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Outs {
     pub n: u8,
     pub bias: bool,
     pub rope: bool,
     pub route: bool,
+    pub norm_rope: bool,
     pub tail: u8,
 }
 
 /// One output, no bias, RoPE, route or tail (the expert matmuls').
-pub const ONE_OUT: Outs = Outs { n: 1, bias: false, rope: false, route: false, tail: 0 };
+pub const ONE_OUT: Outs = Outs { n: 1, bias: false, rope: false, route: false, norm_rope: false, tail: 0 };
 
 /// Where the vec matmul's activations come from: quantized rows bound at 2 (`Quantized`),
 /// or, in a decode step, made by every workgroup in its prologue from the op before
@@ -869,12 +876,12 @@ fn dot_consts(ty: GgmlType) -> String {
 /// whose rows hold `r` (bindings 3, 4, 5 from the row boundaries prm 9, 10).
 fn matmul_store(outs: Outs, base: usize) -> String {
     let n = outs.n as usize;
+    // (Atomic words where a tail's last workgroup reads them.)
+    let atomic = outs.norm_rope;
+    let ty = if atomic { "array<atomic<u32>>" } else { "array<f32>" };
     let mut s = String::new();
     for i in 1..n {
-        s.push_str(&format!(
-            "@group(0) @binding({}) var<storage, read_write> ys{i}: array<f32>;\n",
-            base + i
-        ));
+        s.push_str(&format!("@group(0) @binding({}) var<storage, read_write> ys{i}: {ty};\n", base + i));
     }
     if outs.bias {
         for i in 0..n {
@@ -904,9 +911,14 @@ fn matmul_store(outs: Outs, base: usize) -> String {
     for i in (0..n).rev().filter(|_| n > 1) {
         let name = if i == 0 { "ys".to_string() } else { format!("ys{i}") };
         let (lo, hi) = (bound(i), bound(i + 1));
+        let at = format!("{name}[t * ({hi} - {lo}) + c]");
+        let put = if atomic {
+            format!("atomicStore(&{at}, bitcast<u32>({}))", value(i))
+        } else {
+            format!("{at} = {}", value(i))
+        };
         body.push_str(&format!(
-            "    if r >= {lo} {{\n        let c = r - {lo};\n        {name}[t * ({hi} - {lo}) + c] = {};\n        return;\n    }}\n",
-            value(i)
+            "    if r >= {lo} {{\n        let c = r - {lo};\n        {put};\n        return;\n    }}\n"
         ));
     }
     s.push_str(&format!("fn store(t: u32, r: u32, v: f32) {{\n{body}}}\n"));
@@ -971,6 +983,7 @@ fn matmul_input(
         Input::Norm(_) | Input::AddNorm(_) | Input::ExpertNorm(_) => {
             let read = if matches!(input, Input::Norm(_)) { NORM_IN } else { NORM_ADD_IN };
             s.push_str(FF_SUM);
+            s.push_str(RMS_APPLY);
             s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
             let read = read.replace("XS", "2").replace("YR", &at(2)).replace("XO", &at(3));
             format!(
@@ -1082,6 +1095,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     if let Kernel::RmsNorm(_) | Kernel::AddRmsNorm(_) | Kernel::LayerNorm = k {
         s.push_str(FF_SUM);
+        s.push_str(RMS_APPLY);
         s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
         if subgroups {
             s.push_str(SUBGROUP_RUNS);
@@ -1091,6 +1105,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         // `norm`'s head sums: a workgroup of 64 (a head is at most 64 words).
         s.push_str("const NT: u32 = 64u;\n");
         s.push_str(FF_SUM);
+        s.push_str(RMS_APPLY);
         s.push_str(FF_TOTAL_TREE);
     }
     if let Kernel::AttnPartial | Kernel::AttnDirect(_) = k {
@@ -1214,6 +1229,17 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
             if outs.route {
                 s.push_str(&ROUTE_TAIL.replace("RI", &kc.to_string()).replace("RJ", &(kc + 1).to_string()));
                 s.push_str(&LAST_DONE.replace("DC", &(kc + 2).to_string()));
+            } else if outs.norm_rope {
+                // The caches, the q and k norms' weights, the counters.
+                let at = |i: usize| (kc + i).to_string();
+                s.push_str(
+                    &NORM_ROPE_TAIL
+                        .replace("KC", &at(0))
+                        .replace("VC", &at(1))
+                        .replace("HQ", &at(2))
+                        .replace("HK", &at(3)),
+                );
+                s.push_str(&LAST_DONE.replace("DC", &at(4)));
             } else if tail == IdTail::Sum {
                 s.push_str(
                     &SUM_TAIL.replace("SW", &(kc + 1).to_string()).replace("SO", &(kc + 2).to_string()),
@@ -1257,15 +1283,28 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
                 18
             } else if outs.route {
                 11 + ROUTE_WORDS
+            } else if outs.norm_rope {
+                11 + NORM_ROPE_WORDS
             } else {
                 11
             };
             s.push_str(&matmul_input(input, rg * npr, xv, extras, pp, fast != 0, subgroups));
+            if outs.norm_rope {
+                // The norm's float-float sum over the workgroup (a norm prologue may have
+                // brought it).
+                if !s.contains("const NT:") {
+                    s.push_str("const NT: u32 = NPR * RG;\n");
+                }
+                if !s.contains("fn ff_total(") {
+                    s.push_str(FF_SUM);
+                    s.push_str(if subgroups { FF_TOTAL_SUBGROUP } else { FF_TOTAL_TREE });
+                }
+            }
             s.push_str(if subgroups { ROW_SUM_SUBGROUP } else { ROW_SUM_TREE });
             if subgroups {
                 s.push_str(SUBGROUP_RUNS);
             }
-            let src = if outs.route || tail != IdTail::Off {
+            let src = if outs.route || outs.norm_rope || tail != IdTail::Off {
                 src.replace(
                     "@group(0) @binding(3) var<storage, read_write> ys: array<f32>;",
                     "@group(0) @binding(3) var<storage, read_write> ys: array<atomic<u32>>;",

@@ -152,6 +152,8 @@ pub struct GpuBackend {
     sum_counts: Mutex<Option<wgpu::Buffer>>,
     /// The expert gate and up projection's GLU tail's counters (kernels.rs GLU_TAIL).
     glu_counts: Mutex<Option<wgpu::Buffer>>,
+    /// The q/k/v matmul's norm and RoPE tail's counters (norm_rope_tail.wgsl).
+    head_counts: Mutex<Option<wgpu::Buffer>>,
     /// A prompt's expert slots grouped by expert for the expert tiles (moe_coop.rs; grown
     /// on demand).
     expert_groups_buf: Mutex<Option<wgpu::Buffer>>,
@@ -419,6 +421,7 @@ impl GpuBackend {
             attn_counts: Mutex::new(None),
             sum_counts: Mutex::new(None),
             glu_counts: Mutex::new(None),
+            head_counts: Mutex::new(None),
             expert_groups_buf: Mutex::new(None),
             counts: Arc::default(),
             gelu,
@@ -952,6 +955,7 @@ impl GpuBackend {
                 bias: !biases.is_empty(),
                 rope: false,
                 route: false,
+                norm_rope: false,
                 tail,
             };
             // Both exact kernels give the same bits; for prompts of 32-value block formats
@@ -983,7 +987,14 @@ impl GpuBackend {
                     let bufs = vec![p.buf.clone(), input.2[0].clone(), part.clone()];
                     let kernel = Kernel::MatmulCoop(
                         w.ty,
-                        kernels::Outs { n: 1, bias: false, rope: false, route: false, tail: 0 },
+                        kernels::Outs {
+                            n: 1,
+                            bias: false,
+                            rope: false,
+                            route: false,
+                            norm_rope: false,
+                            tail: 0,
+                        },
                         cs.kernel_key(),
                     );
                     dispatches.push(Dispatch { kernel, prm: prm.clone(), bufs, groups: g });
@@ -1590,8 +1601,53 @@ impl Backend for GpuBackend {
             self.rope_kv_store(q, k, v, kc, vc, pos, slots, n_head, n_head_kv, head_dim, r);
             return;
         }
-        // rope_store.wgsl `norm`: a workgroup per head, q normed and rotated in place.
         self.op();
+        // After the q/k/v matmul held for it, in one dispatch: in its tail, the last of a
+        // head's workgroups to finish (norm_rope_tail.wgsl).
+        let held = self.take_pending_if(|p| {
+            matches!(p, Pending::Qkv { runs } if runs.len() == 1 && runs[0].1.iter().eq([&q.buf, &k.buf, &v.buf]))
+        });
+        if let Some(Pending::Qkv { mut runs }) = held {
+            let (mut d, _) = runs.remove(0);
+            let Kernel::MatmulVec(ty, o, input, shape) = d.kernel else {
+                unreachable!("held by matmul_many")
+            };
+            // A workgroup's rows within one head, an invocation per word of a head. Not under
+            // batch invariance, as no prologue (`prologue`): the step sizes whose shape
+            // this does not take run the norm kernel, whose last bits the driver may
+            // compile otherwise.
+            let fits = head_dim.is_multiple_of(shape.rg * shape.rr)
+                && head_dim <= 4 * (shape.rg * shape.npr).min(64);
+            if fits && !self.batch_invariant {
+                d.kernel = Kernel::MatmulVec(ty, kernels::Outs { norm_rope: true, ..o }, input, shape);
+                // The tail's words go at 11, the prologue's after them.
+                let prologue = d.prm.split_off(11);
+                let rope = self.rope_caches(pos, r);
+                let rope_at = (11 + kernels::NORM_ROPE_WORDS + prologue.len()) as u32;
+                d.prm.extend([
+                    (n_head * head_dim) as u32,
+                    (n_head_kv * head_dim) as u32,
+                    head_dim as u32,
+                    r.n_rot as u32,
+                    r.neox as u32,
+                    (n_head_kv * head_dim / 2) as u32,
+                    rope_at,
+                    rope_at + rope.len() as u32,
+                    f(eps),
+                ]);
+                d.prm.extend(prologue);
+                d.prm.extend(rope);
+                d.prm.extend_from_slice(slots);
+                let n = d.groups[2] as usize * (n_head + n_head_kv);
+                let counts = self.scratch(&self.head_counts, n, "kiln head counts");
+                let weights = [&kc.buf, &vc.buf, &qn.parts[0].buf, &kn.parts[0].buf, &counts];
+                d.bufs.extend(weights.into_iter().cloned());
+                self.run_dispatch(d);
+                return;
+            }
+            self.run_dispatch(d);
+        }
+        // rope_store.wgsl `norm`: a workgroup per head, q normed and rotated in place.
         let mut prm = self.rope_store_prm(pos, slots, n_head, n_head_kv, head_dim, r);
         prm.push(f(eps));
         let bufs = [&q.buf, &k.buf, &v.buf, &kc.buf, &vc.buf, &qn.parts[0].buf, &kn.parts[0].buf];

@@ -1,6 +1,6 @@
-// RMSNorm's float-float sum of squares and its scale, shared by rms_norm.wgsl and the
-// vec matmul's norm prologue (matmul_prologue.wgsl). The includer defines NT (its
-// workgroup size) and binds the norm weight `wn`.
+// RMSNorm's float-float sum of squares and its scale, shared by rms_norm.wgsl, the vec
+// matmul's norm prologue (matmul_prologue.wgsl) and the RoPE stores' head norms. The
+// includer defines NT (its workgroup size).
 var<workgroup> red_hi: array<f32, NT>;
 var<workgroup> red_lo: array<f32, NT>;
 
@@ -42,14 +42,4 @@ fn rms_scale(tot: vec2<f32>, dim: u32, eps: f32) -> f32 {
     let m0 = tot.x / fd;
     let mean = m0 + (fma_x(-m0, fd, tot.x) + tot.y) / fd;
     return 1.0 / sqrt(mean + eps);
-}
-
-// Word j of a row normalized: the CPU's `x * scale` rounded, then times the weight
-// (`wlen` values: the row's, or one head's for per-head norms).
-fn rms_apply(v: vec4<f32>, scale: f32, j: u32, wlen: u32) -> vec4<f32> {
-    var y: vec4<f32>;
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        y[i] = nc(v[i] * scale) * wn[(4u * j + i) % wlen];
-    }
-    return y;
 }
