@@ -1215,9 +1215,11 @@ fn the_glu_in_the_gate_up_experts_tail_is_the_glu_kernels() {
     }
 }
 
-/// q/k/v of `group` (matmul_many, `bias`: qkvb) of `n` tokens, then the RoPE store: q after
-/// it and the two caches as f32. `split` reads k first, so the matmuls and the store run
-/// unfused.
+/// q/k/v of `group` (matmul_many, `bias`: qkvb) of `n` tokens, then the RoPE store (with
+/// `norm`, Qwen3's per-head q and k norms first: 4 q heads, 2 kv heads of 64): (`norm`) k,
+/// q after it and the two caches as f32. `split` reads k first, so the matmuls and the
+/// store run unfused.
+#[allow(clippy::too_many_arguments)]
 fn qkv_rope_out(
     b: &GpuBackend,
     g: &Arc<GgufFile>,
@@ -1226,6 +1228,7 @@ fn qkv_rope_out(
     n: usize,
     r: &RopeParams,
     split: bool,
+    norm: bool,
 ) -> Vec<f32> {
     let ts: Vec<_> = (0..3).map(|i| g.tensor(&format!("{group}.{i}")).unwrap()).collect();
     let ws = b.load_weights(g, &ts).unwrap();
@@ -1241,8 +1244,17 @@ fn qkv_rope_out(
     let (mut kc, mut vc) = (b.alloc_kv(64 * 128).unwrap(), b.alloc_kv(64 * 128).unwrap());
     let pos: Vec<u32> = (0..n as u32).map(|t| 3 + 5 * t).collect();
     let slots: Vec<u32> = (0..n as u32).map(|t| (7 * t + 2) % 64).collect();
-    b.rope_kv_store(&mut q, &mut k, &v, &mut kc, &mut vc, &pos, &slots, 4, 2, 64, r);
-    let mut out = read(b, &q, n * 256);
+    let mut out = Vec::new();
+    if norm {
+        let (mut q_tmp, mut k_tmp) = (b.alloc(n * 256).unwrap(), b.alloc(n * 128).unwrap());
+        let qn = weight(b, g, "headnorm");
+        let (tmp, norms) = ((&mut q_tmp, &mut k_tmp), (&qn, &qn, 1e-6));
+        b.norm_rope_kv_store(&mut q, &mut k, &v, tmp, norms, &mut kc, &mut vc, &pos, &slots, 4, 2, 64, r);
+        out.extend(read(b, &k, n * 128));
+    } else {
+        b.rope_kv_store(&mut q, &mut k, &v, &mut kc, &mut vc, &pos, &slots, 4, 2, 64, r);
+    }
+    out.extend(read(b, &q, n * 256));
     for c in [&kc, &vc] {
         out.extend(b.read_kv(c, 64 * 128).iter().map(|h| h.to_f32()));
     }
@@ -1261,9 +1273,9 @@ fn rope_store_fused_into_the_qkv_matmul_matches_the_unfused_kernels() {
                     let what =
                         format!("{group} bias {bias} neox {neox} n_rot {n_rot} x{n} on {}", gpu.name());
                     let d0 = gpu.counts().get().1;
-                    let fused = qkv_rope_out(&gpu, &g, group, bias, n, &r, false);
+                    let fused = qkv_rope_out(&gpu, &g, group, bias, n, &r, false, false);
                     let d1 = gpu.counts().get().1;
-                    let split = qkv_rope_out(&gpu, &g, group, bias, n, &r, true);
+                    let split = qkv_rope_out(&gpu, &g, group, bias, n, &r, true, false);
                     let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
                     assert_eq!(saved, u64::from(n_rot == 64), "{what}: {saved} dispatches saved");
                     assert_same_bits(&what, &fused, &split);
@@ -1271,55 +1283,6 @@ fn rope_store_fused_into_the_qkv_matmul_matches_the_unfused_kernels() {
             }
         }
     }
-}
-
-/// The q/k/v matmul of `n` tokens (weights `group`), then Qwen3's per-head q and k norms
-/// with the RoPE store (4 q heads, 2 kv heads of 64): q, k and the caches. `split` reads k
-/// between them (the two then run unfused).
-fn qkv_norm_rope_out(
-    b: &GpuBackend,
-    g: &Arc<GgufFile>,
-    group: &str,
-    n: usize,
-    r: &RopeParams,
-    split: bool,
-) -> Vec<f32> {
-    let ts: Vec<_> = (0..3).map(|i| g.tensor(&format!("{group}.{i}")).unwrap()).collect();
-    let ws = b.load_weights(g, &ts).unwrap();
-    let x = input(b, g, "x", n, n * K);
-    let (mut q, mut k, mut v) =
-        (b.alloc(n * 256).unwrap(), b.alloc(n * 128).unwrap(), b.alloc(n * 128).unwrap());
-    b.matmul_many(&ws.iter().collect::<Vec<_>>(), &[None, None, None], &x, n, &mut [&mut q, &mut k, &mut v]);
-    if split {
-        read(b, &k, 1);
-    }
-    let (mut q_tmp, mut k_tmp) = (b.alloc(n * 256).unwrap(), b.alloc(n * 128).unwrap());
-    let qn = weight(b, g, "headnorm");
-    let (mut kc, mut vc) = (b.alloc_kv(64 * 128).unwrap(), b.alloc_kv(64 * 128).unwrap());
-    let pos: Vec<u32> = (0..n as u32).map(|t| 3 + 5 * t).collect();
-    let slots: Vec<u32> = (0..n as u32).map(|t| (7 * t + 2) % 64).collect();
-    let tmp = (&mut q_tmp, &mut k_tmp);
-    b.norm_rope_kv_store(
-        &mut q,
-        &mut k,
-        &v,
-        tmp,
-        (&qn, &qn, 1e-6),
-        &mut kc,
-        &mut vc,
-        &pos,
-        &slots,
-        4,
-        2,
-        64,
-        r,
-    );
-    let mut out = read(b, &q, n * 256);
-    out.extend(read(b, &k, n * 128));
-    for c in [&kc, &vc] {
-        out.extend(b.read_kv(c, 64 * 128).iter().map(|h| h.to_f32()));
-    }
-    out
 }
 
 /// Qwen3's per-head norms and the RoPE store in the q/k/v matmul's tail (the last of each
@@ -1338,9 +1301,9 @@ fn head_norms_and_the_rope_store_in_the_qkv_matmuls_tail_are_the_norm_kernels() 
                 for n in [1, 3] {
                     let what = format!("{group} neox {neox} n_rot {n_rot} x{n} on {}", gpu.name());
                     let d0 = gpu.counts().get().1;
-                    let fused = qkv_norm_rope_out(&gpu, &g, group, n, &r, false);
+                    let fused = qkv_rope_out(&gpu, &g, group, false, n, &r, false, true);
                     let d1 = gpu.counts().get().1;
-                    let split = qkv_norm_rope_out(&gpu, &g, group, n, &r, true);
+                    let split = qkv_rope_out(&gpu, &g, group, false, n, &r, true, true);
                     let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
                     assert_eq!(saved, 1, "{what}: {saved} dispatches saved");
                     assert_same_bits(&what, &fused, &split);
