@@ -107,6 +107,10 @@ fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
     let nk = prm[12];
     let hd = prm[13];
     let r0 = (wid.y * nwg.x + wid.x) * RG * RR;
+    // (Workgroups past the rows, where the grid is two-dimensional, count in no head.)
+    if r0 >= prm[0] {
+        return;
+    }
     // The workgroup's head, and how many workgroups finish it.
     var h = r0 / hd;
     var n = hd / (RG * RR);
