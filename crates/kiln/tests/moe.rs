@@ -154,17 +154,19 @@ mod gpu {
     /// quantized model's: F16 activations are rounded by a dispatch of their own), a step of
     /// one token after a prompt. Under batch invariance no decode prologue runs (the
     /// attention's norm and the FFN's are dispatches of their own) and the head norms
-    /// with the RoPE store are a kernel of their own: 10 and 9.
+    /// with the RoPE store are a kernel of their own: 10 and 9. OLMoE's norms of all of q
+    /// and all of k take the same tail (7 and 6), and under batch invariance a dispatch
+    /// each, then the RoPE store's (13 and 12).
     #[test]
     fn a_qwen3moe_decode_layer_on_the_vec_path_is_seven_dispatches_or_six() {
         use kiln::backend::wgpu::{AdapterPolicy, GpuBackend, MatmulPath};
-        let step = |n_layer: usize, n_ff: usize, invariant: bool| {
-            let mut spec = synth::preset("qwen3moe-tiny").unwrap();
+        let step = |preset: &str, n_layer: usize, n_ff: usize, invariant: bool| {
+            let mut spec = synth::preset(preset).unwrap();
             spec.n_layer = n_layer;
             spec.matrix_type = GgmlType::Q8_0;
             spec.experts.as_mut().unwrap().n_ff = n_ff;
             let mut counts = None;
-            let name = format!("count{n_layer}x{n_ff}{}", if invariant { "i" } else { "" });
+            let name = format!("{preset}{n_layer}x{n_ff}{}", if invariant { "i" } else { "" });
             let e = load_with(spec.build().unwrap(), &name, Device::Gpu, |path, opts| {
                 let mut gpu = GpuBackend::new(AdapterPolicy::AnyGpu)?;
                 gpu.set_matmul_path(MatmulPath::Vec);
@@ -182,12 +184,18 @@ mod gpu {
             r.decode(&[entry(42)], OutputKind::Logits).unwrap();
             counts.get().1 - d0
         };
-        for (n_ff, invariant, expected) in [(32, false, 7), (256, false, 6), (32, true, 10), (256, true, 9)] {
-            let per_layer = step(3, n_ff, invariant) - step(2, n_ff, invariant);
-            assert_eq!(
-                per_layer, expected,
-                "{per_layer} dispatches per layer at an expert width of {n_ff} (batch invariant: {invariant})"
-            );
+        let counts = [
+            ("qwen3moe-tiny", [(32, false, 7), (256, false, 6), (32, true, 10), (256, true, 9)]),
+            ("olmoe-tiny", [(32, false, 7), (256, false, 6), (32, true, 13), (256, true, 12)]),
+        ];
+        for (preset, cases) in counts {
+            for (n_ff, invariant, expected) in cases {
+                let per_layer = step(preset, 3, n_ff, invariant) - step(preset, 2, n_ff, invariant);
+                assert_eq!(
+                    per_layer, expected,
+                    "{preset}: {per_layer} dispatches per layer at an expert width of {n_ff} (batch invariant: {invariant})"
+                );
+            }
         }
     }
 

@@ -454,10 +454,10 @@ pub trait Backend: Send + Sync + 'static {
         self.rope(k, pos, n_head_kv, head_dim, rope);
         self.kv_store(k_cache, v_cache, k, v, slots, n_head_kv * head_dim);
     }
-    /// RMSNorm of each head of `q` and `k` (`norms`: q's and k's weights, a head wide, and
-    /// eps), then `rope_kv_store`; `tmp` is scratch as wide as q and k (swapped with them:
-    /// `q` holds the normed, rotated q on return). One kernel where a backend fuses them
-    /// (the GPU).
+    /// RMSNorm of `q` and `k` (`norms`: q's and k's weights, and eps; each norm as wide as
+    /// its weight: a head, Qwen3's, or all of a token's heads, OLMoE's), then
+    /// `rope_kv_store`; `tmp` is scratch as wide as q and k (swapped with them: `q` holds
+    /// the normed, rotated q on return). One kernel where a backend fuses them (the GPU).
     #[allow(clippy::too_many_arguments)]
     fn norm_rope_kv_store(
         &self,
@@ -478,8 +478,9 @@ pub trait Backend: Send + Sync + 'static {
         self.head_norms(q, k, tmp, norms, pos.len(), (n_head, n_head_kv, head_dim));
         self.rope_kv_store(q, k, v, k_cache, v_cache, pos, slots, n_head, n_head_kv, head_dim, rope);
     }
-    /// `norm_rope_kv_store`'s norms alone: RMSNorm of each head of `n` tokens' `q` and `k`
-    /// (`heads`: n_head, n_head_kv, head_dim), through `tmp` (swapped with them).
+    /// `norm_rope_kv_store`'s norms alone: RMSNorm of `n` tokens' `q` and `k` (`heads`:
+    /// n_head, n_head_kv, head_dim) in rows as wide as their weights, through `tmp`
+    /// (swapped with them).
     fn head_norms(
         &self,
         q: &mut Self::Buf,
@@ -491,9 +492,14 @@ pub trait Backend: Send + Sync + 'static {
     ) {
         let (qn, kn, eps) = norms;
         let (n_head, n_head_kv, head_dim) = heads;
-        self.rms_norm(q, qn, eps, n * n_head, head_dim, tmp.0);
+        let width = |w: &Self::Weight| {
+            let (rows, cols) = self.weight_shape(w);
+            rows * cols
+        };
+        let (qw, kw) = (width(qn), width(kn));
+        self.rms_norm(q, qn, eps, n * n_head * head_dim / qw, qw, tmp.0);
         std::mem::swap(q, tmp.0);
-        self.rms_norm(k, kn, eps, n * n_head_kv, head_dim, tmp.1);
+        self.rms_norm(k, kn, eps, n * n_head_kv * head_dim / kw, kw, tmp.1);
         std::mem::swap(k, tmp.1);
     }
     /// Causal attention of each query row over its sequence's cached keys and values.

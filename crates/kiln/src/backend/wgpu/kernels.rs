@@ -159,7 +159,7 @@ fn matmul_tail(wid: vec3<u32>, nwg: vec3<u32>, li: u32, t0: u32, tt: u32) {
 /// The route tail's parameter words after the matmul's 11 (route.wgsl's route_prm).
 pub const ROUTE_WORDS: usize = 6;
 /// The norm and RoPE tail's parameter words after the matmul's 11 (norm_rope_tail.wgsl).
-pub const NORM_ROPE_WORDS: usize = 9;
+pub const NORM_ROPE_WORDS: usize = 11;
 /// The expert matmuls' parameter words (expert_slots.wgsl).
 pub const EXPERT_WORDS: usize = 15;
 /// The dense vec matmul's rows and tokens (matmul_vec.wgsl): TT tokens per workgroup of

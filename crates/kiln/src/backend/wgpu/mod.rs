@@ -1590,63 +1590,72 @@ impl Backend for GpuBackend {
     ) {
         let (qn, kn, eps) = norms;
         let n_tok = pos.len();
-        let head_wide = |w: &GpuWeight| w.rows * w.cols == head_dim && w.parts.len() == 1;
-        let fused = kc.ty == GgmlType::F16
-            && vc.ty == GgmlType::F16
-            && head_dim.is_multiple_of(4)
-            && head_wide(qn)
-            && head_wide(kn);
-        if !fused {
+        // Each norm a head wide (Qwen3's) or as wide as all of a token's heads (OLMoE's).
+        let width = |w: &GpuWeight, heads: usize| {
+            let n = w.rows * w.cols;
+            (w.parts.len() == 1 && (n == head_dim || n == heads * head_dim)).then_some(n)
+        };
+        let (gq, gk) = (width(qn, n_head), width(kn, n_head_kv));
+        let f16 = kc.ty == GgmlType::F16 && vc.ty == GgmlType::F16 && head_dim.is_multiple_of(4);
+        // After the q/k/v matmul held for it, in one dispatch: in its tail, the last of a
+        // norm group's workgroups to finish (norm_rope_tail.wgsl).
+        if let (true, Some(gq), Some(gk)) = (f16, gq, gk) {
+            let held = self.take_pending_if(|p| {
+                matches!(p, Pending::Qkv { runs } if runs.len() == 1 && runs[0].1.iter().eq([&q.buf, &k.buf, &v.buf]))
+            });
+            if let Some(Pending::Qkv { mut runs }) = held {
+                let (mut d, _) = runs.remove(0);
+                let Kernel::MatmulVec(ty, o, input, shape) = d.kernel else {
+                    unreachable!("held by matmul_many")
+                };
+                // A workgroup's rows within one group, an invocation per word of a head. Not
+                // under batch invariance, as no prologue (`prologue`): the step sizes whose
+                // shape this does not take run the norm kernels, whose last bits the driver
+                // may compile otherwise.
+                let rows = shape.rg * shape.rr;
+                let fits = gq.is_multiple_of(rows)
+                    && gk.is_multiple_of(rows)
+                    && head_dim <= 4 * (shape.rg * shape.npr).min(64);
+                if fits && !self.batch_invariant {
+                    self.op();
+                    d.kernel = Kernel::MatmulVec(ty, kernels::Outs { norm_rope: true, ..o }, input, shape);
+                    // The tail's words go at 11, the prologue's after them.
+                    let prologue = d.prm.split_off(11);
+                    let rope = self.rope_caches(pos, r);
+                    let rope_at = (11 + kernels::NORM_ROPE_WORDS + prologue.len()) as u32;
+                    d.prm.extend([
+                        (n_head * head_dim) as u32,
+                        (n_head_kv * head_dim) as u32,
+                        head_dim as u32,
+                        r.n_rot as u32,
+                        r.neox as u32,
+                        (n_head_kv * head_dim / 2) as u32,
+                        rope_at,
+                        rope_at + rope.len() as u32,
+                        f(eps),
+                        gq as u32,
+                        gk as u32,
+                    ]);
+                    d.prm.extend(prologue);
+                    d.prm.extend(rope);
+                    d.prm.extend_from_slice(slots);
+                    let groups = n_head * head_dim / gq + n_head_kv * head_dim / gk;
+                    let counts =
+                        self.scratch(&self.head_counts, d.groups[2] as usize * groups, "kiln head counts");
+                    let weights = [&kc.buf, &vc.buf, &qn.parts[0].buf, &kn.parts[0].buf, &counts];
+                    d.bufs.extend(weights.into_iter().cloned());
+                    self.run_dispatch(d);
+                    return;
+                }
+                self.run_dispatch(d);
+            }
+        }
+        if !(f16 && gq == Some(head_dim) && gk == Some(head_dim)) {
             self.head_norms(q, k, tmp, norms, n_tok, (n_head, n_head_kv, head_dim));
             self.rope_kv_store(q, k, v, kc, vc, pos, slots, n_head, n_head_kv, head_dim, r);
             return;
         }
         self.op();
-        // After the q/k/v matmul held for it, in one dispatch: in its tail, the last of a
-        // head's workgroups to finish (norm_rope_tail.wgsl).
-        let held = self.take_pending_if(|p| {
-            matches!(p, Pending::Qkv { runs } if runs.len() == 1 && runs[0].1.iter().eq([&q.buf, &k.buf, &v.buf]))
-        });
-        if let Some(Pending::Qkv { mut runs }) = held {
-            let (mut d, _) = runs.remove(0);
-            let Kernel::MatmulVec(ty, o, input, shape) = d.kernel else {
-                unreachable!("held by matmul_many")
-            };
-            // A workgroup's rows within one head, an invocation per word of a head. Not under
-            // batch invariance, as no prologue (`prologue`): the step sizes whose shape
-            // this does not take run the norm kernel, whose last bits the driver may
-            // compile otherwise.
-            let fits = head_dim.is_multiple_of(shape.rg * shape.rr)
-                && head_dim <= 4 * (shape.rg * shape.npr).min(64);
-            if fits && !self.batch_invariant {
-                d.kernel = Kernel::MatmulVec(ty, kernels::Outs { norm_rope: true, ..o }, input, shape);
-                // The tail's words go at 11, the prologue's after them.
-                let prologue = d.prm.split_off(11);
-                let rope = self.rope_caches(pos, r);
-                let rope_at = (11 + kernels::NORM_ROPE_WORDS + prologue.len()) as u32;
-                d.prm.extend([
-                    (n_head * head_dim) as u32,
-                    (n_head_kv * head_dim) as u32,
-                    head_dim as u32,
-                    r.n_rot as u32,
-                    r.neox as u32,
-                    (n_head_kv * head_dim / 2) as u32,
-                    rope_at,
-                    rope_at + rope.len() as u32,
-                    f(eps),
-                ]);
-                d.prm.extend(prologue);
-                d.prm.extend(rope);
-                d.prm.extend_from_slice(slots);
-                let n = d.groups[2] as usize * (n_head + n_head_kv);
-                let counts = self.scratch(&self.head_counts, n, "kiln head counts");
-                let weights = [&kc.buf, &vc.buf, &qn.parts[0].buf, &kn.parts[0].buf, &counts];
-                d.bufs.extend(weights.into_iter().cloned());
-                self.run_dispatch(d);
-                return;
-            }
-            self.run_dispatch(d);
-        }
         // rope_store.wgsl `norm`: a workgroup per head, q normed and rotated in place.
         let mut prm = self.rope_store_prm(pos, slots, n_head, n_head_kv, head_dim, r);
         prm.push(f(eps));

@@ -222,8 +222,8 @@ pub fn forward<B: Backend>(
     b.matmul_many(&[&w.wq, &w.wk, &w.wv], &biases, x, n, &mut [&mut s.q, &mut s.k, &mut s.v]);
     let qk_norms = w.q_norm.as_ref().zip(w.k_norm.as_ref());
     match (qk_norms, rope) {
-        // Each head's norm with the RoPE store (one kernel on the GPU).
-        (Some((qn, kn)), Some(rope)) if a.qk_norm == QkNorm::PerHead => b.norm_rope_kv_store(
+        // The norms (of each head, or of all heads) with the RoPE store.
+        (Some((qn, kn)), Some(rope)) => b.norm_rope_kv_store(
             &mut s.q,
             &mut s.k,
             &s.v,
@@ -240,14 +240,8 @@ pub fn forward<B: Backend>(
         ),
         _ => {
             if let Some((qn, kn)) = qk_norms {
-                // Rows of a head, or of all of a token's heads.
-                let per_head = a.qk_norm == QkNorm::PerHead;
-                let (q_rows, qd) = if per_head { (n * n_head, hd) } else { (n, n_head * hd) };
-                let (k_rows, kd) = if per_head { (n * n_head_kv, hd) } else { (n, n_head_kv * hd) };
-                b.rms_norm(&s.q, qn, cfg.norm_eps, q_rows, qd, &mut s.att);
-                std::mem::swap(&mut s.q, &mut s.att);
-                b.rms_norm(&s.k, kn, cfg.norm_eps, k_rows, kd, &mut s.k_normed);
-                std::mem::swap(&mut s.k, &mut s.k_normed);
+                let tmp = (&mut s.att, &mut s.k_normed);
+                b.head_norms(&mut s.q, &mut s.k, tmp, (qn, kn, cfg.norm_eps), n, (n_head, n_head_kv, hd));
             }
             match rope {
                 Some(rope) => b.rope_kv_store(
