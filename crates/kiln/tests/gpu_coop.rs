@@ -12,7 +12,7 @@ use std::sync::Arc;
 use half::f16;
 use kiln::backend::cpu::CpuBackend;
 use kiln::backend::wgpu::coop::{self, CoopCaps, CoopShape, Ops};
-use kiln::backend::wgpu::kernels::{self, Kernel, Outs};
+use kiln::backend::wgpu::kernels::{self, Kernel, Outs, ONE_OUT};
 use kiln::backend::wgpu::GpuBackend;
 use kiln::backend::Backend;
 use kiln::gguf::{GgufFile, GgufWriter};
@@ -302,11 +302,7 @@ fn tile_kernels_compile_for_cooperative_matrices() {
             }
         }
     }
-    let outs = [
-        Outs { n: 1, bias: false, rope: false, route: false, norm_rope: false, tail: 0 },
-        Outs { n: 2, bias: false, rope: false, route: false, norm_rope: false, tail: 0 },
-        Outs { n: 3, bias: true, rope: false, route: false, norm_rope: false, tail: 0 },
-    ];
+    let outs = [ONE_OUT, Outs { n: 2, ..ONE_OUT }, Outs { n: 3, bias: true, ..ONE_OUT }];
     for ty in TYPES {
         for &s in &shapes {
             // The dense kernels with each output variant and their sum of splits, and the

@@ -950,14 +950,8 @@ impl GpuBackend {
             ];
             let last = ws[ws.len() - 1];
             let tail = if last.ty != w.ty { kernels::vec_fast(last.ty) as u8 } else { 0 };
-            let outs_n = kernels::Outs {
-                n: outs.len() as u8,
-                bias: !biases.is_empty(),
-                rope: false,
-                route: false,
-                norm_rope: false,
-                tail,
-            };
+            let outs_n =
+                kernels::Outs { n: outs.len() as u8, bias: !biases.is_empty(), tail, ..kernels::ONE_OUT };
             // Both exact kernels give the same bits; for prompts of 32-value block formats
             // an invocation per row is faster on the H200 (pp512: smollm2 2.2x, 7B Q4_0
             // 1.3x; K formats 0.6x, so they keep the workgroup per row).
@@ -985,18 +979,7 @@ impl GpuBackend {
                     let part =
                         self.scratch(&self.coop_part, cs.ks as usize * rows * p.rows, "kiln tile sums");
                     let bufs = vec![p.buf.clone(), input.2[0].clone(), part.clone()];
-                    let kernel = Kernel::MatmulCoop(
-                        w.ty,
-                        kernels::Outs {
-                            n: 1,
-                            bias: false,
-                            rope: false,
-                            route: false,
-                            norm_rope: false,
-                            tail: 0,
-                        },
-                        cs.kernel_key(),
-                    );
+                    let kernel = Kernel::MatmulCoop(w.ty, kernels::ONE_OUT, cs.kernel_key());
                     dispatches.push(Dispatch { kernel, prm: prm.clone(), bufs, groups: g });
                     let mut bufs = vec![part];
                     bufs.extend(sums);

@@ -165,27 +165,29 @@ impl GpuBackend {
         // dispatch): its workgroups of MAX_EXPERTS invocations (the route's), with as many
         // rows as that takes (rows per workgroup leave each row's sums as they are). A
         // selection bias is routed by the route kernel, which reads it as parameters.
-        let fused = bias.is_none()
-            && match ds.as_slice() {
-                [Dispatch { kernel: Kernel::MatmulVec(_, outs, input, shape), .. }] => {
-                    let nt = MAX_EXPERTS / shape.npr;
-                    r.n_expert <= MAX_EXPERTS
-                        && outs.n == 1
-                        && !outs.bias
-                        && !outs.rope
-                        && MAX_EXPERTS.is_multiple_of(shape.npr)
-                        && (*input == Input::Quantized
-                            || self.prologue_fits(router.cols, nt * shape.npr, false))
-                }
-                _ => false,
-            };
+        // (Its vec shape where it does.)
+        let route_shape = match ds.as_slice() {
+            [Dispatch { kernel: Kernel::MatmulVec(_, outs, input, shape), .. }]
+                if bias.is_none()
+                    && r.n_expert <= MAX_EXPERTS
+                    && outs.n == 1
+                    && !outs.bias
+                    && !outs.rope
+                    && MAX_EXPERTS.is_multiple_of(shape.npr)
+                    && (*input == Input::Quantized
+                        || self.prologue_fits(router.cols, MAX_EXPERTS, false)) =>
+            {
+                Some(*shape)
+            }
+            _ => None,
+        };
         let mut norm_in = None;
         if let (true, Some((mode, bs))) = (f32_router, self.expert_mode(experts, rows, r.k)) {
             if let Some(taken) = self.take_writer(x, n, bs) {
                 let act = self.act_buf(n);
-                if fused {
-                    let n_groups = router.rows.div_ceil(MAX_EXPERTS / self.route_npr(&ds));
-                    norm_in = self.expert_norm(&taken, router, rows, mode, &act, n_groups);
+                if let Some(shape) = route_shape {
+                    let n_groups = router.rows.div_ceil(MAX_EXPERTS / shape.npr);
+                    norm_in = self.expert_norm(&taken, router, mode, &act, n_groups);
                 }
                 if norm_in.is_none() {
                     self.run_quantize(Some(taken), x, mode, rows, experts.cols, &act);
@@ -194,7 +196,7 @@ impl GpuBackend {
             }
         }
         // (The router's f32 input leaves the activation scratch as it is.)
-        if !fused {
+        if route_shape.is_none() {
             self.run_all(ds);
             self.route(logits, rows, r, bias, ids, weights);
             return;
@@ -222,33 +224,23 @@ impl GpuBackend {
         self.run_dispatch(d);
     }
 
-    /// The invocations per row of the router's one vec dispatch (`ds`, fused).
-    fn route_npr(&self, ds: &[Dispatch]) -> usize {
-        match ds {
-            [Dispatch { kernel: Kernel::MatmulVec(.., shape), .. }] => shape.npr,
-            _ => unreachable!("a fused router is one vec dispatch"),
-        }
-    }
-
     /// The held residual add and norm that writes an f32 router's input, as the prologue of
     /// the router's decode step (`Input::ExpertNorm`, its workgroups of MAX_EXPERTS
     /// invocations, `n_groups` of them; the first quantizes the norm in `mode` into `act`
     /// for the experts): the prologue's words and buffers (the norm's input row first), or
-    /// none where that does not apply: several tokens, batch invariance (as for every
-    /// prologue, mod.rs `prologue`), a row the workgroup memory or `prologue_bytes` does not
-    /// take.
+    /// none where that does not apply: a norm of several tokens, batch invariance (as for
+    /// every prologue, mod.rs `prologue`), a row the workgroup memory or `prologue_bytes`
+    /// does not take.
     fn expert_norm(
         &self,
         taken: &Pending,
         router: &GpuWeight,
-        rows: usize,
         mode: u32,
         act: &wgpu::Buffer,
         n_groups: usize,
     ) -> Option<Prologue> {
         let k = router.cols;
-        let ok = rows == 1
-            && !self.batch_invariant
+        let ok = !self.batch_invariant
             && k.is_multiple_of(32)
             && self.prologue_fits(k, MAX_EXPERTS, true)
             && n_groups * k * 8 <= self.prologue_bytes;
