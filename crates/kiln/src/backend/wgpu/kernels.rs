@@ -19,6 +19,7 @@ const DOT_VEC: &str = include_str!("shaders/dot_vec.wgsl");
 const EXP: &str = include_str!("shaders/exp.wgsl");
 const GLU: &str = include_str!("shaders/glu.wgsl");
 const ROPE_CORE: &str = include_str!("shaders/rope_core.wgsl");
+const ROPE_ROT: &str = include_str!("shaders/rope_rot.wgsl");
 const QUANTIZE_CORE: &str = include_str!("shaders/quantize_core.wgsl");
 const NORM_QUANTIZE: &str = include_str!("shaders/norm_quantize.wgsl");
 const ATTN_QUANTIZE: &str = include_str!("shaders/attn_quantize.wgsl");
@@ -1386,6 +1387,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     if src.contains("rope_pair(") {
         s.push_str(ROPE_CORE);
+    }
+    if src.contains("rope_rot(") || s.contains("rope_rot(") {
+        s.push_str(ROPE_ROT);
     }
     if src.contains("route_token(") || s.contains("route_token(") {
         s.push_str(ROUTE);

@@ -48,12 +48,8 @@ fn hv_rot(d: u32, t: u32) -> f32 {
         x1 = hv[p + half_rot];
         first = d < half_rot;
     }
-    let cs = pf(prm[17] + t * n_rot + 2u * p);
-    let sn = pf(prm[17] + t * n_rot + 2u * p + 1u);
-    if first {
-        return fma_x(x0, cs, -nc(x1 * sn));
-    }
-    return fma_x(x0, sn, nc(x1 * cs));
+    let r = rope_rot(x0, x1, pf(prm[17] + t * n_rot + 2u * p), pf(prm[17] + t * n_rot + 2u * p + 1u));
+    return select(r.y, r.x, first);
 }
 
 // Norm group g (q's groups, then k's) of token t: a group is a head (Qwen3's norms) or all

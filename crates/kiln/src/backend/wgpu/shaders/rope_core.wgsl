@@ -1,7 +1,7 @@
 // Rotates pair `g` of the heads in `xa` (token, head, pair order) in place: n_head heads of
 // hd values, the first n_rot rotated, NEOX (halves) or NORM (adjacent) pairs, the cos/sin
-// of each token's position at parameter word `cs0` on (n_rot values per token). One
-// product is fused into an fma, as the CPU (and GCC's build of ggml) does.
+// of each token's position at parameter word `cs0` on (n_rot values per token), by
+// rope_rot.wgsl.
 fn rope_pair(g: u32, n_head: u32, hd: u32, n_rot: u32, neox: bool, cs0: u32) {
     let half_rot = n_rot / 2u;
     let pair = g % half_rot;
@@ -16,8 +16,7 @@ fn rope_pair(g: u32, n_head: u32, hd: u32, n_rot: u32, neox: bool, cs0: u32) {
         i0 = base + pair;
         i1 = i0 + half_rot;
     }
-    let x0 = xa[i0];
-    let x1 = xa[i1];
-    xa[i0] = fma_x(x0, cs, -nc(x1 * sn));
-    xa[i1] = fma_x(x0, sn, nc(x1 * cs));
+    let r = rope_rot(xa[i0], xa[i1], cs, sn);
+    xa[i0] = r.x;
+    xa[i1] = r.y;
 }

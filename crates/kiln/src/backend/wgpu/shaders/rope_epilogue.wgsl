@@ -24,7 +24,7 @@ fn rope_row(l: u32) -> u32 {
 fn rot(x0: f32, x1: f32, t: u32, p: u32) -> vec2<f32> {
     let cs = pf(prm[16] + t * prm[13] + 2u * p);
     let sn = pf(prm[16] + t * prm[13] + 2u * p + 1u);
-    return vec2<f32>(fma_x(x0, cs, -nc(x1 * sn)), fma_x(x0, sn, nc(x1 * cs)));
+    return rope_rot(x0, x1, cs, sn);
 }
 
 // Every invocation calls it (barriers): value v of the row of slot `slot` (dispatch rows

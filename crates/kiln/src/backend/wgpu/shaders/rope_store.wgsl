@@ -24,22 +24,14 @@ fn k_rot(base: u32, d: u32, t: u32) -> f32 {
         let p = d / 2u;
         let cs = pf(CS + t * n_rot + 2u * p);
         let sn = pf(CS + t * n_rot + 2u * p + 1u);
-        let x0 = ks[base + 2u * p];
-        let x1 = ks[base + 2u * p + 1u];
-        if d % 2u == 0u {
-            return fma_x(x0, cs, -nc(x1 * sn));
-        }
-        return fma_x(x0, sn, nc(x1 * cs));
+        let r = rope_rot(ks[base + 2u * p], ks[base + 2u * p + 1u], cs, sn);
+        return select(r.y, r.x, d % 2u == 0u);
     }
     let p = d % half_rot;
     let cs = pf(CS + t * n_rot + 2u * p);
     let sn = pf(CS + t * n_rot + 2u * p + 1u);
-    let x0 = ks[base + p];
-    let x1 = ks[base + p + half_rot];
-    if d < half_rot {
-        return fma_x(x0, cs, -nc(x1 * sn));
-    }
-    return fma_x(x0, sn, nc(x1 * cs));
+    let r = rope_rot(ks[base + p], ks[base + p + half_rot], cs, sn);
+    return select(r.y, r.x, d < half_rot);
 }
 
 @compute @workgroup_size(64)
