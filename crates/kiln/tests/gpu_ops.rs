@@ -190,7 +190,14 @@ fn read<B: Backend>(b: &B, buf: &B::Buf, n: usize) -> Vec<f32> {
 fn assert_same_bits(what: &str, a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
     let bad = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-    assert_eq!(bad, 0, "{what}: {bad} values differ");
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(1e-6)).fold(0.0f32, f32::max);
+    let first = a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits());
+    assert_eq!(
+        bad,
+        0,
+        "{what}: {bad} of {} values differ, the first at {first:?}, by at most {worst:e} relative",
+        a.len()
+    );
 }
 
 /// Types no kernel reads are widened to F16 at upload: small differences are expected.
@@ -1290,7 +1297,10 @@ fn rope_store_fused_into_the_qkv_matmul_matches_the_unfused_kernels() {
 /// norm kernel after the matmul, one dispatch fewer; OLMoE's norms of all of q and all of
 /// k, the bits of the two norm kernels and the RoPE store, three fewer. NORM and NEOX
 /// pairs, whole and partial rotations, Q4_0 weights and Q4_K with a Q6_K v, one token and
-/// three. (A default-mode fusion: batch invariance leaves it off, as the prologues.)
+/// three. (A default-mode fusion: batch invariance leaves it off, as the prologues.) On a
+/// hardware adapter within HW_NMSE instead of the bits: NVIDIA's compiler rounds the tail's
+/// norm otherwise than the norm kernel's (on an H100, 122 of 16,768 values differ, by at
+/// most 1e-6 relative).
 #[test]
 fn q_and_k_norms_and_the_rope_store_in_the_qkv_matmuls_tail_are_the_norm_kernels() {
     let g = model();
@@ -1309,7 +1319,11 @@ fn q_and_k_norms_and_the_rope_store_in_the_qkv_matmuls_tail_are_the_norm_kernels
                     let split = qkv_rope_out(&gpu, &g, group, false, n, &r, true, Some(norm));
                     let saved = (gpu.counts().get().1 - d1) - (d1 - d0);
                     assert_eq!(saved, fewer, "{what}: {saved} dispatches saved");
-                    assert_same_bits(&what, &fused, &split);
+                    if gpu.is_software() {
+                        assert_same_bits(&what, &fused, &split);
+                    } else {
+                        compare(&what, &fused, &split, HW_NMSE);
+                    }
                 }
             }
         }
