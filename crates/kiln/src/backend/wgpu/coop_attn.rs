@@ -45,9 +45,10 @@ impl AttnShape {
 }
 
 /// Whether hardware cooperative matrices take prompt attention. Off: on NVIDIA's Vulkan
-/// driver (H200) the kernel's outputs are NaN (tests/gpu_coop_attn.rs fails there), so
-/// hardware adapters keep the portable attention until that is found; the emulated kernel
-/// (software adapters, CI) stays tested.
+/// driver (H100, H200) both products go wrong on the tensor cores (the scores finite but
+/// wrong, P·V NaN; tests/gpu_coop_attn.rs fails there) while the emulated statements give
+/// the CPU's results on the same GPU, so hardware adapters keep the portable attention
+/// until that is found; the emulated kernel (software adapters, CI) stays tested.
 pub const ON_HARDWARE: bool = false;
 
 /// The shape for heads of `head_dim`: the first tile of keys whose workgroup the adapter
