@@ -31,16 +31,13 @@ impl AttnShape {
     fn wgs(self) -> u32 {
         NSG * self.sg
     }
-    /// Rows of staged f16 values: the queries first, then each tile's keys and values.
-    fn kv_rows(self) -> u32 {
-        self.bq().max(2 * self.bk)
-    }
-    /// Workgroup memory in bytes: the staged rows (head_dim values and 8 of padding), per
+    /// Workgroup memory in bytes: the staged rows (head_dim values and 8 of padding: the
+    /// queries, a tile's keys and values), per
     /// subgroup (one more for subgroups past NSG) its f32 scores, f16 weights (bk and 8
     /// of padding) and three values per query row, a zero tile and a flag.
     pub fn storage(self) -> u32 {
         let (hd, bk) = (self.head_dim, self.bk);
-        self.kv_rows() * (hd + 8) * 2 + (NSG + 1) * 16 * (bk * 4 + (bk + 8) * 2 + 12) + 1024 + 16
+        (self.bq() + 2 * bk) * (hd + 8) * 2 + (NSG + 1) * 16 * (bk * 4 + (bk + 8) * 2 + 12) + 1024 + 16
     }
 }
 
@@ -70,12 +67,11 @@ pub fn source(s: AttnShape, body: &str) -> String {
     let (hd, bk) = (s.head_dim, s.bk);
     let mut out = format!(
         "const HD: u32 = {hd}u;\nconst HT: u32 = {}u;\nconst BK: u32 = {bk}u;\nconst NC: u32 = {}u;\n\
-         const NSG: u32 = {NSG}u;\nconst BQ: u32 = {}u;\nconst WGS: u32 = {}u;\nconst KVR: u32 = {}u;\n",
+         const NSG: u32 = {NSG}u;\nconst BQ: u32 = {}u;\nconst WGS: u32 = {}u;\n",
         hd / 16,
         bk / 16,
         s.bq(),
         s.wgs(),
-        s.kv_rows(),
     );
     if s.ops == Ops::Emulated {
         out.push_str(EMULATED);
@@ -122,10 +118,10 @@ struct Statements {
 }
 
 /// The statements on cooperative matrices, written out (no arrays of matrices, no loops:
-/// every index static): the subgroup's query tiles `q_j` (row-major: a token's values
-/// contiguous) and accumulators `o_j` (zeros from `zs`), j over head_dim / 16; per key
-/// tile, each 16-key block's scores from the keys column-major (a key's values
-/// contiguous) stored row-major to the subgroup's scores; the accumulators through `ss`
+/// every index static): the subgroup's accumulators `o_j` (zeros from `zs`), j over
+/// head_dim / 16; per key tile, each 16-key block's scores from the query tiles (row-major:
+/// a token's values contiguous, read from `qsv` at each product) and the keys column-major
+/// (a key's values contiguous), stored row-major to the subgroup's scores; the accumulators through `ss`
 /// where the rows' weights were rescaled; the weights (row-major) times the values
 /// (row-major: a key's values contiguous); and at the end each accumulator to the output.
 fn coop_statements(s: AttnShape) -> Statements {
@@ -139,10 +135,6 @@ fn coop_statements(s: AttnShape) -> Statements {
         out: String::new(),
     };
     for j in 0..ht {
-        st.qload.push_str(&format!(
-            "    let q_{j} = coopLoadT<coop_mat16x16<f16, A>>(&kvs[qb + {}u], SR);\n",
-            4 * j
-        ));
         st.oinit.push_str(&format!("    var o_{j} = coopLoadT<coop_mat16x16<f32, C>>(&zs[0], 16u);\n"));
         st.rescale.push_str(&format!(
             "            coopStoreT(o_{j}, &ss[so], 16u);\n            workgroupBarrier();\n            \
@@ -158,7 +150,9 @@ fn coop_statements(s: AttnShape) -> Statements {
         st.qk.push_str("        {\n            var s = coopLoadT<coop_mat16x16<f32, C>>(&zs[0], 16u);\n");
         for j in 0..ht {
             st.qk.push_str(&format!(
-                "            s = coopMultiplyAdd(q_{j}, coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u], SR), s);\n",
+                "            s = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&qsv[qb + {}u], SR), \
+                 coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u], SR), s);\n",
+                4 * j,
                 16 * c * (s.head_dim / 4 + 2) + 4 * j
             ));
         }
@@ -230,7 +224,7 @@ var<private> emu_p: array<f32, 256>;
 fn emu_load_q(j: u32, at: u32) {
     for (var m = 0u; m < 16u; m = m + 1u) {
         for (var k = 0u; k < 16u; k = k + 1u) {
-            emu_q[j][16u * m + k] = f32(kvs[at + m * SR + k / 4u][k % 4u]);
+            emu_q[j][16u * m + k] = f32(qsv[at + m * SR + k / 4u][k % 4u]);
         }
     }
 }

@@ -1,7 +1,8 @@
 // Prompt attention on cooperative matrices (tensor cores), flash-attention style. A
 // workgroup takes BQ = 16 x NSG query tokens of one head, each of its NSG subgroups 16 of
-// them, their queries (f16, times each token's multiplier) held in HD / 16 tiles. Keys and
-// values go through workgroup memory in tiles of BK positions, f16 as the cache holds
+// them, their queries (f16, times each token's multiplier) in workgroup memory for the
+// whole kernel, read as tiles by each product (held in registers across the loop's
+// barriers, NVIDIA's driver computed wrong scores from them). Keys and values go through workgroup memory in tiles of BK positions, f16 as the cache holds
 // them. Per tile a subgroup computes its 16 x BK scores S = Q·Kᵀ (16x16x16 f16 products
 // into f32), then an invocation per query row scales, soft-caps and masks them (the keys
 // first..last its token sees: causal, sliding window) and takes the online softmax's
@@ -33,9 +34,9 @@ const PR: u32 = BK / 4u + 2u;
 // rescaled (the weights stay below e^8 ~ 2981, and the f32 sums lose nothing).
 const RESCALE: f32 = 8.0;
 
-// The queries (rows 0..BQ) until they are in registers, then each tile's keys (rows
-// 0..BK) and values (BK..2 BK).
-var<workgroup> kvs: array<vec4<f16>, KVR * SR>;
+// The queries (a row per token), and each tile's keys (rows 0..BK) and values (BK..2 BK).
+var<workgroup> qsv: array<vec4<f16>, BQ * SR>;
+var<workgroup> kvs: array<vec4<f16>, 2u * BK * SR>;
 // Per subgroup, and one more for subgroups past NSG (adapters running subgroups smaller
 // than their largest; their results are dropped): its 16 x BK scores in f32, each
 // accumulator tile on its way to a rescale or the output; its weights in f16; per query
@@ -155,13 +156,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         kmin = min(kmin, prm[ti + 1u]);
     }
     let tab = prm[7] + prm[prm[6] + 4u * t0 + 2u];
-    // The queries to rows of `kvs` in f16 (tokens past the batch repeat its last), the
+    // The queries to rows of `qsv` in f16 (tokens past the batch repeat its last), the
     // rows' state, the zeros.
     for (var i = li; i < BQ * HD / 4u; i = i + WGS) {
         let r = i / (HD / 4u);
         let t = min(t0 + r, n_tok - 1u);
         let qm = pf(prm[6] + 4u * t + 3u);
-        kvs[r * SR + i % (HD / 4u)] = vec4<f16>(qs[(t * n_head + h) * (HD / 4u) + i % (HD / 4u)] * qm);
+        qsv[r * SR + i % (HD / 4u)] = vec4<f16>(qs[(t * n_head + h) * (HD / 4u) + i % (HD / 4u)] * qm);
     }
     for (var i = li; i < (NSG + 1u) * 16u; i = i + WGS) {
         rm[i] = bitcast<f32>(0xff800000u);
@@ -174,8 +175,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qb = 16u * sg * SR;
 //QLOAD
 //OINIT
-    // (The query rows are read before the first tile's keys replace them.)
-    workgroupBarrier();
     for (var k0 = kmin; k0 <= kmax; k0 = k0 + BK) {
         // The tile's keys and values, 16 bytes an invocation at a time (positions past
         // kmax repeat it; their scores are masked).
