@@ -32,12 +32,12 @@ impl AttnShape {
         NSG * self.sg
     }
     /// Workgroup memory in bytes: the staged rows (head_dim values and 8 of padding: the
-    /// queries, a tile's keys and values), per
+    /// queries, a tile's keys or values), per
     /// subgroup (one more for subgroups past NSG) its f32 scores, f16 weights (bk and 8
     /// of padding) and three values per query row, a zero tile and a flag.
     pub fn storage(self) -> u32 {
         let (hd, bk) = (self.head_dim, self.bk);
-        (self.bq() + 2 * bk) * (hd + 8) * 2 + (NSG + 1) * 16 * (bk * 4 + (bk + 8) * 2 + 12) + 1024 + 16
+        (self.bq() + bk) * (hd + 8) * 2 + (NSG + 1) * 16 * (bk * 4 + (bk + 8) * 2 + 12) + 1024 + 16
     }
 }
 
@@ -164,7 +164,7 @@ fn coop_statements(s: AttnShape) -> Statements {
         for j in 0..ht {
             st.pv.push_str(&format!(
                 "            o_{j} = coopMultiplyAdd(p, coopLoadT<coop_mat16x16<f16, B>>(&kvs[{}u], SR), o_{j});\n",
-                (s.bk + 16 * c) * (s.head_dim / 4 + 2) + 4 * j
+                16 * c * (s.head_dim / 4 + 2) + 4 * j
             ));
         }
         st.pv.push_str("        }\n");
@@ -202,7 +202,7 @@ const EMU_RESCALE: &str = "            for (var j = 0u; j < HT; j = j + 1u) {
 const EMU_PV: &str = "        for (var c = 0u; c < NC; c = c + 1u) {
             emu_load_p(po + 4u * c);
             for (var j = 0u; j < HT; j = j + 1u) {
-                emu_mma_pv(j, (BK + 16u * c) * SR + 4u * j);
+                emu_mma_pv(j, 16u * c * SR + 4u * j);
             }
         }
 ";

@@ -34,9 +34,9 @@ const PR: u32 = BK / 4u + 2u;
 // rescaled (the weights stay below e^8 ~ 2981, and the f32 sums lose nothing).
 const RESCALE: f32 = 8.0;
 
-// The queries (a row per token), and each tile's keys (rows 0..BK) and values (BK..2 BK).
+// The queries (a row per token), and each tile's keys, then its values (a row per position).
 var<workgroup> qsv: array<vec4<f16>, BQ * SR>;
-var<workgroup> kvs: array<vec4<f16>, 2u * BK * SR>;
+var<workgroup> kvs: array<vec4<f16>, BK * SR>;
 // Per subgroup, and one more for subgroups past NSG (adapters running subgroups smaller
 // than their largest; their results are dropped): its 16 x BK scores in f32, each
 // accumulator tile on its way to a rescale or the output; its weights in f16; per query
@@ -123,6 +123,28 @@ fn out_tile(j: u32, so: u32, ro: u32, sgi: u32, sgn: u32, live: bool, tb: u32, h
     }
 }
 
+// The tile's keys (or values) from k0 to `kvs`, 16 bytes an invocation at a time
+// (positions past kmax repeat it; their scores are masked).
+fn stage(is_v: bool, k0: u32, kmax: u32, tab: u32, kvh: u32, li: u32) {
+    let slot_w = prm[2] * HD / 8u;
+    let head_w = HD / 8u;
+    let bs = prm[5];
+    for (var i = li; i < BK * head_w; i = i + WGS) {
+        let r = i / head_w;
+        let c = i % head_w;
+        let p = min(k0 + r, kmax);
+        let at = (prm[tab + p / bs] * bs + p % bs) * slot_w + kvh * head_w + c;
+        var w: vec4<u32>;
+        if is_v {
+            w = vc[at];
+        } else {
+            w = kc[at];
+        }
+        kvs[r * SR + 2u * c] = f16x4(w.x, w.y);
+        kvs[r * SR + 2u * c + 1u] = f16x4(w.z, w.w);
+    }
+}
+
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
         @builtin(subgroup_id) sgid: u32, @builtin(subgroup_invocation_id) sgi: u32,
@@ -131,10 +153,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let n_head = prm[1];
     let h = wid.y;
     let kvh = h / (n_head / prm[2]);
-    // A slot's 16-byte words, and a head's.
-    let slot_w = prm[2] * HD / 8u;
-    let head_w = HD / 8u;
-    let bs = prm[5];
     let t0 = wid.x * BQ;
     // This subgroup's rows. Where the adapter runs subgroups smaller than its largest (the
     // workgroup is sized for that), the extra ones repeat the last rows into a slot of
@@ -176,31 +194,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //QLOAD
 //OINIT
     for (var k0 = kmin; k0 <= kmax; k0 = k0 + BK) {
-        // The tile's keys and values, 16 bytes an invocation at a time (positions past
-        // kmax repeat it; their scores are masked).
-        for (var i = li; i < 2u * BK * head_w; i = i + WGS) {
-            let is_v = i >= BK * head_w;
-            let j = i % (BK * head_w);
-            let r = j / head_w;
-            let c = j % head_w;
-            let p = min(k0 + r, kmax);
-            let at = (prm[tab + p / bs] * bs + p % bs) * slot_w + kvh * head_w + c;
-            var w: vec4<u32>;
-            if is_v {
-                w = vc[at];
-            } else {
-                w = kc[at];
-            }
-            let row = select(r, BK + r, is_v);
-            kvs[row * SR + 2u * c] = f16x4(w.x, w.y);
-            kvs[row * SR + 2u * c + 1u] = f16x4(w.z, w.w);
-        }
+        stage(false, k0, kmax, tab, kvh, li);
         if li == 0u {
             raised = 0u;
         }
         workgroupBarrier();
 //QK
         workgroupBarrier();
+        // The values replace the keys (all read now) while the weights are taken; the
+        // uniform load's barrier makes both visible to the products.
+        stage(true, k0, kmax, tab, kvh, li);
         softmax_rows(k0, tb, so, po, ro, sgi, sgn);
         if workgroupUniformLoad(&raised) != 0u {
 //RESCALE
