@@ -48,8 +48,10 @@ var<workgroup> rl: array<f32, (NSG + 1u) * 16u>;
 var<workgroup> ra: array<f32, (NSG + 1u) * 16u>;
 // Zeros the accumulators start from.
 var<workgroup> zs: array<f32, 256>;
-// Whether some row of this tile raised its reference max.
-var<workgroup> raised: u32;
+// Whether some row of this tile raised its reference max (in x). Sixteen bytes, as every
+// workgroup variable here: whatever order a driver lays them out in, each then starts
+// 16-byte aligned, which the tile loads and stores require.
+var<workgroup> raised: vec4<u32>;
 
 // Four f16 values from two words (exact through f32).
 fn f16x4(a: u32, b: u32) -> vec4<f16> {
@@ -85,7 +87,7 @@ fn softmax_rows(k0: u32, t0: u32, so: u32, po: u32, ro: u32, sgi: u32, sgn: u32)
             // (The row's first keys: its accumulators are still zeros, nothing to rescale.)
             if m > neg_inf {
                 alpha = exp(m - mx);
-                raised = 1u;
+                raised.x = 1u;
             } else {
                 alpha = 0.0;
             }
@@ -196,7 +198,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var k0 = kmin; k0 <= kmax; k0 = k0 + BK) {
         stage(false, k0, kmax, tab, kvh, li);
         if li == 0u {
-            raised = 0u;
+            raised = vec4<u32>();
         }
         workgroupBarrier();
 //QK
@@ -205,7 +207,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // uniform load's barrier makes both visible to the products.
         stage(true, k0, kmax, tab, kvh, li);
         softmax_rows(k0, tb, so, po, ro, sgi, sgn);
-        if workgroupUniformLoad(&raised) != 0u {
+        if workgroupUniformLoad(&raised).x != 0u {
 //RESCALE
         }
 //PV
