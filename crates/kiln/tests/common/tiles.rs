@@ -43,6 +43,14 @@ pub fn compiles_to_spirv(src: &str, what: &str) {
     v.subgroup_stages(naga::valid::ShaderStages::COMPUTE);
     v.subgroup_operations(naga::valid::SubgroupOperationSet::all());
     let info = v.validate(&module).unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(src)));
+    // The tile loads and stores take 16-byte aligned rows: with every workgroup variable a
+    // multiple of 16 bytes, no layout a driver picks moves an array off that alignment.
+    for (_, var) in module.global_variables.iter() {
+        if var.space == naga::AddressSpace::WorkGroup {
+            let size = module.types[var.ty].inner.size(module.to_ctx());
+            assert!(size % 16 == 0, "{what}: workgroup variable {:?} takes {size} bytes", var.name);
+        }
+    }
     let opts = naga::back::spv::Options {
         lang_version: (1, 5),
         flags: naga::back::spv::WriterFlags::empty(),

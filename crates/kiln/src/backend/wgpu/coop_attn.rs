@@ -42,10 +42,13 @@ impl AttnShape {
 }
 
 /// Whether hardware cooperative matrices take prompt attention. Off: on NVIDIA's Vulkan
-/// driver (H100, H200) both products go wrong on the tensor cores (the scores finite but
-/// wrong, P·V NaN; tests/gpu_coop_attn.rs fails there) while the emulated statements give
-/// the CPU's results on the same GPU, so hardware adapters keep the portable attention
-/// until that is found; the emulated kernel (software adapters, CI) stays tested.
+/// driver (H100, H200) an earlier form of the kernel got both products wrong on the
+/// tensor cores (the scores finite but wrong, P·V NaN) while its emulated statements gave
+/// the CPU's results on the same GPU. That form had one 4-byte workgroup variable, which
+/// lets a driver place the 16-byte-aligned tile arrays 8 bytes off, and the tile loads
+/// require 16; every workgroup variable is now a multiple of 16 bytes. Until
+/// tests/gpu_coop_attn.rs passes on such hardware, hardware adapters keep the portable
+/// attention; the emulated kernel (software adapters, CI) stays tested.
 pub const ON_HARDWARE: bool = false;
 
 /// The shape for heads of `head_dim`: the first tile of keys whose workgroup the adapter
