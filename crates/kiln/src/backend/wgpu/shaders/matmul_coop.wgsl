@@ -4,8 +4,11 @@
 // fetch_chunk, unpack_chunk) into workgroup memory as f16, beside the tokens' f16 activations (quantize
 // mode 4), and each of the NSG = SGM x SGN subgroups multiplies
 // its block of FM x FN 16x16 tiles into f32 accumulators held in registers (kernels.rs
-// writes those statements out: `//MMA`, `//STORE`). Stages are double-buffered: the next
-// stage's loads are issued before this stage's products, one barrier per stage.
+// writes those statements out: `//MMA`, `//STORE`). Stages are double-buffered in
+// workgroup memory and their loads run two stages ahead: while a stage's products run,
+// the next stage's words (fetched one stage earlier) are dequantized into the other buffer
+// and the loads of the stage after it are in flight, one barrier per stage. A memory
+// latency is longer than a stage's products when the tile has few tokens.
 // Small batches split k over n_splits() workgroups (wid.z) where the rows alone would give few
 // workgroups: each writes its partial sums (`store` then writes them to a scratch buffer,
 // kernels.rs) and coop_reduce.wgsl adds them up in order.
@@ -34,9 +37,9 @@ var<workgroup> cs: array<f32, NSG * 256u>;
 // The k split this workgroup sums (wid.z; 0 without a split).
 var<private> g_split: u32;
 
-// The next stage's activations in registers (NX words of 4 values; its weight rows' words
-// are in dequant.wgsl's `raw`, a slot per row).
-var<private> xst: array<vec4<f16>, NX>;
+// The next two stages' activations in registers (set d's NX words of 4 values from d * NX;
+// their weight rows' words are in dequant.wgsl's `raw`, set d's rows in slots d * NW..).
+var<private> xst: array<vec4<f16>, 2u * NX>;
 
 // The tile's first row in the weight buffer, and the activation rows of this invocation's
 // NX token words.
@@ -48,27 +51,28 @@ var<private> xrow: array<u32, NX>;
 // the matrix operations after the early exit need uniform control flow.
 var<workgroup> g_tile: vec4<u32>;
 
-// Issues the loads of chunk c of the tile's NW rows per invocation and its tokens, their
+// Issues the loads of chunk c of the tile's NW rows per invocation and its tokens into
+// register set d (0 or 1, a constant at each call: the sets' indices stay static), their
 // arithmetic left for `put`: invocations past the tile's rows or words repeat its last one,
 // rows past the weight's end its last row, tokens past the tile's end its last token (none
 // of those is stored).
-fn fetch(c: u32, li: u32, r0: u32) {
+fn fetch(c: u32, li: u32, r0: u32, d: u32) {
     for (var q = 0u; q < NW; q = q + 1u) {
         let i = min(li + q * WGS, BN - 1u);
         let r = min(r0 + i, prm[0] - 1u);
-        fetch_chunk((g_w0 + r) * prm[3], c, q);
+        fetch_chunk((g_w0 + r) * prm[3], c, d * NW + q);
     }
     for (var q = 0u; q < NX; q = q + 1u) {
         let i = min(li + q * WGS, 8u * BM - 1u);
-        xst[q] = xh[(xrow[q] * prm[1] + 32u * c) / 4u + i % 8u];
+        xst[d * NX + q] = xh[(xrow[q] * prm[1] + 32u * c) / 4u + i % 8u];
     }
 }
 
-// Dequantizes the fetched chunk c into buffer b, beside its tokens' values.
-fn put(c: u32, b: u32, li: u32) {
+// Dequantizes chunk c, fetched into register set d, into buffer b beside its tokens' values.
+fn put(c: u32, b: u32, li: u32, d: u32) {
     for (var q = 0u; q < NW; q = q + 1u) {
         let i = li + q * WGS;
-        unpack_chunk(c, q);
+        unpack_chunk(c, d * NW + q);
         if i < BN {
             for (var j = 0u; j < 8u; j = j + 1u) {
                 let v = vec4<f32>(wv[4u * j], wv[4u * j + 1u], wv[4u * j + 2u], wv[4u * j + 3u]);
@@ -79,7 +83,7 @@ fn put(c: u32, b: u32, li: u32) {
     for (var q = 0u; q < NX; q = q + 1u) {
         let i = li + q * WGS;
         if i < 8u * BM {
-            xs[(b * BM + i / 8u) * SV + i % 8u] = xst[q];
+            xs[(b * BM + i / 8u) * SV + i % 8u] = xst[d * NX + q];
         }
     }
 }
@@ -122,20 +126,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = li; i < NSG * 256u; i = i + WGS) {
         cs[i] = 0.0;
     }
-    fetch(c0, li, r0);
-    put(c0, 0u, li);
+    fetch(c0, li, r0, 0u);
+    put(c0, 0u, li, 0u);
     workgroupBarrier();
+    fetch(c0 + min(1u, ns - 1u), li, r0, 1u);
 //INIT
-    for (var s = 0u; s < ns; s = s + 1u) {
-        let cur = s & 1u;
-        // The next stage's loads, in flight during this stage's products (the last stage
-        // loads itself again, unused).
-        let cn = c0 + min(s + 1u, ns - 1u);
-        fetch(cn, li, r0);
-        let xb = (cur * BM + bm) * SV;
-        let wb = (cur * BN + bn) * SV;
+    // Stages in pairs: stage s in buffer 0 with stage s + 1's words in set 1, then stage
+    // s + 1 in buffer 1 with stage s + 2's in set 0. Each stage first issues the loads of
+    // the stage two ahead into the set just dequantized (past the last stage, the last
+    // chunk again, unused).
+    for (var s = 0u; s < ns; s = s + 2u) {
+        fetch(c0 + min(s + 2u, ns - 1u), li, r0, 0u);
+        {
+            let xb = bm * SV;
+            let wb = bn * SV;
 //MMA
-        put(cn, 1u - cur, li);
+        }
+        put(c0 + min(s + 1u, ns - 1u), 1u, li, 1u);
+        workgroupBarrier();
+        if s + 1u == ns {
+            break;
+        }
+        fetch(c0 + min(s + 3u, ns - 1u), li, r0, 1u);
+        let xb = (BM + bm) * SV;
+        let wb = (BN + bn) * SV;
+//MMA
+        put(c0 + min(s + 2u, ns - 1u), 0u, li, 0u);
         workgroupBarrier();
     }
     // Each result tile through `cs` to `store` (biases and split outputs as the other
