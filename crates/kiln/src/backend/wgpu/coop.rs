@@ -66,6 +66,16 @@ impl CoopShape {
     fn wgs(self) -> u32 {
         self.nsg() * self.sg
     }
+    /// Stages whose loads are in flight: two for 128-token tiles, whose products are long
+    /// enough for the second set's registers to pay; one for smaller tiles, which rely on
+    /// more workgroups in flight instead (measured on an H100: docs/benchmarks.md).
+    pub fn ahead(self) -> u32 {
+        if self.bm() >= 128 {
+            2
+        } else {
+            1
+        }
+    }
     /// Workgroup memory in bytes: two stages of f16 rows (80 bytes each), a result tile
     /// per subgroup and the workgroup's tile (16 bytes).
     pub fn storage(self) -> u32 {
@@ -139,7 +149,7 @@ pub fn source(s: CoopShape, body: &str) -> String {
     let mut out = format!(
         "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst FM: u32 = {}u;\nconst FN: u32 = {}u;\n\
          const SGM: u32 = {}u;\nconst NSG: u32 = {nsg}u;\nconst WGS: u32 = {wgs}u;\n\
-         const NW: u32 = {}u;\nconst NX: u32 = {}u;\n",
+         const NW: u32 = {}u;\nconst NX: u32 = {}u;\nconst AHEAD: u32 = {}u;\n",
         s.bm(),
         s.bn(),
         s.fm,
@@ -147,6 +157,7 @@ pub fn source(s: CoopShape, body: &str) -> String {
         s.sgm,
         s.rows_per_invocation(),
         (8 * s.bm()).div_ceil(wgs),
+        s.ahead(),
     );
     // The number of splits of k: the dispatch's (parameter 6) where k is split.
     out.push_str(if s.ks > 1 {

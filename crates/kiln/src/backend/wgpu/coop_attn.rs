@@ -9,8 +9,9 @@ const NSG: u32 = 4;
 /// Key positions per tile (every subgroup's 16 x bk scores, then its weights times the
 /// tile's values): 32, or 16 where the adapter's workgroup memory holds no more.
 const BKS: [u32; 2] = [32, 16];
-/// The largest head the kernel takes: its query tiles and accumulators (head_dim / 16 of
-/// each) stay in registers; larger heads (gemma's 256) keep the portable kernels.
+/// The largest head the kernel takes: its accumulators (head_dim / 16 tiles) stay in
+/// registers and its queries in workgroup memory; larger heads (gemma's 256) keep the
+/// portable kernels.
 pub const MAX_HEAD_DIM: usize = 128;
 
 /// The kernel's shape: a head of `head_dim` (a multiple of 16), tiles of `bk` keys,
@@ -40,16 +41,6 @@ impl AttnShape {
         (self.bq() + bk) * (hd + 8) * 2 + (NSG + 1) * 16 * (bk * 4 + (bk + 8) * 2 + 12) + 1024 + 16
     }
 }
-
-/// Whether hardware cooperative matrices take prompt attention. Off: on NVIDIA's Vulkan
-/// driver (H100, H200) an earlier form of the kernel got both products wrong on the
-/// tensor cores (the scores finite but wrong, P·V NaN) while its emulated statements gave
-/// the CPU's results on the same GPU. That form had one 4-byte workgroup variable, which
-/// lets a driver place the 16-byte-aligned tile arrays 8 bytes off, and the tile loads
-/// require 16; every workgroup variable is now a multiple of 16 bytes. Until
-/// tests/gpu_coop_attn.rs passes on such hardware, hardware adapters keep the portable
-/// attention; the emulated kernel (software adapters, CI) stays tested.
-pub const ON_HARDWARE: bool = false;
 
 /// The shape for heads of `head_dim`: the first tile of keys whose workgroup the adapter
 /// can hold (memory, invocations; at most 256 of them for the quantizing tail,

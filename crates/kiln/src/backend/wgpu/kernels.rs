@@ -1031,11 +1031,11 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     | Kernel::MatmulIdVec(ty, ..)
     | Kernel::Embed(ty, _) = k
     {
-        // Fetch slots: one, or the tile matmul's rows per invocation for each of the two
-        // stages it has in flight.
+        // Fetch slots: one, or the tile matmul's rows per invocation for each stage it has
+        // in flight.
         let nq = match k {
             Kernel::MatmulCoop(_, _, shape) | Kernel::MatmulIdCoop(_, _, shape) => {
-                2 * shape.rows_per_invocation()
+                shape.ahead() * shape.rows_per_invocation()
             }
             _ => 1,
         };

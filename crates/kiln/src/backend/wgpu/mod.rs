@@ -662,15 +662,14 @@ impl GpuBackend {
     }
 
     /// The shape prompt attention takes on cooperative matrices (coop_attn.rs), None where
-    /// it stays on the portable kernels: hardware cooperative matrices
-    /// (`coop_attn::ON_HARDWARE`), batch invariance asked for, no cooperative matrices, a chunk of fewer than `coop::MIN_TOKENS` tokens, quantized caches, ALiBi,
+    /// it stays on the portable kernels: batch invariance asked for, no cooperative
+    /// matrices, a chunk of fewer than `coop::MIN_TOKENS` tokens, quantized caches, ALiBi,
     /// non-causal attention, heads the kernel does not take, or a block of its queries
     /// from two sequences.
     #[doc(hidden)]
     pub fn attention_tiles(&self, plan: &AttnPlan, kc: &GpuKv, vc: &GpuKv) -> Option<coop_attn::AttnShape> {
         let caps = self.coop.as_ref()?;
-        let on = (caps.emulated || coop_attn::ON_HARDWARE)
-            && !self.batch_invariant
+        let on = !self.batch_invariant
             && self.matmul == MatmulPath::Vec
             && plan.pos.len() >= coop::MIN_TOKENS
             && kc.ty == GgmlType::F16

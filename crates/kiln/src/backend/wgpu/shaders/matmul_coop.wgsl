@@ -5,10 +5,9 @@
 // mode 4), and each of the NSG = SGM x SGN subgroups multiplies
 // its block of FM x FN 16x16 tiles into f32 accumulators held in registers (kernels.rs
 // writes those statements out: `//MMA`, `//STORE`). Stages are double-buffered in
-// workgroup memory and their loads run two stages ahead: while a stage's products run,
-// the next stage's words (fetched one stage earlier) are dequantized into the other buffer
-// and the loads of the stage after it are in flight, one barrier per stage. A memory
-// latency is longer than a stage's products when the tile has few tokens.
+// workgroup memory, one barrier per stage, and their loads run AHEAD stages ahead
+// (coop.rs): while a stage's products run, the next stage's words are dequantized into the
+// other buffer and the loads of the stage AHEAD after this one are in flight.
 // Small batches split k over n_splits() workgroups (wid.z) where the rows alone would give few
 // workgroups: each writes its partial sums (`store` then writes them to a scratch buffer,
 // kernels.rs) and coop_reduce.wgsl adds them up in order.
@@ -37,9 +36,10 @@ var<workgroup> cs: array<f32, NSG * 256u>;
 // The k split this workgroup sums (wid.z; 0 without a split).
 var<private> g_split: u32;
 
-// The next two stages' activations in registers (set d's NX words of 4 values from d * NX;
-// their weight rows' words are in dequant.wgsl's `raw`, set d's rows in slots d * NW..).
-var<private> xst: array<vec4<f16>, 2u * NX>;
+// The fetched stages' activations in registers (set d's NX words of 4 values from d * NX,
+// AHEAD sets; their weight rows' words are in dequant.wgsl's `raw`, set d's rows in slots
+// d * NW..).
+var<private> xst: array<vec4<f16>, AHEAD * NX>;
 
 // The tile's first row in the weight buffer, and the activation rows of this invocation's
 // NX token words.
@@ -52,7 +52,7 @@ var<private> xrow: array<u32, NX>;
 var<workgroup> g_tile: vec4<u32>;
 
 // Issues the loads of chunk c of the tile's NW rows per invocation and its tokens into
-// register set d (0 or 1, a constant at each call: the sets' indices stay static), their
+// register set d (below AHEAD, a constant at each call: the sets' indices stay static), their
 // arithmetic left for `put`: invocations past the tile's rows or words repeat its last one,
 // rows past the weight's end its last row, tokens past the tile's end its last token (none
 // of those is stored).
@@ -129,25 +129,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     fetch(c0, li, r0, 0u);
     put(c0, 0u, li, 0u);
     workgroupBarrier();
-    fetch(c0 + min(1u, ns - 1u), li, r0, 1u);
+    if AHEAD == 2u {
+        fetch(c0 + min(1u, ns - 1u), li, r0, 1u);
+    }
 //INIT
-    // Stages in pairs: stage s in buffer 0 with stage s + 1's words in set 1, then stage
-    // s + 1 in buffer 1 with stage s + 2's in set 0. Each stage first issues the loads of
-    // the stage two ahead into the set just dequantized (past the last stage, the last
-    // chunk again, unused).
+    // Stages in pairs, stage j in buffer j % 2 with its words in register set j % AHEAD:
+    // each stage first issues the loads of the stage AHEAD after it into the set just
+    // dequantized (past the last stage, the last chunk again, unused).
     for (var s = 0u; s < ns; s = s + 2u) {
-        fetch(c0 + min(s + 2u, ns - 1u), li, r0, 0u);
+        fetch(c0 + min(s + AHEAD, ns - 1u), li, r0, 0u);
         {
             let xb = bm * SV;
             let wb = bn * SV;
 //MMA
         }
-        put(c0 + min(s + 1u, ns - 1u), 1u, li, 1u);
+        put(c0 + min(s + 1u, ns - 1u), 1u, li, 1u % AHEAD);
         workgroupBarrier();
         if s + 1u == ns {
             break;
         }
-        fetch(c0 + min(s + 3u, ns - 1u), li, r0, 1u);
+        fetch(c0 + min(s + 1u + AHEAD, ns - 1u), li, r0, 1u % AHEAD);
         let xb = (BM + bm) * SV;
         let wb = (BN + bn) * SV;
 //MMA
