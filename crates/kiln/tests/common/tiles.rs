@@ -48,7 +48,7 @@ pub fn compiles_to_spirv(src: &str, what: &str) {
     for (_, var) in module.global_variables.iter() {
         if var.space == naga::AddressSpace::WorkGroup {
             let size = module.types[var.ty].inner.size(module.to_ctx());
-            assert!(size % 16 == 0, "{what}: workgroup variable {:?} takes {size} bytes", var.name);
+            assert!(size.is_multiple_of(16), "{what}: workgroup variable {:?} takes {size} bytes", var.name);
         }
     }
     let opts = naga::back::spv::Options {
