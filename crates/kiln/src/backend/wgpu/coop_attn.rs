@@ -33,9 +33,9 @@ impl AttnShape {
         NSG * self.sg
     }
     /// Workgroup memory in bytes: the staged rows (head_dim values and 8 of padding: the
-    /// queries, a tile's keys or values), per
-    /// subgroup (one more for subgroups past NSG) its f32 scores, f16 weights (bk and 8
-    /// of padding) and three values per query row, a zero tile and a flag.
+    /// queries, a tile's keys or values), per subgroup (one more for subgroups past NSG)
+    /// its f32 scores, f16 weights (bk and 8 of padding) and three values per query row, a
+    /// zero tile and a flag.
     pub fn storage(self) -> u32 {
         let (hd, bk) = (self.head_dim, self.bk);
         (self.bq() + bk) * (hd + 8) * 2 + (NSG + 1) * 16 * (bk * 4 + (bk + 8) * 2 + 12) + 1024 + 16
@@ -73,7 +73,6 @@ pub fn source(s: AttnShape, body: &str) -> String {
     let st = match s.ops {
         Ops::Coop => coop_statements(s),
         Ops::Emulated => Statements {
-            qload: EMU_QLOAD.into(),
             oinit: EMU_OINIT.into(),
             qk: EMU_QK.into(),
             rescale: EMU_RESCALE.into(),
@@ -82,7 +81,6 @@ pub fn source(s: AttnShape, body: &str) -> String {
         },
     };
     let body = body
-        .replace("//QLOAD\n", &st.qload)
         .replace("//OINIT\n", &st.oinit)
         .replace("//QK\n", &st.qk)
         .replace("//RESCALE\n", &st.rescale)
@@ -103,7 +101,6 @@ pub fn enables(s: AttnShape) -> &'static str {
 
 /// The kernel's matrix statements (attention_coop.wgsl's markers).
 struct Statements {
-    qload: String,
     oinit: String,
     qk: String,
     rescale: String,
@@ -114,14 +111,14 @@ struct Statements {
 /// The statements on cooperative matrices, written out (no arrays of matrices, no loops:
 /// every index static): the subgroup's accumulators `o_j` (zeros from `zs`), j over
 /// head_dim / 16; per key tile, each 16-key block's scores from the query tiles (row-major:
-/// a token's values contiguous, read from `qsv` at each product) and the keys column-major
-/// (a key's values contiguous), stored row-major to the subgroup's scores; the accumulators through `ss`
-/// where the rows' weights were rescaled; the weights (row-major) times the values
-/// (row-major: a key's values contiguous); and at the end each accumulator to the output.
+/// a token's values contiguous, read from `qsv` at each product) and the keys
+/// column-major (a key's values contiguous), stored row-major to the subgroup's scores;
+/// the accumulators through `ss` where the rows' weights were rescaled; the weights
+/// (row-major) times the values (row-major: a key's values contiguous); and at the end
+/// each accumulator to the output.
 fn coop_statements(s: AttnShape) -> Statements {
     let (ht, nc) = (s.head_dim / 16, s.bk / 16);
     let mut st = Statements {
-        qload: String::new(),
         oinit: String::new(),
         qk: String::new(),
         rescale: String::new(),
@@ -168,10 +165,6 @@ fn coop_statements(s: AttnShape) -> Statements {
 
 /// The emulated statements, in loops (one call site each: quick to compile on software
 /// adapters).
-const EMU_QLOAD: &str = "    for (var j = 0u; j < HT; j = j + 1u) {
-        emu_load_q(j, qb + 4u * j);
-    }
-";
 const EMU_OINIT: &str = "    for (var j = 0u; j < HT; j = j + 1u) {
         emu_zero_o(j);
     }
@@ -179,7 +172,7 @@ const EMU_OINIT: &str = "    for (var j = 0u; j < HT; j = j + 1u) {
 const EMU_QK: &str = "        for (var c = 0u; c < NC; c = c + 1u) {
             emu_zero_s();
             for (var j = 0u; j < HT; j = j + 1u) {
-                emu_mma_qk(j, 16u * c * SR + 4u * j);
+                emu_mma_qk(qb + 4u * j, 16u * c * SR + 4u * j);
             }
             emu_store_s(so + 16u * c, sgi);
         }
@@ -210,18 +203,9 @@ const EMU_OUT: &str = "    for (var j = 0u; j < HT; j = j + 1u) {
 
 /// The matrix operations on 16x16 tiles held whole by every invocation, in private arrays
 /// (f16 values are exact in f32; each product summed in order of k).
-const EMULATED: &str = "var<private> emu_q: array<array<f32, 256>, HT>;
-var<private> emu_o: array<array<f32, 256>, HT>;
+const EMULATED: &str = "var<private> emu_o: array<array<f32, 256>, HT>;
 var<private> emu_s: array<f32, 256>;
 var<private> emu_p: array<f32, 256>;
-
-fn emu_load_q(j: u32, at: u32) {
-    for (var m = 0u; m < 16u; m = m + 1u) {
-        for (var k = 0u; k < 16u; k = k + 1u) {
-            emu_q[j][16u * m + k] = f32(qsv[at + m * SR + k / 4u][k % 4u]);
-        }
-    }
-}
 
 fn emu_zero_o(j: u32) {
     for (var e = 0u; e < 256u; e = e + 1u) {
@@ -235,13 +219,14 @@ fn emu_zero_s() {
     }
 }
 
-// Scores += q tile j times the keys from row `at` (a key's values contiguous).
-fn emu_mma_qk(j: u32, at: u32) {
+// Scores += the query tile at `qat` of `qsv` (a token's values contiguous) times the keys
+// from row `at` (a key's values contiguous).
+fn emu_mma_qk(qat: u32, at: u32) {
     for (var m = 0u; m < 16u; m = m + 1u) {
         for (var n = 0u; n < 16u; n = n + 1u) {
             var s = emu_s[16u * m + n];
             for (var k = 0u; k < 16u; k = k + 1u) {
-                s = s + emu_q[j][16u * m + k] * f32(kvs[at + n * SR + k / 4u][k % 4u]);
+                s = s + f32(qsv[qat + m * SR + k / 4u][k % 4u]) * f32(kvs[at + n * SR + k / 4u][k % 4u]);
             }
             emu_s[16u * m + n] = s;
         }

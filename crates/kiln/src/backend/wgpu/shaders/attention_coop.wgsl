@@ -10,14 +10,14 @@
 // max m is raised lazily: only where a tile's scores pass it by more than RESCALE (the
 // weights then stay below e^RESCALE, well within f16) are a row's accumulators and sum
 // rescaled, through workgroup memory, so most tiles leave them in registers. coop_attn.rs
-// writes the matrix statements out (`//QLOAD`, `//OINIT`, `//QK`, `//RESCALE`, `//PV`,
-// `//OUT`), on cooperative matrices or emulated. Sums are f32 in the tensor cores' order
-// and the weights f16: results differ from the portable kernels by rounding, and a token's
-// may depend on which tokens share its tile (no batch invariance: `batch_invariant` keeps
-// the portable kernels). prm as attention.wgsl's (ALiBi and quantized caches stay on the
-// portable kernels); a workgroup's tokens belong to one sequence (mod.rs checks), whose
-// block table is its first token's. `attn_tail` (kernels.rs) is empty, or quantizes the
-// output for the next matmul.
+// writes the matrix statements out (`//OINIT`, `//QK`, `//RESCALE`, `//PV`, `//OUT`), on
+// cooperative matrices or emulated. Sums are f32 in the tensor cores' order and the weights
+// f16: results differ from the portable kernels by rounding, and a token's may depend on
+// which tokens share its tile (no batch invariance: `batch_invariant` keeps the portable
+// kernels). prm as attention.wgsl's (ALiBi and quantized caches stay on the portable
+// kernels); a workgroup's tokens belong to one sequence (mod.rs checks), whose block table
+// is its first token's. `attn_tail` (kernels.rs) is empty, or quantizes the output for the
+// next matmul.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> kc: array<vec4<u32>>;
@@ -192,7 +192,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     let qb = 16u * sg * SR;
-//QLOAD
 //OINIT
     for (var k0 = kmin; k0 <= kmax; k0 = k0 + BK) {
         stage(false, k0, kmax, tab, kvh, li);
