@@ -246,7 +246,8 @@ fn main() {
     }
 
     pub fn storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
-        let size = bytes.max(4).next_multiple_of(4);
+        // Whole 16-byte words: kernels read weights and activations 16 bytes at a time.
+        let size = bytes.max(16).next_multiple_of(16);
         if size > self.max_binding || size > self.max_buffer {
             return Err(KilnError::Backend(format!(
                 "{label}: {size} bytes exceed the device's storage binding limit ({} bytes)",

@@ -156,7 +156,7 @@ pub fn source(s: CoopShape, body: &str) -> String {
         s.fn_,
         s.sgm,
         s.rows_per_invocation(),
-        (8 * s.bm()).div_ceil(wgs),
+        (4 * s.bm()).div_ceil(wgs),
         s.ahead(),
     );
     // The number of splits of k: the dispatch's (parameter 6) where k is split.

@@ -183,6 +183,23 @@ fn in_row(t: u32) -> u32 {
 ";
 /// The dense tile matmul's tiles (matmul_coop.wgsl): token tiles along the grid's x, row
 /// tiles along y, the weight's rows from prm[8], each token its own activation row.
+/// dequant.wgsl's reads of a weight buffer bound as u32 words, and as 16-byte words.
+const WEIGHT_WORDS: &str = "fn wword(i: u32) -> u32 {
+    return wq[i];
+}
+
+fn wquad(i: u32) -> vec4<u32> {
+    return vec4<u32>(wq[4u * i], wq[4u * i + 1u], wq[4u * i + 2u], wq[4u * i + 3u]);
+}
+";
+const WEIGHT_QUADS: &str = "fn wword(i: u32) -> u32 {
+    return wq[i >> 2u][i & 3u];
+}
+
+fn wquad(i: u32) -> vec4<u32> {
+    return wq[i];
+}
+";
 const COOP_DENSE: &str = "fn tile(wid: vec3<u32>) -> vec4<u32> {
     return vec4<u32>(wid.x * BM, prm[2], prm[8], wid.y * BN);
 }
@@ -823,19 +840,19 @@ pub fn gpu_weight_type(ty: GgmlType) -> bool {
 }
 
 /// A weight type's chunk functions in dequant.wgsl (`fetch_NAME`, `unpack_NAME`) and the
-/// words a chunk's fetch holds.
+/// words a chunk's fetch holds (a window's with two of padding).
 fn chunk_fn(ty: GgmlType) -> (&'static str, u32) {
     use GgmlType::*;
     match ty {
         F32 => ("f32", 32),
-        F16 => ("f16", 17),
-        Q4_0 => ("q4_0", 6),
-        Q4_1 => ("q4_1", 7),
-        Q5_0 => ("q5_0", 7),
-        Q8_0 => ("q8_0", 10),
+        F16 => ("f16", 22),
+        Q4_0 => ("q4_0", 10),
+        Q4_1 => ("q4_1", 10),
+        Q5_0 => ("q5_0", 14),
+        Q8_0 => ("q8_0", 14),
         Q4_K => ("q4_k", 12),
         Q5_K => ("q5_k", 20),
-        _ => ("q6_k", 20),
+        _ => ("q6_k", 26),
     }
 }
 
@@ -1041,6 +1058,11 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         };
         let (name, words) = chunk_fn(ty);
         s.push_str(&format!("const RAW: u32 = {words}u;\nconst NQ: u32 = {nq}u;\n"));
+        // The weight buffer's words: the tile matmul binds it as 16-byte words.
+        s.push_str(match k {
+            Kernel::MatmulCoop(..) | Kernel::MatmulIdCoop(..) => WEIGHT_QUADS,
+            _ => WEIGHT_WORDS,
+        });
         s.push_str(DEQUANT);
         s.push_str(&format!(
             "fn fetch_chunk(b: u32, c: u32, q: u32) {{\n    fetch_{name}(b, c, q);\n}}\n\

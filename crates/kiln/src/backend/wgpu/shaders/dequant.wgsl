@@ -10,25 +10,49 @@ var<private> wv: array<f32, 32>;
 // The chunk's additive min (Q4_1), kept apart so a matmul can pair it with the
 // activation block's stored sum as ggml's q4_1·q8_1 dot does; 0 for other formats.
 var<private> wmin: f32;
-// A slot's words from the one holding the chunk's (first) block's first byte, and that
-// byte's offset in it (0 or 2: blocks start at even offsets).
+// A slot's words: for the formats whose blocks lie at any even offset, the 16-byte words
+// around the chunk's block (a window), the block starting `g_sh` bytes into the first; for
+// Q4_K and Q5_K (at multiples of 16) and F32, the words themselves (`g_sh` 0).
 var<private> raw: array<u32, RAW * NQ>;
-var<private> g_off: array<u32, NQ>;
+var<private> g_sh: array<u32, NQ>;
 
-// The u32 at byte p (even) of slot q's block (p static where unrolled: static indices).
+// raw[b + k] for k in 0..4, by selects: every index static, so `raw` stays in registers
+// and its loads stay in flight until the unpack reads them.
+fn pick(b: u32, k: u32) -> u32 {
+    let lo = select(raw[b], raw[b + 1u], k == 1u);
+    let hi = select(raw[b + 2u], raw[b + 3u], k == 3u);
+    return select(select(lo, hi, k >= 2u), raw[b + 4u], k == 4u);
+}
+
+// The u32 at byte p (even; static where unrolled) of slot q's block.
 fn rw(q: u32, p: u32) -> u32 {
-    let i = q * RAW + (p >> 2u);
-    let mis = (raw[i] >> 16u) | (raw[i + 1u] << 16u);
-    if (p & 2u) == 0u {
-        return select(mis, raw[i], g_off[q] == 0u);
-    }
-    return select(raw[i + 1u], mis, g_off[q] == 0u);
+    let s = g_sh[q] + (p & 3u);
+    let b = q * RAW + (p >> 2u);
+    let lo = pick(b, s >> 2u);
+    return select(lo, (lo >> 16u) | (pick(b + 1u, s >> 2u) << 16u), (s & 2u) != 0u);
 }
 
 // Loads n words from the word holding byte `o` into slot q at word `at`.
 fn fetch_words(o: u32, q: u32, at: u32, n: u32) {
     for (var i = 0u; i < n; i = i + 1u) {
-        raw[q * RAW + at + i] = wq[(o >> 2u) + i];
+        raw[q * RAW + at + i] = wword((o >> 2u) + i);
+    }
+}
+
+// Loads the window of n 16-byte words around byte o (even) into slot q at word `at`
+// (words from 4n on pad the window: `rw` may look past it), and its shift.
+fn fetch_window(o: u32, q: u32, at: u32, n: u32) {
+    g_sh[q] = o & 15u;
+    fetch_quads(o & ~15u, q, at, n);
+}
+
+// Loads n 16-byte words from byte o (a multiple of 16) into slot q at word `at`.
+fn fetch_quads(o: u32, q: u32, at: u32, n: u32) {
+    for (var i = 0u; i < n; i = i + 1u) {
+        let v = wquad((o >> 4u) + i);
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            raw[q * RAW + at + 4u * i + j] = v[j];
+        }
     }
 }
 
@@ -37,7 +61,7 @@ fn sbyte(x: u32) -> f32 {
 }
 
 fn fetch_f32(b: u32, c: u32, q: u32) {
-    g_off[q] = 0u;
+    g_sh[q] = 0u;
     fetch_words(b + c * 128u, q, 0u, 32u);
 }
 
@@ -48,9 +72,7 @@ fn unpack_f32(c: u32, q: u32) {
 }
 
 fn fetch_f16(b: u32, c: u32, q: u32) {
-    let o = b + c * 64u;
-    g_off[q] = o & 3u;
-    fetch_words(o, q, 0u, 17u);
+    fetch_window(b + c * 64u, q, 0u, 5u);
 }
 
 fn unpack_f16(c: u32, q: u32) {
@@ -62,9 +84,7 @@ fn unpack_f16(c: u32, q: u32) {
 }
 
 fn fetch_q8_0(b: u32, c: u32, q: u32) {
-    let o = b + c * 34u;
-    g_off[q] = o & 3u;
-    fetch_words(o, q, 0u, 10u);
+    fetch_window(b + c * 34u, q, 0u, 3u);
 }
 
 fn unpack_q8_0(c: u32, q: u32) {
@@ -78,9 +98,7 @@ fn unpack_q8_0(c: u32, q: u32) {
 }
 
 fn fetch_q4_0(b: u32, c: u32, q: u32) {
-    let o = b + c * 18u;
-    g_off[q] = o & 3u;
-    fetch_words(o, q, 0u, 6u);
+    fetch_window(b + c * 18u, q, 0u, 2u);
 }
 
 fn unpack_q4_0(c: u32, q: u32) {
@@ -96,9 +114,8 @@ fn unpack_q4_0(c: u32, q: u32) {
 }
 
 fn fetch_q4_1(b: u32, c: u32, q: u32) {
-    let o = b + c * 20u;
-    g_off[q] = o & 3u;
-    fetch_words(o, q, 0u, 7u);
+    // (Blocks at multiples of 4: a shift of at most 12.)
+    fetch_window(b + c * 20u, q, 0u, 2u);
 }
 
 fn unpack_q4_1(c: u32, q: u32) {
@@ -116,9 +133,7 @@ fn unpack_q4_1(c: u32, q: u32) {
 }
 
 fn fetch_q5_0(b: u32, c: u32, q: u32) {
-    let o = b + c * 22u;
-    g_off[q] = o & 3u;
-    fetch_words(o, q, 0u, 7u);
+    fetch_window(b + c * 22u, q, 0u, 3u);
 }
 
 fn unpack_q5_0(c: u32, q: u32) {
@@ -153,13 +168,14 @@ fn kscale_min(q: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
-// Q4_K and Q5_K superblocks (whole words): d, dmin and the scales (4 words), then (Q5_K)
-// the high bits (8 words), then the chunk's 32 bytes of low bits (8 words).
+// Q4_K and Q5_K superblocks (144 and 176 bytes: rows and superblocks start at multiples
+// of 16): d, dmin and the scales (4 words), then (Q5_K) the high bits (8 words), then the
+// chunk's 32 bytes of low bits (8 words).
 fn fetch_q4_k(b: u32, c: u32, q: u32) {
     let o = b + (c / 8u) * 144u;
-    g_off[q] = 0u;
-    fetch_words(o, q, 0u, 4u);
-    fetch_words(o + 16u + 32u * ((c % 8u) / 2u), q, 4u, 8u);
+    g_sh[q] = 0u;
+    fetch_quads(o, q, 0u, 1u);
+    fetch_quads(o + 16u + 32u * ((c % 8u) / 2u), q, 4u, 2u);
 }
 
 fn unpack_q4_k(c: u32, q: u32) {
@@ -179,9 +195,9 @@ fn unpack_q4_k(c: u32, q: u32) {
 
 fn fetch_q5_k(b: u32, c: u32, q: u32) {
     let o = b + (c / 8u) * 176u;
-    g_off[q] = 0u;
-    fetch_words(o, q, 0u, 12u);
-    fetch_words(o + 48u + 32u * ((c % 8u) / 2u), q, 12u, 8u);
+    g_sh[q] = 0u;
+    fetch_quads(o, q, 0u, 3u);
+    fetch_quads(o + 48u + 32u * ((c % 8u) / 2u), q, 12u, 2u);
 }
 
 fn unpack_q5_k(c: u32, q: u32) {
@@ -201,32 +217,33 @@ fn unpack_q5_k(c: u32, q: u32) {
     }
 }
 
-// Q6_K superblocks are 210 bytes (starting at even offsets): the chunk's 32 bytes of low
-// bits (9 words), its 32 bytes of high bits (9 words at 9), the word holding its two
-// scales (18) and the one holding d (19).
+// Q6_K superblocks are 210 bytes (starting at even offsets): windows of the chunk's 32
+// bytes of low bits (12 words) and of its 32 bytes of high bits (12 words at 12; both lie
+// at the superblock's shift), the word holding its two scales (24) and the one holding d
+// (25).
 fn fetch_q6_k(b: u32, c: u32, q: u32) {
     let o = b + (c / 8u) * 210u;
     let cc = c % 8u;
     let n = cc / 4u;
-    g_off[q] = o & 3u;
-    fetch_words(o + 64u * n + ((cc % 4u) & 1u) * 32u, q, 0u, 9u);
-    fetch_words(o + 128u + 32u * n, q, 9u, 9u);
-    fetch_words(o + 192u + 8u * n + 2u * (cc % 4u), q, 18u, 1u);
-    fetch_words(o + 208u, q, 19u, 1u);
+    fetch_window(o + 128u + 32u * n, q, 12u, 3u);
+    fetch_window(o + 64u * n + ((cc % 4u) & 1u) * 32u, q, 0u, 3u);
+    fetch_words(o + 192u + 8u * n + 2u * (cc % 4u), q, 24u, 1u);
+    fetch_words(o + 208u, q, 25u, 1u);
 }
 
 fn unpack_q6_k(c: u32, q: u32) {
     let quarter = (c % 8u) % 4u;
     let r = q * RAW;
-    let d = unpack2x16float(raw[r + 19u] >> (8u * g_off[q])).x;
-    let scs = raw[r + 18u] >> (8u * ((g_off[q] + 2u * quarter) & 3u));
+    let off = g_sh[q] & 3u;
+    let d = unpack2x16float(raw[r + 25u] >> (8u * off)).x;
+    let scs = raw[r + 24u] >> (8u * ((off + 2u * quarter) & 3u));
     let sc0 = d * sbyte(scs);
     let sc1 = d * sbyte(scs >> 8u);
     let nsh = (quarter >> 1u) * 4u;
     let hsh = 2u * quarter;
     for (var l = 0u; l < 32u; l = l + 4u) {
         let lo = rw(q, l);
-        let hi = rw(q, 36u + l);
+        let hi = rw(q, 48u + l);
         for (var k = 0u; k < 4u; k = k + 1u) {
             let v = ((lo >> (8u * k + nsh)) & 15u) | (((hi >> (8u * k + hsh)) & 3u) << 4u);
             let sc = select(sc1, sc0, l + k < 16u);
@@ -237,19 +254,19 @@ fn unpack_q6_k(c: u32, q: u32) {
 
 // Helpers reading `wq` directly.
 fn wbyte(o: u32) -> u32 {
-    return (wq[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;
+    return (wword(o >> 2u) >> ((o & 3u) * 8u)) & 0xffu;
 }
 
 // f16 at an even byte offset.
 fn wf16(o: u32) -> f32 {
-    return unpack2x16float(wq[o >> 2u] >> ((o & 2u) * 8u)).x;
+    return unpack2x16float(wword(o >> 2u) >> ((o & 2u) * 8u)).x;
 }
 
 // u32 at an even byte offset.
 fn wu32(o: u32) -> u32 {
     let s = (o & 3u) * 8u;
     if s == 0u {
-        return wq[o >> 2u];
+        return wword(o >> 2u);
     }
-    return (wq[o >> 2u] >> s) | (wq[(o >> 2u) + 1u] << (32u - s));
+    return (wword(o >> 2u) >> s) | (wword((o >> 2u) + 1u) << (32u - s));
 }

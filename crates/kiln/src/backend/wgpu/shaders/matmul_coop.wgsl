@@ -20,8 +20,9 @@
 // tiles along y; matmul_id_coop.wgsl: an expert's next tile of slots), its tokens' rows of
 // activations from `x_row` and its results go out through `store`.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> xh: array<vec4<f16>>;
+// The weights and the f16 activations in 16-byte words (wide loads: dequant.wgsl).
+@group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> xh: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> ys: array<f32>;
 
 // A staged row: 32 values and 8 of padding, in 4-value words (80 bytes: the tile loads'
@@ -36,10 +37,10 @@ var<workgroup> cs: array<f32, NSG * 256u>;
 // The k split this workgroup sums (wid.z; 0 without a split).
 var<private> g_split: u32;
 
-// The fetched stages' activations in registers (set d's NX words of 4 values from d * NX,
+// The fetched stages' activations in registers (set d's NX words of 8 values from d * NX,
 // AHEAD sets; their weight rows' words are in dequant.wgsl's `raw`, set d's rows in slots
 // d * NW..).
-var<private> xst: array<vec4<f16>, AHEAD * NX>;
+var<private> xst: array<vec4<u32>, AHEAD * NX>;
 
 // The tile's first row in the weight buffer, and the activation rows of this invocation's
 // NX token words.
@@ -63,8 +64,8 @@ fn fetch(c: u32, li: u32, r0: u32, d: u32) {
         fetch_chunk((g_w0 + r) * prm[3], c, d * NW + q);
     }
     for (var q = 0u; q < NX; q = q + 1u) {
-        let i = min(li + q * WGS, 8u * BM - 1u);
-        xst[d * NX + q] = xh[(xrow[q] * prm[1] + 32u * c) / 4u + i % 8u];
+        let i = min(li + q * WGS, 4u * BM - 1u);
+        xst[d * NX + q] = xh[(xrow[q] * prm[1] + 32u * c) / 8u + i % 4u];
     }
 }
 
@@ -82,8 +83,11 @@ fn put(c: u32, b: u32, li: u32, d: u32) {
     }
     for (var q = 0u; q < NX; q = q + 1u) {
         let i = li + q * WGS;
-        if i < 8u * BM {
-            xs[(b * BM + i / 8u) * SV + i % 8u] = xst[d * NX + q];
+        if i < 4u * BM {
+            let v = xst[d * NX + q];
+            let at = (b * BM + i / 4u) * SV + 2u * (i % 4u);
+            xs[at] = vec4<f16>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)));
+            xs[at + 1u] = vec4<f16>(vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
         }
     }
 }
@@ -107,8 +111,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     g_w0 = tl.z;
     for (var q = 0u; q < NX; q = q + 1u) {
-        let i = min(li + q * WGS, 8u * BM - 1u);
-        xrow[q] = x_row(min(t0 + i / 8u, n_tok - 1u));
+        let i = min(li + q * WGS, 4u * BM - 1u);
+        xrow[q] = x_row(min(t0 + i / 4u, n_tok - 1u));
     }
     // This workgroup's chunks of k: c0.. (ns of them).
     let nk = prm[1] / 32u;
