@@ -90,8 +90,9 @@ pub fn coop_type(ty: GgmlType) -> bool {
 }
 
 /// Tokens from which a matmul runs on the tiles (below, the vec path's integer dots, which
-/// are batch invariant). On the H200 (Llama-3-8B Q4_K_M, whole prompt steps) the tiles lose
-/// at 16 tokens (vec 3.5x faster), tie at 24 and win from 32 (1.2x; 64: 2x).
+/// are batch invariant). On an H100 (Llama-3-8B Q4_K_M, steps of 16 tokens) the tiles ran
+/// 846 tok/s against the vec path's 923; from 32 tokens they win (a 4096 x 4096 Q4_K weight
+/// at 32 tokens: 30.6 us against 77.8).
 pub const MIN_TOKENS: usize = 32;
 
 /// Weight-row tiles under which a narrower tile (half the rows) is taken so more
@@ -101,8 +102,9 @@ const MIN_ROW_TILES: usize = 64;
 /// Workgroups a matmul should have at least: fewer, and k is split. Tiles of up to 64 tokens
 /// wait on memory more than on their products and want several workgroups per
 /// multiprocessor in flight; 128-token tiles are busy with their products, and a split only
-/// adds its partial sums' traffic. (H200, examples/gpu_tiles: 4096 x 4096 Q4_K at 512 tokens
-/// 242 us whole, 311 us in 4 splits; at 32 tokens 51 us in 4 splits, 55 us in 8.)
+/// adds its partial sums' traffic. (examples/gpu_tiles, 4096 x 4096 Q4_K: on an H200 at 512
+/// tokens 242 us whole, 311 us in 4 splits; on an H100 at 32 tokens 30.6 us in 4 splits,
+/// 32.9 us in 8.)
 const MIN_WORKGROUPS: usize = 1024;
 const MIN_WORKGROUPS_WIDE: usize = 128;
 
