@@ -181,8 +181,6 @@ fn in_row(t: u32) -> u32 {
     return t;
 }
 ";
-/// The dense tile matmul's tiles (matmul_coop.wgsl): token tiles along the grid's x, row
-/// tiles along y, the weight's rows from prm[8], each token its own activation row.
 /// dequant.wgsl's reads of a weight buffer bound as u32 words, and as 16-byte words.
 const WEIGHT_WORDS: &str = "fn wword(i: u32) -> u32 {
     return wq[i];
@@ -200,6 +198,8 @@ fn wquad(i: u32) -> vec4<u32> {
     return wq[i];
 }
 ";
+/// The dense tile matmul's tiles (matmul_coop.wgsl): token tiles along the grid's x, row
+/// tiles along y, the weight's rows from prm[8], each token its own activation row.
 const COOP_DENSE: &str = "fn tile(wid: vec3<u32>) -> vec4<u32> {
     return vec4<u32>(wid.x * BM, prm[2], prm[8], wid.y * BN);
 }
@@ -840,7 +840,7 @@ pub fn gpu_weight_type(ty: GgmlType) -> bool {
 }
 
 /// A weight type's chunk functions in dequant.wgsl (`fetch_NAME`, `unpack_NAME`) and the
-/// words a chunk's fetch holds (a window's with two of padding).
+/// words a chunk's fetch holds (where it loads a window, two more: `rw` may read past it).
 fn chunk_fn(ty: GgmlType) -> (&'static str, u32) {
     use GgmlType::*;
     match ty {
