@@ -181,6 +181,12 @@ fn in_row(t: u32) -> u32 {
     return t;
 }
 ";
+/// Four f16 values from two u32 words, as the tile kernels stage 16-byte loads of f16
+/// (exact through f32: naga takes no bitcast from two u32 to four f16).
+const F16X4: &str = "fn f16x4(a: u32, b: u32) -> vec4<f16> {
+    return vec4<f16>(vec4<f32>(unpack2x16float(a), unpack2x16float(b)));
+}
+";
 /// dequant.wgsl's reads of a weight buffer bound as u32 words, and as 16-byte words.
 const WEIGHT_WORDS: &str = "fn wword(i: u32) -> u32 {
     return wq[i];
@@ -1032,6 +1038,9 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
     }
     if let Kernel::AttnCoop(_, shape) = k {
         s.push_str(super::coop_attn::enables(shape));
+    }
+    if let Kernel::MatmulCoop(..) | Kernel::MatmulIdCoop(..) | Kernel::AttnCoop(..) = k {
+        s.push_str(F16X4);
     }
     let fma = if fused_fma { "    return fma(a, b, c);" } else { "    return fma_soft(a, b, c);" };
     s.push_str(

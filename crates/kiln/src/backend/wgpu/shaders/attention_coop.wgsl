@@ -52,11 +52,6 @@ var<workgroup> zs: array<f32, 256>;
 // 16-byte aligned, which the tile loads and stores require.
 var<workgroup> raised: vec4<u32>;
 
-// Four f16 values from two words (exact through f32).
-fn f16x4(a: u32, b: u32) -> vec4<f16> {
-    return vec4<f16>(vec4<f32>(unpack2x16float(a), unpack2x16float(b)));
-}
-
 // The subgroup's rows of a tile of keys from k0: scores scaled, soft-capped and masked in
 // place, each row's reference max raised where the tile passes it by more than RESCALE,
 // the weights to `ps` in f16, their sum into the row's.

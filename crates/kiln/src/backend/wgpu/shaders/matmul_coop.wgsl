@@ -86,8 +86,8 @@ fn put(c: u32, b: u32, li: u32, d: u32) {
         if i < 4u * BM {
             let v = xst[d * NX + q];
             let at = (b * BM + i / 4u) * SV + 2u * (i % 4u);
-            xs[at] = vec4<f16>(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)));
-            xs[at + 1u] = vec4<f16>(vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+            xs[at] = f16x4(v.x, v.y);
+            xs[at + 1u] = f16x4(v.z, v.w);
         }
     }
 }
