@@ -1,13 +1,15 @@
 //! The tile matmul's shapes on real hardware, for tuning `coop::shape` in one short run:
 //!
-//!     cargo run --release -p kiln --example gpu_tiles [SECONDS] [TYPES] [TOKENS]
+//!     cargo run --release -p kiln --example gpu_tiles [SECONDS] [TYPES] [TOKENS] [AHEADS]
 //!
 //! For each weight type (TYPES, a comma list; default q4_k,q6_k,q4_0), weight shape of the
 //! 7-8B models (rows x k: attention output, FFN gate/up, FFN down) and batch (TOKENS;
 //! default 8,16,32,64,128,512): the batch-invariant vec kernel, the shape `coop::shape`
 //! picks, and every tile shape that fits the adapter (tokens per workgroup near the batch's,
-//! k split 1-16 ways; 128-4096 workgroups), each timed over repeated calls in one submission. Prints µs per call
-//! and TFLOP/s of each, best tile shapes first; stops starting new cases after SECONDS (60).
+//! k split 1-16 ways; 128-4096 workgroups; with AHEADS, a comma list, the tiles of the
+//! picked shape with each of those stages in flight instead, k split as above), each timed
+//! over repeated calls in one submission. Prints µs per call and TFLOP/s of each, best tile shapes first; stops
+//! starting new cases after SECONDS (60).
 #[cfg(feature = "gpu")]
 fn main() {
     use std::sync::Arc;
@@ -31,6 +33,8 @@ fn main() {
         .split(',')
         .map(|n| n.parse().expect("token counts"))
         .collect();
+    let aheads: Vec<u32> = arg(4)
+        .map_or_else(Vec::new, |a| a.split(',').map(|n| n.parse().expect("stages in flight")).collect());
     let shapes = [(4096usize, 4096usize), (28672, 4096), (4096, 14336)];
     let max_tok = *tokens.iter().max().unwrap();
     let mut w = GgufWriter::new();
@@ -55,7 +59,7 @@ fn main() {
     println!("{} ({caps:?})", b.name());
     let ops = if caps.emulated { Ops::Emulated } else { Ops::Coop };
     let x: Vec<f32> = (0..max_tok * 14336).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
-    let name = |s: CoopShape| format!("{}x{} sg{}x{} ks{}", s.fm, s.fn_, s.sgm, s.sgn, s.ks);
+    let name = |s: CoopShape| format!("{}x{} sg{}x{} ks{} a{}", s.fm, s.fn_, s.sgm, s.sgn, s.ks, s.ahead);
 
     // µs per call of `n` tokens with what `b` picks now (reps in one submission).
     let time = |b: &GpuBackend, wt: &GpuWeight, xs: &GpuBuf, n: usize, out: &mut GpuBuf| {
@@ -96,7 +100,10 @@ fn main() {
                     for fm in [1u32, 2, 4] {
                         for fn_ in [1u32, 2, 4] {
                             for ks in [1u32, 2, 4, 8, 16] {
-                                let s = CoopShape { fm, fn_, sgm, sgn, sg: caps.max_subgroup, ks, ops };
+                                let s =
+                                    CoopShape { fm, fn_, sgm, sgn, sg: caps.max_subgroup, ks, ahead: 1, ops };
+                                let s =
+                                    CoopShape { ahead: coop::ahead(s, (k / 32).div_ceil(ks as usize)), ..s };
                                 let bm = s.bm() as usize;
                                 let tiles = n.div_ceil(bm) * rows.div_ceil(s.bn() as usize);
                                 let fits = s.storage() <= caps.workgroup_storage
@@ -106,8 +113,15 @@ fn main() {
                                     bm <= n.max(16) && bm >= n.min(128) / 2 && (32..=256).contains(&bn);
                                 let split = ks == 1 || (tiles < 1024 && k / 32 / ks as usize >= 8);
                                 let wgs = tiles * ks as usize;
+                                let tiled_as_picked = default.is_some_and(|d| {
+                                    (d.fm, d.fn_, d.sgm, d.sgn) == (s.fm, s.fn_, s.sgm, s.sgn)
+                                });
                                 if fits && sized && split && (128..=4096).contains(&wgs) {
-                                    cands.push(s);
+                                    if aheads.is_empty() {
+                                        cands.push(s);
+                                    } else if tiled_as_picked {
+                                        cands.extend(aheads.iter().map(|&ahead| CoopShape { ahead, ..s }));
+                                    }
                                 }
                             }
                         }
@@ -116,6 +130,13 @@ fn main() {
                 if let Some(d) = default {
                     cands.retain(|&c| c != d);
                     cands.insert(0, d);
+                    // The default shape with every other number of stages in flight asked.
+                    for &ahead in &aheads {
+                        let a = CoopShape { ahead, ..d };
+                        if !cands.contains(&a) {
+                            cands.insert(1, a);
+                        }
+                    }
                 }
                 for s in cands {
                     if t_start.elapsed().as_secs_f64() > budget + 20.0 {
@@ -128,7 +149,7 @@ fn main() {
                 results.sort_by(|a, b| a.0.total_cmp(&b.0));
                 let best: Vec<String> = results
                     .iter()
-                    .take(4)
+                    .take(if aheads.is_empty() { 4 } else { 8 })
                     .map(|(us, s)| format!("{} {us:.1} us ({:.1})", name(*s), tflops(*us)))
                     .collect();
                 println!(

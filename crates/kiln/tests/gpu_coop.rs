@@ -172,21 +172,27 @@ fn tile_matmul_matches_its_f16_reference_and_the_cpu() {
 }
 
 #[test]
-fn any_number_of_splits_of_k_adds_up() {
+fn any_number_of_splits_of_k_and_stages_in_flight_adds_up() {
     // One pipeline serves every split count (a parameter): counts that divide k's 16
-    // chunks unevenly (3: 6 + 6 + 4) or leave a split one chunk (15) give the product too.
+    // chunks unevenly (3: 6 + 6 + 4) or leave a split one chunk (15) give the product too,
+    // with any number of stages' loads in flight (the kernel's loop then runs 2, 4 or 6
+    // stages an iteration and leaves it after any of them).
     let g = model();
     let name = &format!("w.{}", GgmlType::Q4_K.name());
     let n = 20;
     let r = f16_reference(&g, name, n);
-    for ks in [1u32, 3, 15] {
+    for (ks, ahead) in [(1u32, 1u32), (3, 2), (15, 3), (2, 3), (1, 4)] {
         let mut gpu = every_shape_gpu();
         let caps = gpu.coop_caps().expect("tiles");
         gpu.set_shape_choice(Some(Arc::new(move |tokens, rows, k| {
-            coop::shape(&caps, tokens, rows, k).map(|s| CoopShape { ks, ..s })
+            coop::shape(&caps, tokens, rows, k).map(|s| CoopShape { ks, ahead, ..s })
         })));
         let e = nmse(&matmul_out(&gpu, &g, name, n), &r);
-        assert!(e <= TILE_NMSE, "k in {ks} splits on {}: NMSE {e:e} against the f16 reference", gpu.name());
+        assert!(
+            e <= TILE_NMSE,
+            "k in {ks} splits, {ahead} stages ahead, on {}: NMSE {e:e} against the f16 reference",
+            gpu.name()
+        );
     }
 }
 

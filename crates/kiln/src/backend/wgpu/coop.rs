@@ -27,8 +27,8 @@ pub enum Ops {
 
 /// A tile kernel's shape: each of SGM x SGN subgroups computes FM x FN tiles of 16 tokens
 /// by 16 weight rows; the workgroup has NSG = SGM x SGN subgroups of up to `sg`
-/// invocations; k is split over `ks` workgroups (1: not split), whose partial sums
-/// `Kernel::CoopReduce` adds. The kernel reads the number of splits from its parameters:
+/// invocations; the loads of `ahead` stages are in flight; k is split over `ks` workgroups
+/// (1: not split), whose partial sums `Kernel::CoopReduce` adds. The kernel reads the number of splits from its parameters:
 /// one pipeline serves every split count (`kernel_key`), so a batch size met for the first
 /// time never waits for a driver compile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,6 +39,7 @@ pub struct CoopShape {
     pub sgn: u32,
     pub sg: u32,
     pub ks: u32,
+    pub ahead: u32,
     pub ops: Ops,
 }
 
@@ -66,14 +67,13 @@ impl CoopShape {
     fn wgs(self) -> u32 {
         self.nsg() * self.sg
     }
-    /// Stages whose loads are in flight: two for 128-token tiles, whose products are long
-    /// enough for the second set's registers to pay; one for smaller tiles, which rely on
-    /// more workgroups in flight instead (measured on an H100: docs/benchmarks.md).
-    pub fn ahead(self) -> u32 {
-        if self.bm() >= 128 {
-            2
+    /// Stages a loop iteration of the kernel runs: a multiple of both the two buffers and
+    /// the `ahead` register sets, so every index into them is static.
+    fn unroll(self) -> u32 {
+        if self.ahead % 2 == 0 {
+            self.ahead
         } else {
-            1
+            2 * self.ahead
         }
     }
     /// Workgroup memory in bytes: two stages of f16 rows (80 bytes each), a result tile
@@ -108,6 +108,26 @@ const MIN_ROW_TILES: usize = 64;
 const MIN_WORKGROUPS: usize = 1024;
 const MIN_WORKGROUPS_WIDE: usize = 128;
 
+/// Stages whose loads are in flight for a tile of shape `s` whose workgroups take `stages`
+/// stages each: two for 128-token tiles, whose products are long enough for the second
+/// set's registers to pay; for smaller tiles four where a workgroup runs many stages and
+/// holds few accumulators, else one. Measured on an H100 (examples/gpu_tiles, Q4_K at
+/// 16-64 tokens): 4096 x 14336 weights (112 stages a split) took 23-41% less time four
+/// stages ahead, 4096 x 4096 ones (32 stages) up to 21% more; tiles of 4 x 2 accumulators
+/// ran out of registers.
+pub fn ahead(s: CoopShape, stages: usize) -> u32 {
+    if s.bm() >= 128 {
+        2
+    } else if s.fm * s.fn_ <= 4 && stages >= LONG_SPLIT {
+        4
+    } else {
+        1
+    }
+}
+
+/// Stages a workgroup runs from which small tiles load four ahead.
+const LONG_SPLIT: usize = 64;
+
 /// Most splits of k, and the fewest 32-value chunks a split takes.
 const MAX_SPLITS: usize = 4;
 const MIN_SPLIT_CHUNKS: usize = 8;
@@ -120,7 +140,7 @@ const MIN_SPLIT_CHUNKS: usize = 8;
 pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize, k: usize) -> Option<CoopShape> {
     let ops = if caps.emulated { Ops::Emulated } else { Ops::Coop };
     let sg = caps.max_subgroup;
-    let s = |fm, fn_, sgm, sgn| CoopShape { fm, fn_, sgm, sgn, sg, ks: 1, ops };
+    let s = |fm, fn_, sgm, sgn| CoopShape { fm, fn_, sgm, sgn, sg, ks: 1, ahead: 1, ops };
     let candidates = match tokens {
         96.. => [s(4, 4, 2, 2), s(4, 2, 2, 2), s(2, 2, 2, 2)],
         33..=95 => [s(4, 2, 1, 4), s(4, 1, 1, 4), s(2, 1, 1, 4)],
@@ -141,6 +161,7 @@ pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize, k: usize) -> Option<Co
     let ks = min_workgroups.div_ceil(tiles).min(MAX_SPLITS).min(k / 32 / MIN_SPLIT_CHUNKS).max(1);
     // Splits of whole chunks, none empty.
     c.ks = (k / 32).div_ceil((k / 32).div_ceil(ks)) as u32;
+    c.ahead = ahead(c, (k / 32).div_ceil(c.ks as usize));
     Some(c)
 }
 
@@ -159,7 +180,7 @@ pub fn source(s: CoopShape, body: &str) -> String {
         s.sgm,
         s.rows_per_invocation(),
         (4 * s.bm()).div_ceil(wgs),
-        s.ahead(),
+        s.ahead,
     );
     // The number of splits of k: the dispatch's (parameter 6) where k is split.
     out.push_str(if s.ks > 1 {
@@ -175,11 +196,43 @@ pub fn source(s: CoopShape, body: &str) -> String {
         Ops::Emulated => (EMU_INIT.to_string(), EMU_MMA.to_string(), EMU_STORE.to_string()),
     };
     let body = body
-        .replace("//INIT\n", &init)
-        .replace("//MMA\n", &mma)
+        .replace("//STAGES\n", &stages(s, &init, &mma))
         .replace("//STORE\n", &store)
         .replace("@workgroup_size(WGS)", &format!("@workgroup_size({wgs})"));
     out.push_str(&body);
+    out
+}
+
+/// The kernel's stages after the first (matmul_coop.wgsl `//STAGES`): the loads of stages
+/// 1..ahead issued, the accumulators started (`init`), then a loop of `unroll()` stages,
+/// stage u of an iteration in buffer u % 2 with its words in register set u % ahead: it
+/// issues the loads of the stage `ahead` after it into that set, runs its products (`mma`),
+/// dequantizes the next stage into the other buffer and waits at the barrier.
+fn stages(s: CoopShape, init: &str, mma: &str) -> String {
+    let a = s.ahead;
+    let mut out = String::new();
+    for j in 1..a {
+        out.push_str(&format!("    fetch(c0 + min({j}u, ns - 1u), li, r0, {j}u);\n"));
+    }
+    out.push_str(init);
+    let u_n = s.unroll();
+    out.push_str(&format!("    for (var s = 0u; s < ns; s = s + {u_n}u) {{\n"));
+    for u in 0..u_n {
+        let (b, nb) = (u % 2, (u + 1) % 2);
+        out.push_str(&format!(
+            "        fetch(c0 + min(s + {}u, ns - 1u), li, r0, {}u);\n        {{\n            \
+             let xb = ({b}u * BM + bm) * SV;\n            let wb = ({b}u * BN + bn) * SV;\n{mma}        }}\n\
+             \x20       put(c0 + min(s + {}u, ns - 1u), {nb}u, li, {}u);\n        workgroupBarrier();\n",
+            u + a,
+            u % a,
+            u + 1,
+            (u + 1) % a,
+        ));
+        if u + 1 < u_n {
+            out.push_str(&format!("        if s + {}u >= ns {{\n            break;\n        }}\n", u + 1));
+        }
+    }
+    out.push_str("    }\n");
     out
 }
 

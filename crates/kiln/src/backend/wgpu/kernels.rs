@@ -1061,7 +1061,7 @@ pub fn assemble(k: Kernel, subgroups: bool, fused_fma: bool) -> String {
         // in flight.
         let nq = match k {
             Kernel::MatmulCoop(_, _, shape) | Kernel::MatmulIdCoop(_, _, shape) => {
-                shape.ahead() * shape.rows_per_invocation()
+                shape.ahead * shape.rows_per_invocation()
             }
             _ => 1,
         };

@@ -133,32 +133,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     fetch(c0, li, r0, 0u);
     put(c0, 0u, li, 0u);
     workgroupBarrier();
-    if AHEAD == 2u {
-        fetch(c0 + min(1u, ns - 1u), li, r0, 1u);
-    }
-//INIT
-    // Stages in pairs, stage j in buffer j % 2 with its words in register set j % AHEAD:
-    // each stage first issues the loads of the stage AHEAD after it into the set just
-    // dequantized (past the last stage, the last chunk again, unused).
-    for (var s = 0u; s < ns; s = s + 2u) {
-        fetch(c0 + min(s + AHEAD, ns - 1u), li, r0, 0u);
-        {
-            let xb = bm * SV;
-            let wb = bn * SV;
-//MMA
-        }
-        put(c0 + min(s + 1u, ns - 1u), 1u, li, 1u % AHEAD);
-        workgroupBarrier();
-        if s + 1u == ns {
-            break;
-        }
-        fetch(c0 + min(s + 1u + AHEAD, ns - 1u), li, r0, 1u % AHEAD);
-        let xb = (BM + bm) * SV;
-        let wb = (BN + bn) * SV;
-//MMA
-        put(c0 + min(s + 2u, ns - 1u), 0u, li, 0u);
-        workgroupBarrier();
-    }
+    // The stages (coop.rs writes them out, `//STAGES`): loads of the stages after the first
+    // put in flight, the accumulators started, then stage j in buffer j % 2 with its words
+    // in register set j % AHEAD, as many stages a loop iteration as make both indices
+    // static. Each stage first issues the loads of the stage AHEAD after it into the set
+    // just dequantized (past the last stage, the last chunk again, unused), runs its
+    // products, then dequantizes the next stage's words into the other buffer.
+//STAGES
     // Each result tile through `cs` to `store` (biases and split outputs as the other
     // matmuls), the subgroup's invocations taking its values in turn.
     let co = sg * 256u;
