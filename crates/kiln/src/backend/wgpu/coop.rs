@@ -70,7 +70,7 @@ impl CoopShape {
     /// Stages a loop iteration of the kernel runs: a multiple of both the two buffers and
     /// the `ahead` register sets, so every index into them is static.
     fn unroll(self) -> u32 {
-        if self.ahead % 2 == 0 {
+        if self.ahead.is_multiple_of(2) {
             self.ahead
         } else {
             2 * self.ahead
