@@ -127,17 +127,11 @@ pub struct SynthExperts {
 /// splitmix64: a reproducible stream of values, the same on every machine.
 pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
+    /// Uniform in [-1, 1).
     pub(crate) fn next_f32(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
-}
 
-impl Rng {
     fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -162,8 +156,13 @@ fn scale_fields(ty: GgmlType) -> Option<&'static [(usize, f32)]> {
 
 /// A `[cols, rows]` matrix of `ty` as random quant bits with valid scales (values of about
 /// ±`amp`), where the type's scale fields are known (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K,
-/// Q6_K): weights for speed measurements.
+/// Q6_K), or of F16 values uniform in ±`amp`: weights for speed measurements.
 pub fn random_matrix(ty: GgmlType, cols: usize, rows: usize, amp: f32, seed: u64) -> Option<Vec<u8>> {
+    if ty == GgmlType::F16 {
+        let mut rng = Rng(seed);
+        let v = (0..cols * rows).map(|_| half::f16::from_f32(amp * rng.next_f32()));
+        return Some(v.flat_map(|h| h.to_le_bytes()).collect());
+    }
     let scales = scale_fields(ty)?;
     let mut data = vec![0u8; ty.row_size(cols).ok()? * rows];
     random_blocks(&mut data, ty.type_size(), scales, amp, &mut Rng(seed));
