@@ -8,8 +8,8 @@
 //! picks, and every tile shape that fits the adapter (tokens per workgroup near the batch's,
 //! k split 1-16 ways; 128-4096 workgroups; with AHEADS, a comma list, the tiles of the
 //! picked shape with each of those stages in flight instead, k split as above), each timed
-//! over repeated calls in one submission. Prints µs per call and TFLOP/s of each, best tile shapes first; stops
-//! starting new cases after SECONDS (60).
+//! over repeated calls in one submission. Prints µs per call and TFLOP/s of each, best tile
+//! shapes first; stops starting new cases after SECONDS (60).
 #[cfg(feature = "gpu")]
 fn main() {
     use std::sync::Arc;

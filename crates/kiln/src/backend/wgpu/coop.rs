@@ -28,9 +28,9 @@ pub enum Ops {
 /// A tile kernel's shape: each of SGM x SGN subgroups computes FM x FN tiles of 16 tokens
 /// by 16 weight rows; the workgroup has NSG = SGM x SGN subgroups of up to `sg`
 /// invocations; the loads of `ahead` stages are in flight; k is split over `ks` workgroups
-/// (1: not split), whose partial sums `Kernel::CoopReduce` adds. The kernel reads the number of splits from its parameters:
-/// one pipeline serves every split count (`kernel_key`), so a batch size met for the first
-/// time never waits for a driver compile.
+/// (1: not split), whose partial sums `Kernel::CoopReduce` adds. The kernel reads the
+/// number of splits from its parameters: one pipeline serves every split count
+/// (`kernel_key`), so a batch size met for the first time never waits for a driver compile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CoopShape {
     pub fm: u32,
