@@ -103,8 +103,7 @@ fn main() {
                             for ks in [1u32, 2, 4, 8, 16] {
                                 let s =
                                     CoopShape { fm, fn_, sgm, sgn, sg: caps.max_subgroup, ks, ahead: 1, ops };
-                                let s =
-                                    CoopShape { ahead: coop::ahead(s, (k / 32).div_ceil(ks as usize)), ..s };
+                                let s = CoopShape { ahead: coop::ahead(s, k), ..s };
                                 let bm = s.bm() as usize;
                                 let tiles = n.div_ceil(bm) * rows.div_ceil(s.bn() as usize);
                                 let fits = s.storage() <= caps.workgroup_storage

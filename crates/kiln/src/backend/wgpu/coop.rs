@@ -108,14 +108,15 @@ const MIN_ROW_TILES: usize = 64;
 const MIN_WORKGROUPS: usize = 1024;
 const MIN_WORKGROUPS_WIDE: usize = 128;
 
-/// Stages whose loads are in flight for a tile of shape `s` whose workgroups take `stages`
-/// stages each: two for 128-token tiles, whose products are long enough for the second
+/// Stages whose loads are in flight for a tile of shape `s` on weights of `k` values a row
+/// (its workgroups each take `s.ks`'s share of k's 32-value stages): two for 128-token tiles, whose products are long enough for the second
 /// set's registers to pay; for smaller tiles four where a workgroup runs many stages and
 /// holds few accumulators, else one. Measured on an H100 (examples/gpu_tiles, Q4_K at
 /// 16-64 tokens): 4096 x 14336 weights (112 stages a split) took 23-41% less time four
 /// stages ahead, 4096 x 4096 ones (32 stages) up to 21% more; tiles of 4 x 2 accumulators
 /// ran out of registers.
-pub fn ahead(s: CoopShape, stages: usize) -> u32 {
+pub fn ahead(s: CoopShape, k: usize) -> u32 {
+    let stages = (k / 32).div_ceil(s.ks as usize);
     if s.bm() >= 128 {
         2
     } else if s.fm * s.fn_ <= 4 && stages >= LONG_SPLIT {
@@ -161,7 +162,7 @@ pub fn shape(caps: &CoopCaps, tokens: usize, rows: usize, k: usize) -> Option<Co
     let ks = min_workgroups.div_ceil(tiles).min(MAX_SPLITS).min(k / 32 / MIN_SPLIT_CHUNKS).max(1);
     // Splits of whole chunks, none empty.
     c.ks = (k / 32).div_ceil((k / 32).div_ceil(ks)) as u32;
-    c.ahead = ahead(c, (k / 32).div_ceil(c.ks as usize));
+    c.ahead = ahead(c, k);
     Some(c)
 }
 
