@@ -172,6 +172,8 @@ fn tile_attention_matches_the_cpu() {
         case((4, 1, 128), Some(24), 21, 48, 0.0),
         // Head size 128, GQA 3:1, soft-capped scores (gemma2's).
         case((6, 2, 128), None, 5, 33, 30.0),
+        // Head size 32 (padded rows of scores even in 32 KiB of workgroup memory), GQA 2:1.
+        case((4, 2, 32), None, 10, 50, 0.0),
     ];
     for c in cases {
         let d = attention_out(&gpu, c, &[], on_tiles(&gpu), None);
@@ -249,7 +251,7 @@ fn tile_attention_compiles_for_cooperative_matrices() {
             assert_eq!(s.ops, if emulated { Ops::Emulated } else { Ops::Coop });
             assert!(s.storage() <= storage, "{s:?}");
             if storage == 49152 {
-                assert_eq!(s.bk, 32, "{s:?}");
+                assert_eq!((s.bk, s.pad), (32, 4), "{s:?}");
             }
             for tail in [false, true] {
                 let k = Kernel::AttnCoop(tail, s);

@@ -9,17 +9,22 @@ const NSG: u32 = 4;
 /// Key positions per tile (every subgroup's 16 x bk scores, then its weights times the
 /// tile's values): 32, or 16 where the adapter's workgroup memory holds no more.
 const BKS: [u32; 2] = [32, 16];
+/// Padding of a row of scores: four values put the rows four banks apart (the softmax
+/// reads a row an invocation, all at once; unpadded they share one bank); none where the
+/// adapter's workgroup memory holds no more.
+const PADS: [u32; 2] = [4, 0];
 /// The largest head the kernel takes: its accumulators (head_dim / 16 tiles) stay in
 /// registers and its queries in workgroup memory; larger heads (gemma's 256) keep the
 /// portable kernels.
 pub const MAX_HEAD_DIM: usize = 128;
 
-/// The kernel's shape: a head of `head_dim` (a multiple of 16), tiles of `bk` keys,
-/// workgroups of NSG subgroups of up to `sg` invocations.
+/// The kernel's shape: a head of `head_dim` (a multiple of 16), tiles of `bk` keys, rows
+/// of scores padded by `pad` values, workgroups of NSG subgroups of up to `sg` invocations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnShape {
     pub head_dim: u32,
     pub bk: u32,
+    pub pad: u32,
     pub sg: u32,
     pub ops: Ops,
 }
@@ -34,24 +39,29 @@ impl AttnShape {
     }
     /// Workgroup memory in bytes: the staged rows (head_dim values and 8 of padding: the
     /// queries, a tile's keys or values), per subgroup (one more for subgroups past NSG)
-    /// its f32 scores, f16 weights (bk and 8 of padding) and three values per query row, a
-    /// zero tile and a flag.
+    /// its f32 scores (bk and `pad`), f16 weights (bk and 8 of padding) and three values
+    /// per query row, a zero tile and a flag.
     pub fn storage(self) -> u32 {
         let (hd, bk) = (self.head_dim, self.bk);
-        (self.bq() + bk) * (hd + 8) * 2 + (NSG + 1) * 16 * (bk * 4 + (bk + 8) * 2 + 12) + 1024 + 16
+        (self.bq() + bk) * (hd + 8) * 2
+            + (NSG + 1) * 16 * ((bk + self.pad) * 4 + (bk + 8) * 2 + 12)
+            + 1024
+            + 16
     }
 }
 
-/// The shape for heads of `head_dim`: the first tile of keys whose workgroup the adapter
-/// can hold (memory, invocations; at most 256 of them for the quantizing tail,
-/// quantize_core.wgsl), else None: the portable kernels.
+/// The shape for heads of `head_dim`: the first tile of keys, with padded rows of scores
+/// where they fit, whose workgroup the adapter can hold (memory, invocations; at most 256
+/// of them for the quantizing tail, quantize_core.wgsl), else None: the portable kernels.
 pub fn shape(caps: &CoopCaps, head_dim: usize) -> Option<AttnShape> {
     if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > MAX_HEAD_DIM {
         return None;
     }
     let ops = if caps.emulated { Ops::Emulated } else { Ops::Coop };
     BKS.into_iter()
-        .map(|bk| AttnShape { head_dim: head_dim as u32, bk, sg: caps.max_subgroup, ops })
+        .flat_map(|bk| {
+            PADS.map(|pad| AttnShape { head_dim: head_dim as u32, bk, pad, sg: caps.max_subgroup, ops })
+        })
         .find(|s| s.storage() <= caps.workgroup_storage && s.wgs() <= caps.max_invocations && s.wgs() <= 256)
 }
 
@@ -61,11 +71,12 @@ pub fn source(s: AttnShape, body: &str) -> String {
     let (hd, bk) = (s.head_dim, s.bk);
     let mut out = format!(
         "const HD: u32 = {hd}u;\nconst HT: u32 = {}u;\nconst BK: u32 = {bk}u;\nconst NC: u32 = {}u;\n\
-         const NSG: u32 = {NSG}u;\nconst BQ: u32 = {}u;\nconst WGS: u32 = {}u;\n",
+         const NSG: u32 = {NSG}u;\nconst BQ: u32 = {}u;\nconst WGS: u32 = {}u;\nconst SS: u32 = {}u;\n",
         hd / 16,
         bk / 16,
         s.bq(),
         s.wgs(),
+        bk + s.pad,
     );
     if s.ops == Ops::Emulated {
         out.push_str(EMULATED);
@@ -147,7 +158,7 @@ fn coop_statements(s: AttnShape) -> Statements {
                 16 * c * (s.head_dim / 4 + 2) + 4 * j
             ));
         }
-        st.qk.push_str(&format!("            coopStoreT(s, &ss[so + {}u], BK);\n        }}\n", 16 * c));
+        st.qk.push_str(&format!("            coopStoreT(s, &ss[so + {}u], SS);\n        }}\n", 16 * c));
         st.pv.push_str(&format!(
             "        {{\n            let p = coopLoadT<coop_mat16x16<f16, A>>(&ps[po + {}u], PR);\n",
             4 * c
@@ -236,7 +247,7 @@ fn emu_mma_qk(qat: u32, at: u32) {
 fn emu_store_s(at: u32, lane: u32) {
     if lane == 0u {
         for (var e = 0u; e < 256u; e = e + 1u) {
-            ss[at + e / 16u * BK + e % 16u] = emu_s[e];
+            ss[at + e / 16u * SS + e % 16u] = emu_s[e];
         }
     }
 }

@@ -2,7 +2,9 @@
 // workgroup takes BQ = 16 x NSG query tokens of one head, each of its NSG subgroups 16 of
 // them, their queries (f16, times each token's multiplier) in workgroup memory for the
 // whole kernel, read as tiles by each product. Keys and values go through workgroup memory
-// in tiles of BK positions, f16 as the cache holds them. Per tile a subgroup computes its
+// in tiles of BK positions, f16 as the cache holds them, their loads issued a step before
+// they are staged: a tile's values while its scores are computed, the next tile's keys
+// while its weights are taken and multiplied. Per tile a subgroup computes its
 // 16 x BK scores S = Q·Kᵀ (16x16x16 f16 products into f32), then an invocation per query
 // row scales, soft-caps and masks them (the keys first..last its token sees: causal,
 // sliding window) and takes the online softmax's weights P = exp(S - m), rounded to f16,
@@ -29,6 +31,9 @@
 const SR: u32 = HD / 4u + 2u;
 // A row of weights: BK values and 8 of padding.
 const PR: u32 = BK / 4u + 2u;
+// (SS, a row of scores: BK values and coop_attn.rs's padding, rows 16-byte aligned.)
+// Sixteen-byte words of a tile of keys (or values) each invocation loads.
+const KVW: u32 = (BK * HD / 8u + WGS - 1u) / WGS;
 // How far a tile's scores may pass the reference max before the accumulators are
 // rescaled (the weights stay below e^8 ~ 2981, and the f32 sums lose nothing).
 const RESCALE: f32 = 8.0;
@@ -40,7 +45,7 @@ var<workgroup> kvs: array<vec4<f16>, BK * SR>;
 // than their largest; their results are dropped): its 16 x BK scores in f32, each
 // accumulator tile on its way to a rescale or the output; its weights in f16; per query
 // row the reference max, the sum of weights and this tile's rescale factor.
-var<workgroup> ss: array<f32, (NSG + 1u) * 16u * BK>;
+var<workgroup> ss: array<f32, (NSG + 1u) * 16u * SS>;
 var<workgroup> ps: array<vec4<f16>, (NSG + 1u) * 16u * PR>;
 var<workgroup> rm: array<f32, (NSG + 1u) * 16u>;
 var<workgroup> rl: array<f32, (NSG + 1u) * 16u>;
@@ -51,6 +56,10 @@ var<workgroup> zs: array<f32, 256>;
 // workgroup variable here: whatever order a driver lays them out in, each then starts
 // 16-byte aligned, which the tile loads and stores require.
 var<workgroup> raised: vec4<u32>;
+
+// A tile's keys and values on their way from the cache to `kvs`.
+var<private> kr: array<vec4<u32>, KVW>;
+var<private> vr: array<vec4<u32>, KVW>;
 
 // The subgroup's rows of a tile of keys from k0: scores scaled, soft-capped and masked in
 // place, each row's reference max raised where the tile passes it by more than RESCALE,
@@ -64,7 +73,7 @@ fn softmax_rows(k0: u32, t0: u32, so: u32, po: u32, ro: u32, sgi: u32, sgn: u32)
         let ti = prm[6] + 4u * min(t0 + r, n_tok - 1u);
         let last = prm[ti];
         let first = prm[ti + 1u];
-        let row = so + r * BK;
+        let row = so + r * SS;
         var mx = neg_inf;
         for (var c = 0u; c < BK; c = c + 1u) {
             let p = k0 + c;
@@ -119,25 +128,35 @@ fn out_tile(j: u32, so: u32, ro: u32, sgi: u32, sgn: u32, live: bool, tb: u32, h
     }
 }
 
-// The tile's keys (or values) from k0 to `kvs`, 16 bytes an invocation at a time
-// (positions past kmax repeat it; their scores are masked).
-fn stage(is_v: bool, k0: u32, kmax: u32, tab: u32, kvh: u32, li: u32) {
+// Issues the loads of the tile's keys (or values) from k0, 16 bytes an invocation at a
+// time, into `kr` (`vr`); positions past kmax repeat it (their scores are masked).
+fn fetch_kv(is_v: bool, k0: u32, kmax: u32, tab: u32, kvh: u32, li: u32) {
     let slot_w = prm[2] * HD / 8u;
     let head_w = HD / 8u;
     let bs = prm[5];
-    for (var i = li; i < BK * head_w; i = i + WGS) {
-        let r = i / head_w;
-        let c = i % head_w;
-        let p = min(k0 + r, kmax);
-        let at = (prm[tab + p / bs] * bs + p % bs) * slot_w + kvh * head_w + c;
-        var w: vec4<u32>;
+    for (var q = 0u; q < KVW; q = q + 1u) {
+        let i = min(li + q * WGS, BK * head_w - 1u);
+        let p = min(k0 + i / head_w, kmax);
+        let at = (prm[tab + p / bs] * bs + p % bs) * slot_w + kvh * head_w + i % head_w;
         if is_v {
-            w = vc[at];
+            vr[q] = vc[at];
         } else {
-            w = kc[at];
+            kr[q] = kc[at];
         }
-        kvs[r * SR + 2u * c] = f16x4(w.x, w.y);
-        kvs[r * SR + 2u * c + 1u] = f16x4(w.z, w.w);
+    }
+}
+
+// The fetched keys (or values) to `kvs` in f16.
+fn put_kv(is_v: bool, li: u32) {
+    let head_w = HD / 8u;
+    for (var q = 0u; q < KVW; q = q + 1u) {
+        let i = li + q * WGS;
+        if i < BK * head_w {
+            let w = select(kr[q], vr[q], is_v);
+            let at = (i / head_w) * SR + 2u * (i % head_w);
+            kvs[at] = f16x4(w.x, w.y);
+            kvs[at + 1u] = f16x4(w.z, w.w);
+        }
     }
 }
 
@@ -157,7 +176,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sg = min(sgid, NSG - 1u);
     let live = sgid < NSG;
     let slot = select(NSG, sg, live);
-    let so = slot * 16u * BK;
+    let so = slot * 16u * SS;
     let po = slot * 16u * PR;
     let ro = slot * 16u;
     let tb = t0 + 16u * sg;
@@ -188,17 +207,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     let qb = 16u * sg * SR;
 //OINIT
+    fetch_kv(false, kmin, kmax, tab, kvh, li);
     for (var k0 = kmin; k0 <= kmax; k0 = k0 + BK) {
-        stage(false, k0, kmax, tab, kvh, li);
+        put_kv(false, li);
         if li == 0u {
             raised = vec4<u32>();
         }
+        fetch_kv(true, k0, kmax, tab, kvh, li);
         workgroupBarrier();
 //QK
         workgroupBarrier();
-        // The values replace the keys (all read now) while the weights are taken; the
-        // uniform load's barrier makes both visible to the products.
-        stage(true, k0, kmax, tab, kvh, li);
+        // The next tile's keys on their way; the values replace the keys (all read now)
+        // while the weights are taken; the uniform load's barrier makes both visible to
+        // the products.
+        fetch_kv(false, k0 + BK, kmax, tab, kvh, li);
+        put_kv(true, li);
         softmax_rows(k0, tb, so, po, ro, sgi, sgn);
         if workgroupUniformLoad(&raised).x != 0u {
 //RESCALE
