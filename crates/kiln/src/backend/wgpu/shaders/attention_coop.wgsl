@@ -63,19 +63,36 @@ var<private> vr: array<vec4<u32>, KVW>;
 
 // The subgroup's rows of a tile of keys from k0: scores scaled, soft-capped and masked in
 // place, each row's reference max raised where the tile passes it by more than RESCALE,
-// the weights to `ps` in f16, their sum into the row's.
+// the weights to `ps` in f16, their sum into the row's. A row is taken by `parts`
+// invocations (as many as the subgroup has beyond 16, up to one per 4 keys), each for
+// `width` of its keys, their maxima and sums combined by shuffles; in subgroups of fewer
+// than 16 invocations, by one invocation, in turns. Each invocation starts at its own
+// offset into its keys, (r / 4) % 4, so a subgroup of 32 reads its 32 scores at a time from
+// distinct banks (rows of scores are 4 banks apart).
 fn softmax_rows(k0: u32, t0: u32, so: u32, po: u32, ro: u32, sgi: u32, sgn: u32) {
     let neg_inf = bitcast<f32>(0xff800000u);
     let n_tok = prm[0];
     let scale = pf(4u);
     let cap = pf(10u);
-    for (var r = sgi; r < 16u; r = r + sgn) {
+    let rows = min(sgn, 16u);
+    let parts = min(sgn / rows, BK / 4u);
+    let width = BK / parts;
+    let part = (sgi / rows) % parts;
+    let c0 = part * width;
+    for (var r0 = 0u; r0 < 16u; r0 = r0 + rows) {
+        let r = r0 + sgi % rows;
         let ti = prm[6] + 4u * min(t0 + r, n_tok - 1u);
         let last = prm[ti];
         let first = prm[ti + 1u];
         let row = so + r * SS;
+        let rot = (r / 4u) % 4u;
+        // The row's state, read by every part before the shuffles (after them, part 0
+        // writes it).
+        var m = rm[ro + r];
+        let l0 = rl[ro + r];
         var mx = neg_inf;
-        for (var c = 0u; c < BK; c = c + 1u) {
+        for (var i = 0u; i < width; i = i + 1u) {
+            let c = c0 + (i + rot) % width;
             let p = k0 + c;
             var s = neg_inf;
             if p >= first && p <= last {
@@ -84,7 +101,9 @@ fn softmax_rows(k0: u32, t0: u32, so: u32, po: u32, ro: u32, sgi: u32, sgn: u32)
             ss[row + c] = s;
             mx = max(mx, s);
         }
-        var m = rm[ro + r];
+        for (var o = rows; o < rows * parts; o = o * 2u) {
+            mx = max(mx, subgroupShuffleXor(mx, o));
+        }
         var alpha = 1.0;
         if mx > m + RESCALE {
             // (The row's first keys: its accumulators are still zeros, nothing to rescale.)
@@ -95,17 +114,23 @@ fn softmax_rows(k0: u32, t0: u32, so: u32, po: u32, ro: u32, sgi: u32, sgn: u32)
                 alpha = 0.0;
             }
             m = mx;
-            rm[ro + r] = m;
         }
-        ra[ro + r] = alpha;
         var l = 0.0;
-        for (var c = 0u; c < BK; c = c + 1u) {
+        for (var i = 0u; i < width; i = i + 1u) {
+            let c = c0 + (i + rot) % width;
             let s = ss[row + c];
             let w = f16(select(0.0, exp(s - m), s > neg_inf));
             ps[po + r * PR + c / 4u][c % 4u] = w;
             l = l + f32(w);
         }
-        rl[ro + r] = rl[ro + r] * alpha + l;
+        for (var o = rows; o < rows * parts; o = o * 2u) {
+            l = l + subgroupShuffleXor(l, o);
+        }
+        if part == 0u {
+            rm[ro + r] = m;
+            ra[ro + r] = alpha;
+            rl[ro + r] = l0 * alpha + l;
+        }
     }
 }
 
