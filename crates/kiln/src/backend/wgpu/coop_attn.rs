@@ -122,7 +122,7 @@ struct Statements {
 /// The statements on cooperative matrices, written out (no arrays of matrices, no loops:
 /// every index static): the subgroup's accumulators `o_j` (zeros from `zs`), j over
 /// head_dim / 16; per key tile, each 16-key block's scores from the query tiles (row-major:
-/// a token's values contiguous, read from `qsv` at each product) and the keys
+/// a token's values contiguous, loaded from `qsv` once, to registers) and the keys
 /// column-major (a key's values contiguous), stored row-major to the subgroup's scores;
 /// the accumulators through `ss` where the rows' weights were rescaled; the weights
 /// (row-major) times the values (row-major: a key's values contiguous); and at the end
@@ -137,7 +137,11 @@ fn coop_statements(s: AttnShape) -> Statements {
         out: String::new(),
     };
     for j in 0..ht {
-        st.oinit.push_str(&format!("    var o_{j} = coopLoadT<coop_mat16x16<f32, C>>(&zs[0], 16u);\n"));
+        st.oinit.push_str(&format!(
+            "    var o_{j} = coopLoadT<coop_mat16x16<f32, C>>(&zs[0], 16u);\n    \
+             let q_{j} = coopLoadT<coop_mat16x16<f16, A>>(&qsv[qb + {}u], SR);\n",
+            4 * j
+        ));
         st.rescale.push_str(&format!(
             "            coopStoreT(o_{j}, &ss[so], 16u);\n            workgroupBarrier();\n            \
              rescale_tile(so, ro, sgi, sgn);\n            workgroupBarrier();\n            \
@@ -152,9 +156,7 @@ fn coop_statements(s: AttnShape) -> Statements {
         st.qk.push_str("        {\n            var s = coopLoadT<coop_mat16x16<f32, C>>(&zs[0], 16u);\n");
         for j in 0..ht {
             st.qk.push_str(&format!(
-                "            s = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&qsv[qb + {}u], SR), \
-                 coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u], SR), s);\n",
-                4 * j,
+                "            s = coopMultiplyAdd(q_{j}, coopLoad<coop_mat16x16<f16, B>>(&kvs[{}u], SR), s);\n",
                 16 * c * (s.head_dim / 4 + 2) + 4 * j
             ));
         }

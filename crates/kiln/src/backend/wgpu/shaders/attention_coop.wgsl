@@ -1,25 +1,25 @@
 // Prompt attention on cooperative matrices (tensor cores), flash-attention style. A
 // workgroup takes BQ = 16 x NSG query tokens of one head, each of its NSG subgroups 16 of
-// them, their queries (f16, times each token's multiplier) in workgroup memory for the
-// whole kernel, read as tiles by each product. Keys and values go through workgroup memory
-// in tiles of BK positions, f16 as the cache holds them, their loads issued a step before
-// they are staged: a tile's values while its scores are computed, the next tile's keys
-// while its weights are taken and multiplied. Per tile a subgroup computes its
-// 16 x BK scores S = Q·Kᵀ (16x16x16 f16 products into f32), then an invocation per query
-// row scales, soft-caps and masks them (the keys first..last its token sees: causal,
-// sliding window) and takes the online softmax's weights P = exp(S - m), rounded to f16,
-// which the values multiply into f32 accumulators O += P·V held in registers. The reference
-// max m is raised lazily: only where a tile's scores pass it by more than RESCALE (the
-// weights then stay below e^RESCALE, well within f16) are a row's accumulators and sum
-// rescaled, through workgroup memory, so most tiles leave them in registers. coop_attn.rs
-// writes the matrix statements out (`//OINIT`, `//QK`, `//RESCALE`, `//PV`, `//OUT`), on
-// cooperative matrices or emulated. Sums are f32 in the tensor cores' order and the weights
-// f16: results differ from the portable kernels by rounding, and a token's may depend on
-// which tokens share its tile (no batch invariance: `batch_invariant` keeps the portable
-// kernels). prm as attention.wgsl's (ALiBi and quantized caches stay on the portable
-// kernels); a workgroup's tokens belong to one sequence (mod.rs checks), whose block table
-// is its first token's. `attn_tail` (kernels.rs) is empty, or quantizes the output for the
-// next matmul.
+// them, their queries (f16, times each token's multiplier) staged through workgroup memory
+// to tiles each subgroup holds in registers for the whole kernel. Keys and values go
+// through workgroup memory in tiles of BK positions, f16 as the cache holds them, their
+// loads issued a step before they are staged: a tile's values while its scores are
+// computed, the next tile's keys while its weights are taken and multiplied. Per tile a
+// subgroup computes its 16 x BK scores S = Q·Kᵀ (16x16x16 f16 products into f32), then an
+// invocation per query row scales, soft-caps and masks them (the keys first..last its
+// token sees: causal, sliding window) and takes the online softmax's weights P = exp(S -
+// m), rounded to f16, which the values multiply into f32 accumulators O += P·V held in
+// registers. The reference max m is raised lazily: only where a tile's scores pass it by
+// more than RESCALE (the weights then stay below e^RESCALE, well within f16) are a row's
+// accumulators and sum rescaled, through workgroup memory, so most tiles leave them in
+// registers. coop_attn.rs writes the matrix statements out (`//OINIT`, `//QK`,
+// `//RESCALE`, `//PV`, `//OUT`), on cooperative matrices or emulated. Sums are f32 in the
+// tensor cores' order and the weights f16: results differ from the portable kernels by
+// rounding, and a token's may depend on which tokens share its tile (no batch invariance:
+// `batch_invariant` keeps the portable kernels). prm as attention.wgsl's (ALiBi and
+// quantized caches stay on the portable kernels); a workgroup's tokens belong to one
+// sequence (mod.rs checks), whose block table is its first token's. `attn_tail`
+// (kernels.rs) is empty, or quantizes the output for the next matmul.
 @group(0) @binding(0) var<storage, read> prm: array<u32>;
 @group(0) @binding(1) var<storage, read> qs: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> kc: array<vec4<u32>>;
