@@ -1,7 +1,8 @@
 //! Prompt attention on cooperative matrices (backend/wgpu/coop_attn.rs,
 //! attention_coop.wgsl): its WGSL compiles to SPIR-V for every head size it takes; its
 //! results match the CPU backend's attention (causal, sliding window, GQA, head sizes 64
-//! and 128, prompts continued after earlier tokens, soft-capped scores), with the output's
+//! and 128, prompts continued after earlier tokens, soft-capped scores; workgroups
+//! sized for larger subgroups than the adapter runs), with the output's
 //! quantize for the next matmul fused, and in smollm2's forward within the vec path's
 //! drift from the CPU's logits; and it runs only where chosen (enough tokens, batch
 //! invariance not asked for, cooperative matrices, f16 caches, causal without ALiBi, a
@@ -181,6 +182,30 @@ fn tile_attention_matches_the_cpu() {
         let e = nmse(&d, &r);
         eprintln!("{c:?}: tiles vs CPU {e:.1e}");
         assert!(e <= TILE_VS_CPU_NMSE, "{c:?} on {}: NMSE {e:e} against the CPU", gpu.name());
+    }
+}
+
+#[test]
+fn tile_attention_takes_subgroups_smaller_than_the_largest() {
+    // An adapter may run subgroups smaller than its largest, which sizes the workgroup: the
+    // workgroup then holds more subgroups than it has blocks of queries for (the extra ones
+    // repeat the last block into a slot of their own and store nothing), and each row of
+    // scores has fewer invocations than the kernel was written for. Workgroups sized for
+    // subgroups of at least 32 while the adapter runs its own (8 on lavapipe).
+    let cpu = CpuBackend::new(2);
+    let mut gpu = tile_gpu();
+    let sg = gpu.coop_caps().expect("tiles").max_subgroup;
+    gpu.set_coop_max_subgroup((2 * sg).max(32));
+    let case = |heads, window, prev, n| Case { heads, window, prev, n, softcap: 0.0 };
+    for c in [case((8, 2, 64), None, 37, 70), case((4, 1, 128), Some(24), 21, 48)] {
+        let d = attention_out(&gpu, c, &[], on_tiles(&gpu), None);
+        let r = attention_out(&cpu, c, &[], |_, _, _| {}, None);
+        let e = nmse(&d, &r);
+        assert!(
+            e <= TILE_VS_CPU_NMSE,
+            "{c:?} on {} in larger workgroups: NMSE {e:e} against the CPU",
+            gpu.name()
+        );
     }
 }
 

@@ -642,6 +642,16 @@ impl GpuBackend {
         self.coop
     }
 
+    /// Sizes the tile kernels' workgroups for subgroups of `max` invocations, as an adapter
+    /// whose subgroups may run smaller than its largest has them: tests of the extra
+    /// subgroups such a workgroup then holds.
+    #[doc(hidden)]
+    pub fn set_coop_max_subgroup(&mut self, max: u32) {
+        if let Some(c) = &mut self.coop {
+            c.max_subgroup = max;
+        }
+    }
+
     /// Lets `choice` pick every tile shape (any number of tokens) instead of `coop::shape`,
     /// None back to it: tuning tools compare shapes with it (examples/gpu_tiles.rs).
     #[doc(hidden)]
