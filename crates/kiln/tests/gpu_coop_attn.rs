@@ -1,14 +1,14 @@
 //! Prompt attention on cooperative matrices (backend/wgpu/coop_attn.rs,
 //! attention_coop.wgsl): its WGSL compiles to SPIR-V for every head size it takes; its
 //! results match the CPU backend's attention (causal, sliding window, GQA, head sizes 64
-//! and 128, prompts continued after earlier tokens, soft-capped scores; workgroups
-//! sized for larger subgroups than the adapter runs), with the output's
-//! quantize for the next matmul fused, and in smollm2's forward within the vec path's
-//! drift from the CPU's logits; and it runs only where chosen (enough tokens, batch
-//! invariance not asked for, cooperative matrices, f16 caches, causal without ALiBi, a
-//! block of queries from one sequence). On adapters without cooperative matrices
-//! (lavapipe in CI) the matrix operations are emulated per invocation (coop.rs
-//! `Ops::Emulated`), which tests everything around them.
+//! and 128, prompts continued after earlier tokens, soft-capped scores; workgroups sized
+//! for larger subgroups than the adapter runs), with the output's quantize for the next
+//! matmul fused, and in smollm2's forward within the vec path's drift from the CPU's
+//! logits; and it runs only where chosen (enough tokens, batch invariance not asked for,
+//! cooperative matrices, f16 caches, causal without ALiBi, a block of queries from one
+//! sequence). On adapters without cooperative matrices (lavapipe in CI) the matrix
+//! operations are emulated per invocation (coop.rs `Ops::Emulated`), which tests everything
+//! around them.
 #![cfg(feature = "gpu")]
 
 use std::sync::Arc;
