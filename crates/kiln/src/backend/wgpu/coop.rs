@@ -109,12 +109,11 @@ const MIN_WORKGROUPS: usize = 1024;
 const MIN_WORKGROUPS_WIDE: usize = 128;
 
 /// Stages whose loads are in flight for a tile of shape `s` on weights of `k` values a row
-/// (its workgroups each take `s.ks`'s share of k's 32-value stages): two for 128-token tiles, whose products are long enough for the second
-/// set's registers to pay; for smaller tiles four where a workgroup runs many stages and
-/// holds few accumulators, else one. Measured on an H100 (examples/gpu_tiles, Q4_K at
-/// 16-64 tokens): 4096 x 14336 weights (112 stages a split) took 23-41% less time four
-/// stages ahead, 4096 x 4096 ones (32 stages) up to 21% more; tiles of 4 x 2 accumulators
-/// ran out of registers.
+/// (its workgroups each take `s.ks`'s share of k's 32-value stages): two for 128-token
+/// tiles, whose products are long enough for the second set's registers to pay; for
+/// smaller tiles four where a workgroup runs many stages and holds few accumulators (the
+/// extra loads at a split's start and end then cost less than the overlap gains, and the
+/// registers suffice), else one. The sweep behind it: docs/benchmarks.md.
 pub fn ahead(s: CoopShape, k: usize) -> u32 {
     let stages = (k / 32).div_ceil(s.ks as usize);
     if s.bm() >= 128 {

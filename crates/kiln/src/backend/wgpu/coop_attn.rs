@@ -9,13 +9,12 @@ const NSG: u32 = 4;
 /// Key positions per tile (every subgroup's 16 x bk scores, then its weights times the
 /// tile's values): 32, or 16 where the adapter's workgroup memory holds no more.
 const BKS: [u32; 2] = [32, 16];
-/// Padding of a row of scores: four values put the rows four banks apart (the softmax
-/// reads a row an invocation, all at once; unpadded they share one bank); none where the
+/// Padding of a row of scores: four values put the rows four banks apart (the softmax's
+/// invocations read their rows at once; unpadded they share one bank); none where the
 /// adapter's workgroup memory holds no more.
 const PADS: [u32; 2] = [4, 0];
-/// The largest head the kernel takes: its accumulators (head_dim / 16 tiles) stay in
-/// registers and its queries in workgroup memory; larger heads (gemma's 256) keep the
-/// portable kernels.
+/// The largest head the kernel takes: its accumulators and query tiles (head_dim / 16 of
+/// each) stay in registers; larger heads (gemma's 256) keep the portable kernels.
 pub const MAX_HEAD_DIM: usize = 128;
 
 /// The kernel's shape: a head of `head_dim` (a multiple of 16), tiles of `bk` keys, rows

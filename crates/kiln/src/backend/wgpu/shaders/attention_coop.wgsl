@@ -5,9 +5,9 @@
 // through workgroup memory in tiles of BK positions, f16 as the cache holds them, their
 // loads issued a step before they are staged: a tile's values while its scores are
 // computed, the next tile's keys while its weights are taken and multiplied. Per tile a
-// subgroup computes its 16 x BK scores S = Q·Kᵀ (16x16x16 f16 products into f32), then an
-// invocation per query row scales, soft-caps and masks them (the keys first..last its
-// token sees: causal, sliding window) and takes the online softmax's weights P = exp(S -
+// subgroup computes its 16 x BK scores S = Q·Kᵀ (16x16x16 f16 products into f32), then its
+// invocations (a few per query row) scale, soft-cap and mask them (the keys first..last its
+// token sees: causal, sliding window) and take the online softmax's weights P = exp(S -
 // m), rounded to f16, which the values multiply into f32 accumulators O += P·V held in
 // registers. The reference max m is raised lazily: only where a tile's scores pass it by
 // more than RESCALE (the weights then stay below e^RESCALE, well within f16) are a row's
