@@ -59,8 +59,8 @@ fn fetch_quads(o: u32, q: u32, at: u32, n: u32) {
 // f32(q) - bias, exactly, for q below 2^23 and an integer bias no larger: q is the
 // mantissa of the float 2^23 + q, whose subtraction is exact. An OR and an add at the
 // float rate, where NVIDIA GPUs convert an integer to a float at an eighth of it (16 a
-// clock per SM against 128): a tile's 32 conversions a chunk cost a stage about as much
-// as its products.
+// clock per SM against 128). (The tile timings on an H100 did not change with it:
+// docs/benchmarks.md.)
 fn qf(q: u32, bias: f32) -> f32 {
     return bitcast<f32>(q | 0x4b000000u) - (8388608.0 + bias);
 }
