@@ -56,18 +56,8 @@ fn fetch_quads(o: u32, q: u32, at: u32, n: u32) {
     }
 }
 
-// f32(q) - bias, exactly, for q below 2^23 and an integer bias no larger: q is the
-// mantissa of the float 2^23 + q, whose subtraction is exact. An OR and an add at the
-// float rate, where NVIDIA GPUs convert an integer to a float at an eighth of it (16 a
-// clock per SM against 128). (The tile timings on an H100 did not change with it:
-// docs/benchmarks.md.)
-fn qf(q: u32, bias: f32) -> f32 {
-    return bitcast<f32>(q | 0x4b000000u) - (8388608.0 + bias);
-}
-
-// The low byte of x as a signed integer, in f32 (qf of the byte with its sign bit flipped).
 fn sbyte(x: u32) -> f32 {
-    return qf((x & 0xffu) ^ 0x80u, 128.0);
+    return f32(extractBits(bitcast<i32>(x), 0u, 8u));
 }
 
 fn fetch_f32(b: u32, c: u32, q: u32) {
@@ -117,8 +107,8 @@ fn unpack_q4_0(c: u32, q: u32) {
         let w = rw(q, 2u + i);
         for (var k = 0u; k < 4u; k = k + 1u) {
             let v = (w >> (8u * k)) & 0xffu;
-            wv[i + k] = d * qf(v & 15u, 8.0);
-            wv[16u + i + k] = d * qf(v >> 4u, 8.0);
+            wv[i + k] = d * (f32(v & 15u) - 8.0);
+            wv[16u + i + k] = d * (f32(v >> 4u) - 8.0);
         }
     }
 }
@@ -136,8 +126,8 @@ fn unpack_q4_1(c: u32, q: u32) {
         let w = rw(q, 4u + i);
         for (var k = 0u; k < 4u; k = k + 1u) {
             let v = (w >> (8u * k)) & 0xffu;
-            wv[i + k] = d * qf(v & 15u, 0.0);
-            wv[16u + i + k] = d * qf(v >> 4u, 0.0);
+            wv[i + k] = d * f32(v & 15u);
+            wv[16u + i + k] = d * f32(v >> 4u);
         }
     }
 }
@@ -156,8 +146,8 @@ fn unpack_q5_0(c: u32, q: u32) {
             let j = i + k;
             let lo = (v & 15u) | (((qh >> j) & 1u) << 4u);
             let hi = (v >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
-            wv[j] = d * qf(lo, 16.0);
-            wv[16u + j] = d * qf(hi, 16.0);
+            wv[j] = d * (f32(lo) - 16.0);
+            wv[16u + j] = d * (f32(hi) - 16.0);
         }
     }
 }
@@ -198,7 +188,7 @@ fn unpack_q4_k(c: u32, q: u32) {
     for (var l = 0u; l < 32u; l = l + 4u) {
         let w = raw[q * RAW + 4u + l / 4u];
         for (var k = 0u; k < 4u; k = k + 1u) {
-            wv[l + k] = d1 * qf((w >> (8u * k + sh)) & 15u, 0.0) - m1;
+            wv[l + k] = d1 * f32((w >> (8u * k + sh)) & 15u) - m1;
         }
     }
 }
@@ -222,7 +212,7 @@ fn unpack_q5_k(c: u32, q: u32) {
         let h = raw[q * RAW + 4u + l / 4u];
         for (var k = 0u; k < 4u; k = k + 1u) {
             let v = ((w >> (8u * k + sh)) & 15u) + (((h >> (8u * k + j)) & 1u) << 4u);
-            wv[l + k] = d1 * qf(v, 0.0) - m1;
+            wv[l + k] = d1 * f32(v) - m1;
         }
     }
 }
@@ -257,7 +247,7 @@ fn unpack_q6_k(c: u32, q: u32) {
         for (var k = 0u; k < 4u; k = k + 1u) {
             let v = ((lo >> (8u * k + nsh)) & 15u) | (((hi >> (8u * k + hsh)) & 3u) << 4u);
             let sc = select(sc1, sc0, l + k < 16u);
-            wv[l + k] = sc * qf(v, 32.0);
+            wv[l + k] = sc * (f32(v) - 32.0);
         }
     }
 }
